@@ -1,0 +1,111 @@
+"""Safe file handling for archives: atomic writes, bounded reads, contained paths."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import tempfile
+from pathlib import Path, PurePosixPath
+
+import msgspec
+
+from foundry.errors import ArchiveError
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+class Limits(msgspec.Struct, frozen=True):
+    """Largest file a reader accepts, per kind; larger ones are refused unread."""
+
+    catalog: int = 16 * MiB
+    session: int = 64 * MiB
+    graph: int = 2 * GiB
+    module: int = 2 * GiB
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so readers see the old file or the new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; archives are shared like other files
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_bounded(path: Path, limit: int, *, what: str) -> bytes:
+    """Read a regular file of at most ``limit`` bytes; refuse links, devices, FIFOs."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        raise ArchiveError(f"{what} is missing", path=str(path)) from None
+    except OSError as err:
+        raise ArchiveError(f"{what} cannot be read: {err.strerror}", path=str(path)) from None
+    if stat.S_ISLNK(info.st_mode):
+        raise ArchiveError(f"{what} is a symbolic link; archives hold plain files only", path=str(path))
+    if not stat.S_ISREG(info.st_mode):
+        raise ArchiveError(f"{what} is not a regular file", path=str(path))
+    if info.st_size > limit:
+        raise ArchiveError(
+            f"{what} is larger than the reader accepts", path=str(path), expected=f"<= {limit} bytes",
+            found=f"{info.st_size} bytes",
+        )  # fmt: skip
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as err:
+        raise ArchiveError(f"{what} cannot be read: {err.strerror}", path=str(path)) from None
+    if len(data) > limit:
+        raise ArchiveError(f"{what} grew past the reader's limit while being read", path=str(path))
+    return data
+
+
+def contained_path(root: Path, relative: str, *, field: str, source: Path) -> Path:
+    """``root / relative`` for a relative POSIX path that stays inside ``root``."""
+    pure = PurePosixPath(relative)
+    bad = (
+        not relative
+        or "\x00" in relative
+        or "\\" in relative
+        or pure.is_absolute()
+        or any(part in ("..", "") for part in relative.split("/"))
+    )
+    if bad:
+        raise ArchiveError("path must be relative and stay inside the archive", path=str(source), field=field,
+                           found=relative)
+    path = root.joinpath(*pure.parts)
+    try:
+        path.resolve().relative_to(root.resolve())
+    except ValueError:
+        raise ArchiveError("path leaves the archive", path=str(source), field=field, found=relative) from None
+    return path

@@ -1,0 +1,111 @@
+"""Allowlisted descriptions of a graph's outputs.
+
+An output description is a nested structure of tensor specs, ints, floats,
+bools, ``None``, and tuples/lists/dicts (string keys) of those; nothing else
+is accepted when writing or reading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from foundry.errors import ArchiveError
+
+MAX_DEPTH = 32
+MAX_ITEMS = 100_000
+
+DTYPES = frozenset(
+    {
+        "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
+        "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
+        "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+    }
+)  # fmt: skip
+
+
+class TensorSpec(msgspec.Struct, frozen=True, tag="tensor", forbid_unknown_fields=True):
+    """A tensor the graph writes: dtype, geometry, and where its storage lives."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage_offset: int = 0
+    region: str | None = None
+    region_offset: int | None = None
+
+
+class IntValue(msgspec.Struct, frozen=True, tag="int", forbid_unknown_fields=True):
+    value: int
+
+
+class FloatValue(msgspec.Struct, frozen=True, tag="float", forbid_unknown_fields=True):
+    value: float
+
+
+class BoolValue(msgspec.Struct, frozen=True, tag="bool", forbid_unknown_fields=True):
+    value: bool
+
+
+class NoneValue(msgspec.Struct, frozen=True, tag="none", forbid_unknown_fields=True):
+    pass
+
+
+class SeqValue(msgspec.Struct, frozen=True, tag="seq", forbid_unknown_fields=True):
+    container: str  # "tuple" or "list"
+    items: tuple[OutputValue, ...]
+
+
+class DictValue(msgspec.Struct, frozen=True, tag="dict", forbid_unknown_fields=True):
+    items: dict[str, OutputValue]
+
+
+OutputValue = TensorSpec | IntValue | FloatValue | BoolValue | NoneValue | SeqValue | DictValue
+
+
+def check_output(value: OutputValue, *, path: str, field: str = "outputs") -> None:
+    """Refuse descriptions that are too deep, too large, or name unknown dtypes."""
+    count = 0
+    stack: list[tuple[OutputValue, int, str]] = [(value, 0, field)]
+    while stack:
+        item, depth, where = stack.pop()
+        count += 1
+        if depth > MAX_DEPTH or count > MAX_ITEMS:
+            raise ArchiveError("output description is too deep or too large", path=path, field=where)
+        if isinstance(item, TensorSpec):
+            if item.dtype not in DTYPES:
+                raise ArchiveError("unknown tensor dtype", path=path, field=f"{where}.dtype", found=item.dtype)
+            if len(item.shape) != len(item.stride) or any(d < 0 for d in item.shape):
+                raise ArchiveError("tensor shape and stride disagree", path=path, field=where)
+        elif isinstance(item, SeqValue):
+            if item.container not in ("tuple", "list"):
+                raise ArchiveError("unknown container", path=path, field=f"{where}.container", found=item.container)
+            stack.extend((v, depth + 1, f"{where}[{i}]") for i, v in enumerate(item.items))
+        elif isinstance(item, DictValue):
+            stack.extend((v, depth + 1, f"{where}.{k}") for k, v in item.items.items())
+
+
+def describe(value: Any, tensor: Callable[[Any], TensorSpec | None], *, depth: int = 0) -> OutputValue:
+    """Describe a Python value; ``tensor`` turns a tensor into a spec (or ``None`` if
+    ``value`` is not one). Anything outside the allowlist is refused."""
+    if depth > MAX_DEPTH:
+        raise ArchiveError("output structure is nested too deeply", field="outputs")
+    spec = tensor(value)
+    if spec is not None:
+        return spec
+    if value is None:
+        return NoneValue()
+    if isinstance(value, bool):
+        return BoolValue(value)
+    if isinstance(value, int):
+        return IntValue(value)
+    if isinstance(value, float):
+        return FloatValue(value)
+    if isinstance(value, tuple | list):
+        container = "tuple" if isinstance(value, tuple) else "list"
+        return SeqValue(container, tuple(describe(v, tensor, depth=depth + 1) for v in value))
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return DictValue({k: describe(v, tensor, depth=depth + 1) for k, v in value.items()})
+    raise ArchiveError(f"outputs of type {type(value).__name__} cannot be described", field="outputs")

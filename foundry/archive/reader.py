@@ -1,0 +1,243 @@
+"""Reading archives: every file bounded, every blob checked against its sha256,
+every record decoded by type, every problem one :class:`ArchiveError` that names
+the file and the field."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from pathlib import Path
+from typing import TypeVar
+
+import msgspec
+
+from foundry.archive.files import DEFAULT_LIMITS, Limits, contained_path, read_bounded, sha256_hex
+from foundry.archive.outputs import check_output
+from foundry.archive.schema import (
+    ARCHIVE_FORMAT,
+    CATALOG_FILE,
+    FORMAT_VERSION,
+    SESSION_FORMAT,
+    Catalog,
+    GraphEntry,
+    ModuleState,
+    Session,
+)
+from foundry.errors import ArchiveError, IRError
+from foundry.graphir.codec import decode_graph
+from foundry.graphir.graph import GraphIR
+
+T = TypeVar("T")
+
+MAX_WORLD_SIZE = 65_536
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_FIELD = re.compile(r" - at `\$\.?(.*)`$")
+
+
+class _Header(msgspec.Struct):
+    format: str | None = None
+    format_version: int | None = None
+
+
+def decode_error(err: Exception, *, path: Path) -> ArchiveError:
+    """One ArchiveError, naming the field, for a failed typed decode."""
+    if isinstance(err, msgspec.ValidationError):
+        text = str(err)
+        match = _FIELD.search(text)
+        message = _FIELD.sub("", text) if match else text
+        return ArchiveError(message, path=str(path), field=match.group(1) if match else None)
+    if isinstance(err, RecursionError):
+        return ArchiveError("nested too deeply", path=str(path))
+    return ArchiveError(f"not valid JSON: {err}", path=str(path))
+
+
+_DECODE_ERRORS = (msgspec.ValidationError, msgspec.DecodeError, RecursionError)
+
+
+def decode_typed(data: bytes, kind: type[T], *, path: Path) -> T:
+    """Decode JSON into ``kind``; any failure becomes one ArchiveError naming the field."""
+    try:
+        return msgspec.json.decode(data, type=kind)
+    except _DECODE_ERRORS as err:
+        raise decode_error(err, path=path) from None
+
+
+def _check_header(data: bytes, *, expected: str, path: Path) -> None:
+    header = decode_typed(data, _Header, path=path)
+    if header.format != expected:
+        raise ArchiveError("not a Foundry file of this kind", path=str(path), field="format", expected=expected,
+                           found=header.format)
+    if header.format_version != FORMAT_VERSION:
+        newer = isinstance(header.format_version, int) and header.format_version > FORMAT_VERSION
+        reason = "written by a newer Foundry" if newer else "unsupported format version"
+        raise ArchiveError(reason, path=str(path), field="format_version", expected=FORMAT_VERSION,
+                           found=header.format_version)
+
+
+def _check_sha(value: str, *, path: Path, field: str) -> None:
+    if not _SHA256.match(value):
+        raise ArchiveError("not a sha256 (64 lowercase hex digits)", path=str(path), field=field, found=value)
+
+
+class Archive:
+    """An opened archive. Sessions and graphs are read lazily and checked on read."""
+
+    def __init__(self, root: Path, catalog: Catalog, limits: Limits) -> None:
+        self.root = root
+        self.catalog = catalog
+        self.limits = limits
+        self._sessions: dict[int, Session] = {}
+
+    @classmethod
+    def open(cls, path: str | Path, *, limits: Limits = DEFAULT_LIMITS) -> Archive:
+        root = Path(path)
+        if not root.exists():
+            raise ArchiveError("no such archive", path=str(root))
+        if not root.is_dir():
+            raise ArchiveError("an archive is a directory holding foundry-archive.json", path=str(root))
+        catalog_path = root / CATALOG_FILE
+        data = read_bounded(catalog_path, limits.catalog, what="catalog")
+        _check_header(data, expected=ARCHIVE_FORMAT, path=catalog_path)
+        catalog = decode_typed(data, Catalog, path=catalog_path)
+        archive = cls(root, catalog, limits)
+        archive._check_catalog(catalog_path)
+        return archive
+
+    # -- catalog ----------------------------------------------------------------
+
+    def _check_catalog(self, path: Path) -> None:
+        cat = self.catalog
+        if not 1 <= cat.world_size <= MAX_WORLD_SIZE:
+            raise ArchiveError("world size out of range", path=str(path), field="world_size", found=cat.world_size)
+        ranks = [entry.rank for entry in cat.ranks]
+        if sorted(ranks) != list(range(cat.world_size)):
+            raise ArchiveError("ranks must be 0..world_size-1, each once", path=str(path), field="ranks",
+                               expected=f"0..{cat.world_size - 1}", found=ranks[:16])
+        for i, entry in enumerate(cat.ranks):
+            _check_sha(entry.sha256, path=path, field=f"ranks[{i}].sha256")
+            contained_path(self.root, entry.session, field=f"ranks[{i}].session", source=path)
+        for i, blob in enumerate(cat.modules.blobs):
+            _check_sha(blob.sha256, path=path, field=f"modules.blobs[{i}].sha256")
+        if cat.modules.state is ModuleState.ABSENT and cat.modules.blobs:
+            raise ArchiveError("module state 'absent' but blobs are listed", path=str(path), field="modules")
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(entry.rank for entry in self.catalog.ranks)
+
+    # -- sessions ---------------------------------------------------------------
+
+    def session(self, rank: int) -> Session:
+        if rank not in self._sessions:
+            self._sessions[rank] = self._read_session(rank)
+        return self._sessions[rank]
+
+    def _read_session(self, rank: int) -> Session:
+        entry = next((e for e in self.catalog.ranks if e.rank == rank), None)
+        if entry is None:
+            raise ArchiveError(f"archive has no rank {rank}", path=str(self.root), field="ranks",
+                               expected=self.ranks, found=rank)
+        path = contained_path(self.root, entry.session, field="session", source=self.root / CATALOG_FILE)
+        data = read_bounded(path, self.limits.session, what=f"rank {rank} session")
+        found = sha256_hex(data)
+        if found != entry.sha256:
+            raise ArchiveError("session does not match the catalog's sha256 (altered or damaged)", path=str(path),
+                               expected=entry.sha256, found=found)
+        _check_header(data, expected=SESSION_FORMAT, path=path)
+        session = decode_typed(data, Session, path=path)
+        self._check_session(session, rank, path)
+        return session
+
+    def _check_session(self, session: Session, rank: int, path: Path) -> None:
+        if session.rank != rank:
+            raise ArchiveError("session belongs to another rank", path=str(path), field="rank", expected=rank,
+                               found=session.rank)
+        names: set[str] = set()
+        rank_dir = path.parent
+        for i, graph in enumerate(session.graphs):
+            field = f"graphs[{i}]"
+            if graph.name in names:
+                raise ArchiveError("graph name used twice", path=str(path), field=f"{field}.name", found=graph.name)
+            names.add(graph.name)
+            _check_sha(graph.sha256, path=path, field=f"{field}.sha256")
+            contained_path(rank_dir, graph.file, field=f"{field}.file", source=path)
+            if graph.size < 0 or graph.nodes < 0:
+                raise ArchiveError("negative size or node count", path=str(path), field=field)
+            if graph.outputs is not None:
+                check_output(graph.outputs, path=str(path), field=f"{field}.outputs")
+        backends = [b.backend for b in session.backends]
+        if len(set(backends)) != len(backends):
+            raise ArchiveError("a backend has two state records", path=str(path), field="backends")
+
+    def session_path(self, rank: int) -> Path:
+        entry = next(e for e in self.catalog.ranks if e.rank == rank)
+        return self.root.joinpath(entry.session)
+
+    # -- graphs -----------------------------------------------------------------
+
+    def entries(self, rank: int) -> tuple[GraphEntry, ...]:
+        return self.session(rank).graphs
+
+    def entry(self, rank: int, name: str) -> GraphEntry:
+        for graph in self.entries(rank):
+            if graph.name == name:
+                return graph
+        raise ArchiveError(f"rank {rank} has no graph {name!r}", path=str(self.session_path(rank)), field="graphs",
+                           found=name)
+
+    def select(self, *, rank: int | None = None, pattern: str | None = None) -> list[tuple[int, GraphEntry]]:
+        """``(rank, entry)`` pairs matching a rank and a glob over graph names."""
+        ranks = self.ranks if rank is None else [rank]
+        if rank is not None and rank not in self.ranks:
+            raise ArchiveError(f"archive has no rank {rank}", path=str(self.root), field="ranks",
+                               expected=self.ranks, found=rank)
+        return [
+            (r, e) for r in ranks for e in self.entries(r) if pattern is None or fnmatch.fnmatchcase(e.name, pattern)
+        ]
+
+    def graph_path(self, rank: int, entry: GraphEntry) -> Path:
+        session_path = self.session_path(rank)
+        return contained_path(session_path.parent, entry.file, field="file", source=session_path)
+
+    def graph_bytes(self, rank: int, entry: GraphEntry) -> bytes:
+        path = self.graph_path(rank, entry)
+        data = read_bounded(path, self.limits.graph, what=f"graph {entry.name!r}")
+        if len(data) != entry.size:
+            raise ArchiveError("graph file size differs from its session entry", path=str(path), field="size",
+                               expected=entry.size, found=len(data))
+        found = sha256_hex(data)
+        if found != entry.sha256:
+            raise ArchiveError("graph does not match its sha256 (altered or damaged)", path=str(path),
+                               field="sha256", expected=entry.sha256, found=found)
+        return data
+
+    def graph(self, rank: int, name: str | GraphEntry) -> GraphIR:
+        """Read, check and decode one graph."""
+        entry = name if isinstance(name, GraphEntry) else self.entry(rank, name)
+        data = self.graph_bytes(rank, entry)
+        path = self.graph_path(rank, entry)
+        try:
+            ir = decode_graph(data)
+        except _DECODE_ERRORS as err:
+            raise decode_error(err, path=path) from None
+        except IRError as err:
+            raise ArchiveError(err.message, path=str(path), field=err.field, node=err.node, kernel=err.kernel,
+                               expected=err.expected, found=err.found) from None
+        if ir.name != entry.name or len(ir) != entry.nodes:
+            raise ArchiveError("graph file disagrees with its session entry", path=str(path), field="name/nodes",
+                               expected=(entry.name, entry.nodes), found=(ir.name, len(ir)))
+        return ir
+
+    # -- modules ----------------------------------------------------------------
+
+    def module(self, sha256: str) -> bytes:
+        path = contained_path(self.root, f"modules/{sha256}.bin", field="modules", source=self.root / CATALOG_FILE)
+        data = read_bounded(path, self.limits.module, what=f"module image {sha256[:12]}")
+        if sha256_hex(data) != sha256:
+            raise ArchiveError("module image does not match its sha256", path=str(path), expected=sha256,
+                               found=sha256_hex(data))
+        return data
+
+    def module_present(self, sha256: str) -> bool:
+        return (self.root / "modules" / f"{sha256}.bin").is_file()
+

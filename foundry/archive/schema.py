@@ -1,0 +1,116 @@
+"""Typed records of archive format v1 (see ``docs/archive-format.md``).
+
+Every record refuses unknown fields; readers check ``format`` and
+``format_version`` before decoding the rest, so a newer archive is refused
+by its version, not by the first field this version does not know.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import msgspec
+
+from foundry.archive.outputs import OutputValue
+
+ARCHIVE_FORMAT = "foundry-archive"
+SESSION_FORMAT = "foundry-session"
+FORMAT_VERSION = 1
+
+CATALOG_FILE = "foundry-archive.json"
+
+
+class Environment(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What a LOAD must match. The GPU is compared by model and compute
+    capability, never by UUID, so another machine of the same kind qualifies."""
+
+    gpu_name: str
+    compute_capability: str
+    driver_version: str
+    cuda_version: str
+    torch_version: str | None = None
+    cuda_bindings_version: str | None = None
+    python_version: str | None = None
+
+
+class RankEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    rank: int
+    session: str
+    sha256: str
+
+
+class ModuleState(StrEnum):
+    ABSENT = "absent"  # this SAVE did not record module images (lowering without the hook)
+    STRIPPED = "stripped"  # images were recorded and removed to keep the archive small
+    COMPLETE = "complete"  # every image a kernel node names is under modules/
+
+
+class ModuleBlob(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    sha256: str
+    size: int
+    format: str = "unknown"  # cubin, fatbin, ptx, unknown
+
+
+class ModuleIndex(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    state: ModuleState
+    blobs: tuple[ModuleBlob, ...] = ()
+
+
+class Catalog(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``foundry-archive.json``: written last, after every rank's session is sealed."""
+
+    format: str
+    format_version: int
+    tool_version: str
+    created: str
+    environment: Environment
+    world_size: int
+    ranks: tuple[RankEntry, ...]
+    modules: ModuleIndex
+    model: dict[str, str] = {}
+
+
+class RegionRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The deterministic region of one rank as the native hook left it."""
+
+    base: int
+    size: int
+    final_offset: int
+    allocations: int
+    trace_sha256: str
+
+
+class GraphEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One graph of a rank: its file, integrity and identity."""
+
+    name: str
+    file: str
+    sha256: str
+    size: int
+    fingerprint: str
+    nodes: int
+    shape_key: int | None = None
+    runner: str | None = None
+    outputs: OutputValue | None = None
+
+
+StateValue = str | int | float | bool | None | list[str | int]
+
+
+class BackendState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A backend's versioned record of its communicator state at SAVE."""
+
+    backend: str
+    version: int
+    record: dict[str, StateValue]
+
+
+class Session(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``rank<N>/session.json``: the per-rank graph-session catalog."""
+
+    format: str
+    format_version: int
+    rank: int
+    graphs: tuple[GraphEntry, ...]
+    region: RegionRecord | None = None
+    backends: tuple[BackendState, ...] = ()

@@ -1,0 +1,179 @@
+"""Writing archives: every file atomically, every blob content-addressed, the
+catalog last, so a SAVE that dies at any point leaves nothing that opens as an
+archive."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from pathlib import Path
+
+import msgspec
+
+from foundry import __version__
+from foundry.archive.files import atomic_write, sha256_hex
+from foundry.archive.outputs import OutputValue, check_output
+from foundry.archive.schema import (
+    ARCHIVE_FORMAT,
+    CATALOG_FILE,
+    FORMAT_VERSION,
+    SESSION_FORMAT,
+    BackendState,
+    Catalog,
+    Environment,
+    GraphEntry,
+    ModuleBlob,
+    ModuleIndex,
+    ModuleState,
+    RankEntry,
+    RegionRecord,
+    Session,
+)
+from foundry.errors import ArchiveError
+from foundry.graphir.codec import encode_graph
+from foundry.graphir.fingerprint import fingerprint
+from foundry.graphir.graph import GraphIR
+
+GRAPH_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+_encode = msgspec.json.Encoder().encode
+
+
+def encode_record(record: msgspec.Struct) -> bytes:
+    """Canonical JSON of a catalog or session record, newline-terminated."""
+    return msgspec.json.format(_encode(record), indent=1) + b"\n"
+
+
+class RankWriter:
+    """Collects one rank's graphs and state; :meth:`seal` writes its session."""
+
+    def __init__(self, archive: ArchiveWriter, rank: int) -> None:
+        self.archive = archive
+        self.rank = rank
+        self.dir = archive.root / f"rank{rank}"
+        self.graphs: list[GraphEntry] = []
+        self.backends: list[BackendState] = []
+        self.region: RegionRecord | None = None
+        self.sealed: RankEntry | None = None
+
+    def add_graph(
+        self,
+        ir: GraphIR,
+        *,
+        shape_key: int | None = None,
+        runner: str | None = None,
+        outputs: OutputValue | None = None,
+    ) -> GraphEntry:
+        """Check, encode and write one graph; return its session entry."""
+        self._check_open()
+        if not GRAPH_NAME.match(ir.name):
+            raise ArchiveError("graph names are 1-128 of A-Z a-z 0-9 . _ - (starting alphanumeric)",
+                               field="name", found=ir.name)
+        if any(g.name == ir.name for g in self.graphs):
+            raise ArchiveError(f"rank {self.rank} already has a graph {ir.name!r}", field="name")
+        if outputs is not None:
+            check_output(outputs, path=str(self.dir), field=f"{ir.name}.outputs")
+        ir.check()
+        data = encode_graph(ir)
+        relative = f"graphs/{ir.name}.json"
+        atomic_write(self.dir / relative, data)
+        entry = GraphEntry(
+            name=ir.name, file=relative, sha256=sha256_hex(data), size=len(data), fingerprint=fingerprint(ir),
+            nodes=len(ir), shape_key=shape_key, runner=runner, outputs=outputs,
+        )  # fmt: skip
+        self.graphs.append(entry)
+        return entry
+
+    def add_backend_state(self, state: BackendState) -> None:
+        self._check_open()
+        if any(b.backend == state.backend for b in self.backends):
+            raise ArchiveError(f"backend {state.backend!r} already has a state record", field="backends")
+        self.backends.append(state)
+
+    def set_region(self, region: RegionRecord) -> None:
+        self._check_open()
+        self.region = region
+
+    def seal(self) -> RankEntry:
+        """Write ``session.json``; the rank takes no more graphs afterwards."""
+        self._check_open()
+        session = Session(
+            format=SESSION_FORMAT, format_version=FORMAT_VERSION, rank=self.rank, graphs=tuple(self.graphs),
+            region=self.region, backends=tuple(sorted(self.backends, key=lambda b: b.backend)),
+        )  # fmt: skip
+        data = encode_record(session)
+        atomic_write(self.dir / "session.json", data)
+        self.sealed = RankEntry(self.rank, f"rank{self.rank}/session.json", sha256_hex(data))
+        return self.sealed
+
+    def _check_open(self) -> None:
+        if self.sealed is not None:
+            raise ArchiveError(f"rank {self.rank} is already sealed")
+
+
+class ArchiveWriter:
+    """Writes an archive directory.
+
+    An existing archive is never replaced unless ``overwrite`` is set; then its
+    catalog is removed first, so a SAVE that dies leaves no archive that looks
+    valid rather than a mixture of old and new.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        environment: Environment,
+        world_size: int = 1,
+        model: dict[str, str] | None = None,
+        overwrite: bool = False,
+    ) -> None:
+        self.root = Path(path)
+        catalog = self.root / CATALOG_FILE
+        if catalog.exists() and not overwrite:
+            raise ArchiveError("already holds an archive (pass overwrite to replace it)", path=str(self.root))
+        if self.root.exists() and not self.root.is_dir():
+            raise ArchiveError("exists and is not a directory", path=str(self.root))
+        self.root.mkdir(parents=True, exist_ok=True)
+        catalog.unlink(missing_ok=True)
+        self.environment = environment
+        self.world_size = world_size
+        self.model = dict(model or {})
+        self.ranks: dict[int, RankWriter] = {}
+        self.modules: dict[str, ModuleBlob] = {}
+        self.module_state = ModuleState.ABSENT
+
+    def rank(self, rank: int) -> RankWriter:
+        if not 0 <= rank < self.world_size:
+            raise ArchiveError("rank out of range", field="rank", expected=f"0..{self.world_size - 1}", found=rank)
+        if rank not in self.ranks:
+            self.ranks[rank] = RankWriter(self, rank)
+        return self.ranks[rank]
+
+    def add_module(self, image: bytes, *, format: str = "unknown") -> str:
+        """Store a module image once, under its sha256; return the sha256."""
+        digest = sha256_hex(image)
+        if digest not in self.modules:
+            atomic_write(self.root / "modules" / f"{digest}.bin", image)
+            self.modules[digest] = ModuleBlob(digest, len(image), format)
+        self.module_state = ModuleState.COMPLETE
+        return digest
+
+    def commit(self) -> Path:
+        """Write the catalog once every rank is sealed; the archive exists from here on."""
+        missing = [r for r in range(self.world_size) if r not in self.ranks or self.ranks[r].sealed is None]
+        if missing:
+            raise ArchiveError("cannot commit before every rank is sealed", path=str(self.root), found=missing)
+        catalog = Catalog(
+            format=ARCHIVE_FORMAT,
+            format_version=FORMAT_VERSION,
+            tool_version=__version__,
+            created=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            environment=self.environment,
+            world_size=self.world_size,
+            ranks=tuple(self.ranks[r].sealed for r in range(self.world_size)),
+            modules=ModuleIndex(self.module_state, tuple(sorted(self.modules.values(), key=lambda b: b.sha256))),
+            model=dict(sorted(self.model.items())),
+        )
+        atomic_write(self.root / CATALOG_FILE, encode_record(catalog))
+        return self.root

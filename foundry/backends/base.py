@@ -1,0 +1,127 @@
+"""The backend contract.
+
+A backend owns one family of communicator kernels (or, for ``vmm``, one kind
+of memory). Its life has four steps; this contract version defines all four,
+and a backend says which it implements:
+
+1. **recognise** (offline): from a kernel's identity, say whether it is one of
+   this backend's kernels, its kind (``symm-allreduce``, ``nccl-allreduce``,
+   ...) and the role of each parameter (the ABI). Lint and inspect count kinds.
+2. **record** (SAVE): write the communicator state into a versioned
+   :class:`~foundry.archive.schema.BackendState` in the rank's session.
+3. **validate** (LOAD, before any replay): compare the live communicator with
+   that record and with the graphs; raise :class:`BackendError` naming the
+   field that drifted (world size, rank, dtype, capacity, group, pointer
+   inventory, graph layout).
+4. **relocate** (LOAD): give the live value of every operand in the regions
+   the backend owns.
+
+Steps 2-4 raise :class:`BackendError` until a backend implements them, so an
+archive that needs them is refused by name rather than restored wrongly.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Protocol
+
+import msgspec
+
+from foundry.archive.schema import BackendState
+from foundry.errors import BackendError
+from foundry.graphir.graph import GraphIR
+from foundry.graphir.kernel import KernelIdentity
+from foundry.graphir.operands import Operand
+
+#: Version of this contract. A backend declares the version it was written for;
+#: the registry refuses any other.
+CONTRACT_VERSION = 1
+
+KIND_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+
+
+class ParamRole(msgspec.Struct, frozen=True, array_like=True):
+    """What one kernel parameter is to its backend (``buffer_ptrs``, ``numel``, ...)."""
+
+    index: int
+    role: str
+    pointer: bool = False
+
+
+class KernelMatch(msgspec.Struct, frozen=True):
+    """A backend's claim on a kernel.
+
+    ``requires`` names a capability the kernel needs at LOAD beyond the
+    backend itself (``multimem`` for NVLink multicast kernels).
+    """
+
+    backend: str
+    kind: str
+    abi: tuple[ParamRole, ...] = ()
+    requires: str | None = None
+    relocatable: bool = False
+
+
+class LiveState(Protocol):
+    """What a LOAD process tells backends about itself (implemented by the runtime)."""
+
+    rank: int
+    world_size: int
+
+    def backend_facts(self, backend: str) -> dict[str, Any]:
+        """Live communicator facts for ``backend`` (buffer addresses, sizes, dtype, group)."""
+        ...
+
+
+class SaveState(Protocol):
+    """What a SAVE process tells backends so they can record their state."""
+
+    rank: int
+    world_size: int
+
+    def backend_facts(self, backend: str) -> dict[str, Any]:
+        ...
+
+
+class Backend(ABC):
+    """Base class of every backend, built-in or third-party (see module docstring)."""
+
+    name: ClassVar[str]
+    contract: ClassVar[int] = CONTRACT_VERSION
+    kinds: ClassVar[frozenset[str]] = frozenset()
+    description: ClassVar[str] = ""
+    #: Region names (or ``prefix.*`` patterns) whose operands this backend relocates.
+    regions: ClassVar[tuple[str, ...]] = ()
+    state_version: ClassVar[int] = 1
+
+    @abstractmethod
+    def recognise(self, kernel: KernelIdentity) -> KernelMatch | None:
+        """Claim ``kernel`` if it is one of this backend's, else ``None``."""
+
+    def implements(self) -> tuple[str, ...]:
+        """The contract steps this backend implements, for ``foundry backends list``."""
+        steps = ["recognise"]
+        for step in ("record", "validate", "relocate"):
+            if getattr(type(self), step) is not getattr(Backend, step):
+                steps.append(step)
+        return tuple(steps)
+
+    def record(self, save: SaveState) -> BackendState:
+        raise BackendError(f"backend {self.name!r} cannot record communicator state yet")
+
+    def validate(self, state: BackendState, graphs: list[GraphIR], live: LiveState) -> None:
+        raise BackendError(f"backend {self.name!r} cannot validate a LOAD yet")
+
+    def relocate(self, operand: Operand, live: LiveState) -> int:
+        raise BackendError(f"backend {self.name!r} cannot relocate operands yet")
+
+    def match(self, kind: str, abi: tuple[ParamRole, ...] = (), requires: str | None = None) -> KernelMatch:
+        """A :class:`KernelMatch` for this backend (helper for ``recognise``)."""
+        relocatable = "relocate" in self.implements()
+        return KernelMatch(self.name, kind, abi, requires, relocatable)
+
+
+def roles(*names: str, pointers: tuple[str, ...] = ()) -> tuple[ParamRole, ...]:
+    """An ABI from parameter role names in ordinal order; ``pointers`` marks pointer roles."""
+    return tuple(ParamRole(i, name, name in pointers) for i, name in enumerate(names))

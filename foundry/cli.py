@@ -1,0 +1,273 @@
+"""The ``foundry`` command.
+
+Exit codes: 0 success (lint clean, diff identical); 1 findings (lint findings
+or failed expectations, archives that differ); 2 usage or archive errors.
+Every error is one line on stderr naming the file and field; never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from foundry import __version__
+from foundry.archive.reader import Archive
+from foundry.archive.sample import SAMPLE_NAME, resolve_archive_arg
+from foundry.backends.registry import BackendRegistry
+from foundry.errors import FoundryError
+
+EXIT_OK, EXIT_FINDINGS, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 70
+
+ARCHIVE_HELP = f"an archive directory, or {SAMPLE_NAME} for the bundled sample"
+
+
+def _stdout() -> Console:
+    """Rich console on stdout; 120 columns when piped (rich would assume 80)."""
+    width = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120
+    return Console(soft_wrap=False, highlight=False, width=width)
+
+
+def _emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=1, default=str))
+
+
+def _fail(message: str, code: int, as_json: bool, detail: dict | None = None) -> None:
+    if as_json:
+        click.echo(json.dumps({"ok": False, "error": detail or {"message": message}}, default=str), err=True)
+    click.echo(f"foundry: error: {message}", err=True)
+    sys.exit(code)
+
+
+def guarded(fn: Callable[..., int | None]) -> Callable[..., None]:
+    """Turn Foundry errors into one line and exit 2; an unexpected failure into exit 70."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> None:
+        as_json = bool(kwargs.get("as_json"))
+        try:
+            code = fn(*args, **kwargs)
+        except FoundryError as err:
+            _fail(str(err), EXIT_ERROR, as_json, err.to_dict())
+        except OSError as err:
+            _fail(f"{err.filename or ''}: {err.strerror or err}", EXIT_ERROR, as_json)
+        except (click.exceptions.Exit, click.ClickException, SystemExit, KeyboardInterrupt):
+            raise
+        except Exception as err:  # noqa: BLE001 - the last guard: one line, no traceback, a distinct code
+            _fail(f"internal error: {type(err).__name__}: {err} (please report this)", EXIT_INTERNAL, as_json)
+        sys.exit(code or EXIT_OK)
+
+    return run
+
+
+def open_archive(text: str) -> Archive:
+    return Archive.open(resolve_archive_arg(text))
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="machine-readable output on stdout")
+rank_option = click.option("--rank", type=click.IntRange(min=0), default=None, help="only this rank")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="foundry")
+def main() -> None:
+    """Foundry: inspect, lint and diff archives of persisted CUDA graphs."""
+
+
+# -- archive ------------------------------------------------------------------------
+
+
+@main.group()
+def archive() -> None:
+    """Whole-archive commands: inspect, diff, verify."""
+
+
+@archive.command("inspect", help="Ranks, graphs, node counts by kind, kernel histogram, collectives, regions "
+                 f"and unresolved pointers of ARCHIVE ({ARCHIVE_HELP}).")
+@click.argument("path", metavar="ARCHIVE")
+@rank_option
+@click.option("--top", type=click.IntRange(min=1), default=15, show_default=True, help="rows per table")
+@json_option
+@guarded
+def archive_inspect(path: str, rank: int | None, top: int, as_json: bool) -> int:
+    from foundry.graphir.passes.summary import summarize
+    from foundry.render import render_summary
+
+    summary = summarize(open_archive(path), BackendRegistry.discover(), rank=rank)
+    if as_json:
+        _emit_json(summary.to_dict())
+    else:
+        render_summary(_stdout(), summary, top=top)
+    return EXIT_OK
+
+
+@archive.command("diff")
+@click.argument("a", metavar="A")
+@click.argument("b", metavar="B")
+@json_option
+@guarded
+def archive_diff(a: str, b: str, as_json: bool) -> int:
+    """Environment, graph set, fingerprints and node-level differences of two archives.
+
+    Exits 0 when identical, 1 when they differ."""
+    from foundry.graphir.passes.diff import diff_archives
+    from foundry.render import render_diff
+
+    result = diff_archives(open_archive(a), open_archive(b))
+    if as_json:
+        _emit_json(result.to_dict())
+    else:
+        render_diff(_stdout(), result)
+    return EXIT_OK if result.identical else EXIT_FINDINGS
+
+
+@archive.command("verify")
+@click.argument("path", metavar="ARCHIVE")
+@json_option
+@guarded
+def archive_verify(path: str, as_json: bool) -> int:
+    """Read every file, check every hash, re-check every graph and recompute its fingerprint."""
+    from foundry.graphir.fingerprint import fingerprint
+
+    arch = open_archive(path)
+    mismatches = []
+    checked = 0
+    for r, entry in arch.select():
+        found = fingerprint(arch.graph(r, entry))
+        checked += 1
+        if found != entry.fingerprint:
+            mismatches.append({"rank": r, "graph": entry.name, "expected": entry.fingerprint, "found": found})
+    for blob in arch.catalog.modules.blobs:
+        if arch.catalog.modules.state.value == "complete":
+            arch.module(blob.sha256)
+    if as_json:
+        _emit_json({"ok": not mismatches, "graphs": checked, "fingerprint_mismatches": mismatches})
+    else:
+        for m in mismatches:
+            click.echo(f"rank {m['rank']} {m['graph']}: fingerprint {m['found']} differs from recorded {m['expected']}")
+        click.echo(f"{checked} graph(s) verified" + (f", {len(mismatches)} mismatch(es)" if mismatches else ", all ok"))
+    return EXIT_FINDINGS if mismatches else EXIT_OK
+
+
+# -- graph --------------------------------------------------------------------------
+
+
+@main.group()
+def graph() -> None:
+    """Per-graph commands: lint, show, export."""
+
+
+@graph.command("lint")
+@click.argument("path", metavar="ARCHIVE")
+@rank_option
+@click.option("--graph", "pattern", default=None, metavar="GLOB", help="only graphs whose name matches")
+@click.option("--expect", "expects", multiple=True, metavar="KIND=N",
+              help="KIND occurs N times in every selected graph (repeatable)")
+@click.option("--total", is_flag=True, help="expectations count over the whole selection instead")
+@click.option("--disable", "disabled", multiple=True, metavar="RULE", help="turn a built-in rule off (repeatable)")
+@click.option("--strict", is_flag=True, help="warnings fail too")
+@json_option
+@guarded
+def graph_lint(path: str, rank: int | None, pattern: str | None, expects: tuple[str, ...], total: bool,
+               disabled: tuple[str, ...], strict: bool, as_json: bool) -> int:  # fmt: skip
+    """Check graphs against built-in rules and --expect counts.
+
+    Rules: unresolved-pointer, unsupported-node, missing-module-image.
+    KIND is a node kind (kernel, memset, ...) or a backend kind
+    (symm-allreduce, nccl-allreduce, deepep-dispatch, ...).
+    Exits 0 clean, 1 findings, 2 usage or archive error."""
+    from foundry.graphir.passes.lint import Expectation, lint
+    from foundry.render import render_lint
+
+    expectations = [Expectation.parse(e) for e in expects]
+    report = lint(open_archive(path), BackendRegistry.discover(), rank=rank, pattern=pattern,
+                  expectations=expectations, total=total, disabled=disabled)  # fmt: skip
+    if as_json:
+        _emit_json(report.to_dict(strict=strict))
+    else:
+        render_lint(_stdout(), report, strict=strict)
+    return EXIT_FINDINGS if report.failed(strict=strict) else EXIT_OK
+
+
+@graph.command("show")
+@click.argument("path", metavar="ARCHIVE")
+@click.argument("name", metavar="GRAPH")
+@click.option("--rank", type=click.IntRange(min=0), default=0, show_default=True)
+@json_option
+@guarded
+def graph_show(path: str, name: str, rank: int, as_json: bool) -> int:
+    """The node table of one graph."""
+    from foundry.render import node_rows, render_nodes
+
+    ir = open_archive(path).graph(rank, name)
+    if as_json:
+        _emit_json({"graph": ir.name, "rank": rank, "nodes": node_rows(ir),
+                    "edges": [[e.src, e.dst, e.data.type] for e in ir.edges()]})  # fmt: skip
+    else:
+        render_nodes(_stdout(), ir)
+    return EXIT_OK
+
+
+@graph.command("export")
+@click.argument("path", metavar="ARCHIVE")
+@click.argument("name", metavar="GRAPH")
+@click.option("--format", "fmt", type=click.Choice(["dot", "graphml"]), required=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="write here (atomically) instead of stdout")
+@click.option("--rank", type=click.IntRange(min=0), default=0, show_default=True)
+@guarded
+def graph_export(path: str, name: str, fmt: str, output: Path | None, rank: int) -> int:
+    """Export one graph as Graphviz DOT or GraphML."""
+    from foundry.archive.files import atomic_write
+    from foundry.graphir.passes.export import export
+
+    text = export(open_archive(path).graph(rank, name), fmt)
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        atomic_write(output, text.encode())
+        click.echo(f"wrote {output}", err=True)
+    return EXIT_OK
+
+
+# -- backends -----------------------------------------------------------------------
+
+
+@main.group()
+def backends() -> None:
+    """Registered backends (entry-point group foundry.backends)."""
+
+
+@backends.command("list")
+@json_option
+@guarded
+def backends_list(as_json: bool) -> int:
+    """Every registered backend: kinds it recognises, contract steps it implements, or why it is broken."""
+    from rich.table import Table
+
+    rows = BackendRegistry.discover().describe()
+    if as_json:
+        _emit_json(rows)
+        return EXIT_OK
+    table = Table(title="Backends", title_justify="left")
+    for col in ("name", "status", "kinds", "implements", "origin / reason"):
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        if row["status"] == "ok":
+            table.add_row(str(row["name"]), "ok", ", ".join(row["kinds"]) or "-", ", ".join(row["implements"]),
+                          str(row["origin"]))  # fmt: skip
+        else:
+            table.add_row(str(row["name"]), "[red]broken[/red]", "-", "-", f"{row['origin']}: {row['reason']}")
+    _stdout().print(table)
+    return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,82 @@
+"""One error hierarchy for Foundry.
+
+Every error carries what a person needs to act on it (the file, the field, the
+node, the kernel, what was expected and what was found), so the CLI and the TUI
+render the same fields and scripts can read them from ``--json`` output.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class FoundryError(Exception):
+    """Base of every error Foundry raises on purpose."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        field: str | None = None,
+        node: int | None = None,
+        kernel: str | None = None,
+        expected: Any = None,
+        found: Any = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.path = path
+        self.field = field
+        self.node = node
+        self.kernel = kernel
+        self.expected = expected
+        self.found = found
+
+    def __str__(self) -> str:
+        where = [str(p) for p in (self.path, self.field) if p]
+        if self.node is not None:
+            where.append(f"node {self.node}")
+        head = ": ".join(where)
+        text = f"{head}: {self.message}" if head else self.message
+        if self.expected is not None or self.found is not None:
+            text += f" (expected {self.expected!r}, found {self.found!r})"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        """The error as plain data, for ``--json`` output."""
+        fields = {
+            "error": type(self).__name__,
+            "message": self.message,
+            "path": self.path,
+            "field": self.field,
+            "node": self.node,
+            "kernel": self.kernel,
+            "expected": self.expected,
+            "found": self.found,
+        }
+        return {k: v for k, v in fields.items() if v is not None}
+
+
+class ArchiveError(FoundryError):
+    """An archive is missing, malformed, tampered with, or from an unreadable version."""
+
+
+class IRError(FoundryError):
+    """A graph IR breaks one of its invariants."""
+
+
+class LintError(FoundryError):
+    """A lint request is malformed (an unknown rule or kind, a bad expectation)."""
+
+
+class BackendError(FoundryError):
+    """A backend is missing, broken, or refuses what an archive asks of it."""
+
+
+class DriverError(FoundryError):
+    """A CUDA driver call failed."""
+
+
+class HookError(FoundryError):
+    """The native hook is absent, inactive, or reports a loss of determinism."""

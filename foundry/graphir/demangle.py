@@ -1,0 +1,40 @@
+"""Itanium C++ demangling through the C++ runtime's own ``__cxa_demangle``."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+
+
+@functools.cache
+def _runtime() -> ctypes.CDLL | None:
+    for name in (ctypes.util.find_library("stdc++"), "libstdc++.so.6", "libc++.so.1"):
+        if not name:
+            continue
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        demangle = lib.__cxa_demangle
+        demangle.restype = ctypes.c_void_p
+        demangle.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+        return lib
+    return None
+
+
+@functools.cache
+def demangle(name: str) -> str:
+    """The demangled form of ``name``; ``name`` itself when it is not mangled
+    (``extern "C"`` kernels, Triton) or no C++ runtime is found."""
+    lib = _runtime()
+    if lib is None or not name.startswith("_Z"):
+        return name
+    status = ctypes.c_int()
+    out = lib.__cxa_demangle(name.encode(), None, None, ctypes.byref(status))
+    if status.value != 0 or not out:
+        return name
+    try:
+        return ctypes.string_at(out).decode(errors="replace")
+    finally:
+        ctypes.CDLL(None).free(ctypes.c_void_p(out))

@@ -1,0 +1,118 @@
+"""Typed graph nodes. One frozen struct per node kind, stored under one networkx
+attribute key (:data:`foundry.graphir.graph.NODE_KEY`).
+
+Raw addresses stay in the nodes exactly as captured; the operand manifest says
+which of them are pointers and where they point (``operands.py``).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import msgspec
+
+from foundry.graphir.kernel import FuncAttribute, KernelIdentity, LaunchConfig, ParamLayout
+from foundry.graphir.kinds import NodeKind
+
+
+class KernelNode(msgspec.Struct, frozen=True, tag="kernel", forbid_unknown_fields=True):
+    """A kernel launch with its parameter buffer as the device sees it.
+
+    ``params`` is the device-side parameter buffer (``layout.size`` bytes).
+    ``arg_mode`` says how the capture passed it: ``params`` (``kernelParams``)
+    or ``extra`` (one packed buffer, as cuBLAS does).
+    """
+
+    id: int
+    kernel: KernelIdentity
+    launch: LaunchConfig
+    layout: ParamLayout
+    params: bytes
+    arg_mode: str = "params"
+    func_attrs: tuple[FuncAttribute, ...] = ()
+
+    kind: ClassVar[NodeKind] = NodeKind.KERNEL
+
+    def param_bytes(self, index: int) -> bytes:
+        slot = self.layout.slots[index]
+        return self.params[slot.offset : slot.end]
+
+
+class MemcpyNode(msgspec.Struct, frozen=True, tag="memcpy", forbid_unknown_fields=True):
+    """A 3D memory copy (``CUDA_MEMCPY3D``) between device, host or unified memory.
+
+    ``src``/``dst`` are the base addresses; the ``*_pos`` triples are the
+    x (bytes), y, z offsets; ``extent`` is width in bytes, height, depth.
+    """
+
+    id: int
+    src_type: str
+    dst_type: str
+    src: int
+    dst: int
+    extent: tuple[int, int, int]
+    src_pos: tuple[int, int, int] = (0, 0, 0)
+    dst_pos: tuple[int, int, int] = (0, 0, 0)
+    src_pitch: int = 0
+    src_height: int = 0
+    dst_pitch: int = 0
+    dst_height: int = 0
+
+    kind: ClassVar[NodeKind] = NodeKind.MEMCPY
+
+
+class MemsetNode(msgspec.Struct, frozen=True, tag="memset", forbid_unknown_fields=True):
+    """A 2D memset of 1, 2 or 4-byte elements (``CUDA_MEMSET_NODE_PARAMS``)."""
+
+    id: int
+    dst: int
+    value: int
+    element_size: int
+    width: int
+    height: int = 1
+    pitch: int = 0
+
+    kind: ClassVar[NodeKind] = NodeKind.MEMSET
+
+
+class EventRecordNode(msgspec.Struct, frozen=True, tag="event_record", forbid_unknown_fields=True):
+    """Records an event. ``event`` numbers the graph's events by first use, so the
+    record and the waits on one event share a number across processes."""
+
+    id: int
+    event: int
+
+    kind: ClassVar[NodeKind] = NodeKind.EVENT_RECORD
+
+
+class EventWaitNode(msgspec.Struct, frozen=True, tag="event_wait", forbid_unknown_fields=True):
+    """Waits on an event (numbered as in :class:`EventRecordNode`)."""
+
+    id: int
+    event: int
+
+    kind: ClassVar[NodeKind] = NodeKind.EVENT_WAIT
+
+
+class EmptyNode(msgspec.Struct, frozen=True, tag="empty", forbid_unknown_fields=True):
+    """A node that only orders its neighbours."""
+
+    id: int
+
+    kind: ClassVar[NodeKind] = NodeKind.EMPTY
+
+
+class UnsupportedNode(msgspec.Struct, frozen=True, tag="unsupported", forbid_unknown_fields=True):
+    """A node Foundry lowers but cannot restore (host callbacks, child graphs,
+    memory alloc/free, conditionals, ...). Kept so lint can name it."""
+
+    id: int
+    node_type: NodeKind
+    detail: str = ""
+
+    @property
+    def kind(self) -> NodeKind:
+        return self.node_type
+
+
+Node = KernelNode | MemcpyNode | MemsetNode | EventRecordNode | EventWaitNode | EmptyNode | UnsupportedNode

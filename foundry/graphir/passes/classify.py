@@ -1,0 +1,29 @@
+"""Classify kernel nodes through the backends: node id -> the backend's claim."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from foundry.backends.base import KernelMatch
+from foundry.backends.registry import BackendRegistry
+from foundry.graphir.graph import GraphIR
+from foundry.graphir.nodes import KernelNode
+
+
+def classify(ir: GraphIR, registry: BackendRegistry) -> dict[int, KernelMatch]:
+    """Every kernel node some backend claims, with its claim."""
+    claims: dict[int, KernelMatch] = {}
+    for node in ir.nodes():
+        if isinstance(node, KernelNode):
+            match = registry.recognise(node.kernel)
+            if match is not None:
+                claims[node.id] = match
+    return claims
+
+
+def kind_counts(ir: GraphIR, claims: dict[int, KernelMatch]) -> Counter[str]:
+    """Counts by node kind (``kernel``, ``memset``, ...) and by classified kind
+    (``symm-allreduce``, ...): the kinds ``--expect`` accepts."""
+    counts = ir.counts_by_kind()
+    counts.update(match.kind for match in claims.values())
+    return counts

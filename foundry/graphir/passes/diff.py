@@ -1,0 +1,252 @@
+"""``foundry archive diff``: what differs between two archives, aligned for people.
+
+Graphs are compared by fingerprint first; a changed graph's nodes are aligned
+by (kind, kernel) with a longest-matching-block alignment, so one inserted node
+shows as one node only in B rather than as every later node changed. Matched
+nodes are compared field by field on their semantic views: kernel, launch
+config, scalar parameter bytes, and operand targets ``(region, offset)``.
+The diff is a pure function; the CLI and the TUI only render it.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import msgspec
+
+from foundry.archive.reader import Archive
+from foundry.graphir.fingerprint import operand_target, scalar_bytes
+from foundry.graphir.graph import GraphIR
+from foundry.graphir.nodes import KernelNode, Node
+from foundry.graphir.operands import Operand
+
+
+class Status(StrEnum):
+    SAME = "same"
+    CHANGED = "changed"
+    ONLY_A = "only_a"
+    ONLY_B = "only_b"
+
+
+@dataclass(frozen=True)
+class FieldChange:
+    field: str
+    a: str
+    b: str
+
+
+@dataclass
+class NodeDiff:
+    status: Status
+    a: int | None
+    b: int | None
+    label: str
+    changes: list[FieldChange] = field(default_factory=list)
+
+
+@dataclass
+class GraphDiff:
+    rank: int
+    name: str
+    status: Status
+    fingerprint_a: str | None = None
+    fingerprint_b: str | None = None
+    nodes: list[NodeDiff] = field(default_factory=list)
+    edges_only_a: list[tuple[int, int]] = field(default_factory=list)
+    edges_only_b: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass
+class ArchiveDiff:
+    a: str
+    b: str
+    environment: list[FieldChange] = field(default_factory=list)
+    graphs: list[GraphDiff] = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        return not self.environment and all(g.status is Status.SAME for g in self.graphs)
+
+    def to_dict(self) -> dict[str, Any]:
+        def graph(g: GraphDiff) -> dict[str, Any]:
+            return {
+                "rank": g.rank, "graph": g.name, "status": g.status.value,
+                "fingerprint_a": g.fingerprint_a, "fingerprint_b": g.fingerprint_b,
+                "nodes": [{"status": n.status.value, "a": n.a, "b": n.b, "label": n.label,
+                           "changes": [vars(c) for c in n.changes]} for n in g.nodes],
+                "edges_only_a": g.edges_only_a, "edges_only_b": g.edges_only_b,
+            }  # fmt: skip
+
+        return {
+            "a": self.a,
+            "b": self.b,
+            "identical": self.identical,
+            "environment": [vars(c) for c in self.environment],
+            "graphs": [graph(g) for g in self.graphs],
+        }
+
+
+# -- nodes ------------------------------------------------------------------------
+
+
+def node_label(node: Node) -> str:
+    return node.kernel.short_name if isinstance(node, KernelNode) else str(node.kind)
+
+
+def _align_key(node: Node) -> tuple[str, str]:
+    return (str(node.kind), node.kernel.name if isinstance(node, KernelNode) else "")
+
+
+def _targets(operands: tuple[Operand, ...]) -> dict[str, str]:
+    out = {}
+    for o in operands:
+        where = f"param[{o.param}]+{o.offset}" if o.param >= 0 else o.site.value
+        region, offset = operand_target(o)
+        out[where] = f"{region}+0x{offset:x}"
+    return out
+
+
+def _byte_runs(a: bytes, b: bytes) -> list[tuple[int, int]]:
+    """Half-open ranges of byte offsets where ``a`` and ``b`` differ."""
+    runs: list[tuple[int, int]] = []
+    for i in range(max(len(a), len(b))):
+        differs = i >= len(a) or i >= len(b) or a[i] != b[i]
+        if differs and runs and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1)
+        elif differs:
+            runs.append((i, i + 1))
+    return runs
+
+
+def _param_changes(na: KernelNode, oa: tuple[Operand, ...], nb: KernelNode, ob: tuple[Operand, ...]) -> list:
+    changes = []
+    sa, sb = scalar_bytes(na, oa), scalar_bytes(nb, ob)
+    if sa == sb:
+        return changes
+    for start, end in _byte_runs(sa, sb):
+        index = na.layout.slot_at(start)
+        param = f"param[{index}]" if index is not None else "params"
+        changes.append(FieldChange(f"{param} bytes {start}..{end - 1}", sa[start:end].hex(), sb[start:end].hex()))
+    return changes
+
+
+def compare_nodes(na: Node, oa: tuple[Operand, ...], nb: Node, ob: tuple[Operand, ...]) -> list[FieldChange]:
+    """Field-level differences between two aligned nodes (semantic, not raw addresses)."""
+    changes: list[FieldChange] = []
+
+    def check(name: str, a: Any, b: Any) -> None:
+        if a != b:
+            changes.append(FieldChange(name, str(a), str(b)))
+
+    if type(na) is not type(nb):
+        check("kind", na.kind, nb.kind)
+        return changes
+    if isinstance(na, KernelNode) and isinstance(nb, KernelNode):
+        check("kernel", na.kernel.name, nb.kernel.name)
+        check("image", na.kernel.image, nb.kernel.image)
+        check("grid", na.launch.grid, nb.launch.grid)
+        check("block", na.launch.block, nb.launch.block)
+        check("shared_mem", na.launch.shared_mem, nb.launch.shared_mem)
+        check("attributes", _attributes(na), _attributes(nb))
+        check("func_attrs", na.func_attrs, nb.func_attrs)
+        check("arg_mode", na.arg_mode, nb.arg_mode)
+        check("layout", [(s.offset, s.size) for s in na.layout.slots], [(s.offset, s.size) for s in nb.layout.slots])
+        changes.extend(_param_changes(na, oa, nb, ob))
+    else:
+        fa, fb = msgspec.structs.asdict(na), msgspec.structs.asdict(nb)
+        for key in fa:
+            if key not in ("id", "src", "dst"):
+                check(key, fa[key], fb[key])
+    ta, tb = _targets(oa), _targets(ob)
+    for where in sorted(ta.keys() | tb.keys()):
+        check(f"operand {where}", ta.get(where, "(scalar)"), tb.get(where, "(scalar)"))
+    return changes
+
+
+def _attributes(node: KernelNode) -> list[tuple[str, Any]]:
+    out = []
+    for attr in node.launch.attributes:
+        value = attr.value
+        if isinstance(value, dict):
+            value = {k: v for k, v in value.items() if k != "base_ptr"}
+        out.append((attr.name, value))
+    return out
+
+
+# -- graphs -----------------------------------------------------------------------
+
+
+def diff_graphs(a: GraphIR, b: GraphIR, *, rank: int = 0) -> GraphDiff:
+    """Align and compare two graphs node by node, then compare edges through the alignment."""
+    nodes_a, nodes_b = a.nodes(), b.nodes()
+    matcher = difflib.SequenceMatcher(None, [_align_key(n) for n in nodes_a], [_align_key(n) for n in nodes_b],
+                                      autojunk=False)  # fmt: skip
+    result = GraphDiff(rank, a.name, Status.SAME)
+    mapping: dict[int, int] = {}
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        paired = min(i2 - i1, j2 - j1) if tag in ("equal", "replace") else 0
+        for k in range(paired):
+            na, nb = nodes_a[i1 + k], nodes_b[j1 + k]
+            mapping[na.id] = nb.id
+            changes = compare_nodes(na, a.operands.of(na.id), nb, b.operands.of(nb.id))
+            if changes:
+                result.nodes.append(NodeDiff(Status.CHANGED, na.id, nb.id, node_label(na), changes))
+        for na in nodes_a[i1 + paired : i2]:
+            result.nodes.append(NodeDiff(Status.ONLY_A, na.id, None, node_label(na)))
+        for nb in nodes_b[j1 + paired : j2]:
+            result.nodes.append(NodeDiff(Status.ONLY_B, None, nb.id, node_label(nb)))
+    edges_a = {(mapping.get(e.src), mapping.get(e.dst), e.data) for e in a.edges()}
+    edges_b = {(e.src, e.dst, e.data) for e in b.edges()}
+    result.edges_only_a = sorted((e.src, e.dst) for e in a.edges()
+                                 if (mapping.get(e.src), mapping.get(e.dst), e.data) not in edges_b)  # fmt: skip
+    result.edges_only_b = sorted((s, d) for s, d, data in edges_b if (s, d, data) not in edges_a)
+    if result.nodes or result.edges_only_a or result.edges_only_b:
+        result.status = Status.CHANGED
+    return result
+
+
+# -- archives ---------------------------------------------------------------------
+
+
+def _environment_changes(a: Archive, b: Archive) -> list[FieldChange]:
+    changes = []
+    env_a, env_b = msgspec.structs.asdict(a.catalog.environment), msgspec.structs.asdict(b.catalog.environment)
+    for key in env_a:
+        if env_a[key] != env_b[key]:
+            changes.append(FieldChange(f"environment.{key}", str(env_a[key]), str(env_b[key])))
+    for key in ("world_size", "format_version"):
+        va, vb = getattr(a.catalog, key), getattr(b.catalog, key)
+        if va != vb:
+            changes.append(FieldChange(key, str(va), str(vb)))
+    if a.catalog.modules.state != b.catalog.modules.state:
+        changes.append(FieldChange("modules.state", a.catalog.modules.state, b.catalog.modules.state))
+    for key in sorted(a.catalog.model.keys() | b.catalog.model.keys()):
+        va, vb = a.catalog.model.get(key, "(absent)"), b.catalog.model.get(key, "(absent)")
+        if va != vb:
+            changes.append(FieldChange(f"model.{key}", va, vb))
+    return changes
+
+
+def diff_archives(a: Archive, b: Archive) -> ArchiveDiff:
+    """Environment, graph set, fingerprints and node-level differences of two archives."""
+    result = ArchiveDiff(str(a.root), str(b.root), _environment_changes(a, b))
+    for rank in sorted(set(a.ranks) | set(b.ranks)):
+        entries_a = {e.name: e for e in a.entries(rank)} if rank in a.ranks else {}
+        entries_b = {e.name: e for e in b.entries(rank)} if rank in b.ranks else {}
+        for name in sorted(entries_a.keys() | entries_b.keys()):
+            ea, eb = entries_a.get(name), entries_b.get(name)
+            if eb is None:
+                result.graphs.append(GraphDiff(rank, name, Status.ONLY_A, ea.fingerprint))
+            elif ea is None:
+                result.graphs.append(GraphDiff(rank, name, Status.ONLY_B, None, eb.fingerprint))
+            elif ea.fingerprint == eb.fingerprint:
+                result.graphs.append(GraphDiff(rank, name, Status.SAME, ea.fingerprint, eb.fingerprint))
+            else:
+                graph = diff_graphs(a.graph(rank, ea), b.graph(rank, eb), rank=rank)
+                graph.fingerprint_a, graph.fingerprint_b = ea.fingerprint, eb.fingerprint
+                graph.status = Status.CHANGED
+                result.graphs.append(graph)
+    return result

@@ -1,0 +1,210 @@
+"""``foundry graph lint``: built-in rules and ``--expect KIND=N`` counts over an archive.
+
+An expectation holds for every selected graph on every selected rank; with
+``total`` it holds for the sum over the selection instead. Rules report
+findings with a severity: errors (and failed expectations) make lint fail,
+warnings are shown and fail only under ``strict``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import msgspec
+
+from foundry.archive.reader import Archive
+from foundry.archive.schema import GraphEntry, ModuleState
+from foundry.backends.base import KernelMatch
+from foundry.backends.registry import BackendRegistry
+from foundry.errors import LintError
+from foundry.graphir.graph import GraphIR
+from foundry.graphir.kinds import NodeKind
+from foundry.graphir.nodes import KernelNode, UnsupportedNode
+from foundry.graphir.passes.classify import classify, kind_counts
+
+
+class Severity(StrEnum):
+    ERROR = "error"
+    WARNING = "warning"
+
+
+class Finding(msgspec.Struct, frozen=True):
+    rule: str
+    severity: Severity
+    message: str
+    rank: int | None = None
+    graph: str | None = None
+    node: int | None = None
+    kernel: str | None = None
+
+
+class Expectation(msgspec.Struct, frozen=True):
+    kind: str
+    count: int
+
+    @classmethod
+    def parse(cls, text: str) -> Expectation:
+        found = re.fullmatch(r"\s*([A-Za-z0-9_-]+)\s*=\s*(\d+)\s*", text)
+        if found is None:
+            raise LintError("an expectation is KIND=N, e.g. symm-allreduce=73", found=text)
+        return cls(found.group(1), int(found.group(2)))
+
+
+class ExpectationResult(msgspec.Struct, frozen=True):
+    kind: str
+    expected: int
+    found: int
+    ok: bool
+    rank: int | None = None  # None with --total
+    graph: str | None = None
+
+
+@dataclass
+class GraphContext:
+    """What a rule sees: one graph of one rank, with its backend claims."""
+
+    archive: Archive
+    rank: int
+    entry: GraphEntry
+    ir: GraphIR
+    claims: dict[int, KernelMatch]
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    description: str
+    check: Callable[[GraphContext], Iterator[Finding]]
+
+
+def _unresolved_pointer(ctx: GraphContext) -> Iterator[Finding]:
+    for operand in ctx.ir.operands.unresolved():
+        where = f"param {operand.param} offset {operand.offset}" if operand.param >= 0 else operand.site.value
+        yield Finding("unresolved-pointer", Severity.ERROR,
+                      f"pointer 0x{operand.value:x} at {where} lies in no known allocation",
+                      ctx.rank, ctx.entry.name, operand.node)  # fmt: skip
+
+
+def _unsupported_node(ctx: GraphContext) -> Iterator[Finding]:
+    for node in ctx.ir.nodes():
+        if isinstance(node, UnsupportedNode):
+            detail = f" ({node.detail})" if node.detail else ""
+            yield Finding("unsupported-node", Severity.ERROR,
+                          f"{node.node_type} node{detail} cannot be restored by LOAD", ctx.rank, ctx.entry.name,
+                          node.id)  # fmt: skip
+
+
+def _missing_module_image(ctx: GraphContext) -> Iterator[Finding]:
+    modules = ctx.archive.catalog.modules
+    if modules.state is ModuleState.ABSENT:
+        yield Finding("missing-module-image", Severity.WARNING,
+                      "archive records no module images: it can be inspected and diffed, not loaded",
+                      ctx.rank, ctx.entry.name)  # fmt: skip
+        return
+    if modules.state is ModuleState.STRIPPED:
+        yield Finding("missing-module-image", Severity.WARNING,
+                      "module images were stripped from this archive: LOAD will refuse it", ctx.rank, ctx.entry.name)
+        return
+    listed = {blob.sha256 for blob in modules.blobs}
+    for node in ctx.ir.kernels():
+        image = node.kernel.image
+        if image is None:
+            message = "kernel has no module image identity"
+        elif image not in listed or not ctx.archive.module_present(image):
+            message = f"module image {image[:12]} is not in the archive"
+        else:
+            continue
+        yield Finding("missing-module-image", Severity.ERROR, message, ctx.rank, ctx.entry.name, node.id,
+                      node.kernel.name)
+
+
+RULES: dict[str, Rule] = {
+    rule.name: rule
+    for rule in (
+        Rule("unresolved-pointer", "a pointer word lies in no known allocation", _unresolved_pointer),
+        Rule("unsupported-node", "a node kind LOAD cannot rebuild (host, child graph, ...)", _unsupported_node),
+        Rule("missing-module-image", "a kernel's module image is not in the archive", _missing_module_image),
+    )
+}
+
+
+@dataclass
+class GraphCounts:
+    rank: int
+    graph: str
+    counts: Counter[str]
+
+
+@dataclass
+class LintReport:
+    graphs: list[GraphCounts] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    expectations: list[ExpectationResult] = field(default_factory=list)
+
+    def failed(self, *, strict: bool = False) -> bool:
+        severities = {Severity.ERROR, Severity.WARNING} if strict else {Severity.ERROR}
+        return any(f.severity in severities for f in self.findings) or any(not e.ok for e in self.expectations)
+
+    def to_dict(self, *, strict: bool = False) -> dict:
+        return {
+            "ok": not self.failed(strict=strict),
+            "graphs": [{"rank": g.rank, "graph": g.graph, "counts": dict(sorted(g.counts.items()))}
+                       for g in self.graphs],  # fmt: skip
+            "expectations": [msgspec.structs.asdict(e) for e in self.expectations],
+            "findings": [msgspec.structs.asdict(f) for f in self.findings],
+        }
+
+
+def known_kinds(registry: BackendRegistry) -> set[str]:
+    return {str(k) for k in NodeKind} | registry.kinds()
+
+
+def lint(
+    archive: Archive,
+    registry: BackendRegistry,
+    *,
+    rank: int | None = None,
+    pattern: str | None = None,
+    expectations: Iterable[Expectation] = (),
+    total: bool = False,
+    disabled: Iterable[str] = (),
+) -> LintReport:
+    """Run the enabled rules and check the expectations over the selected graphs."""
+    expectations = list(expectations)
+    disabled = set(disabled)
+    unknown_rules = sorted(disabled - RULES.keys())
+    if unknown_rules:
+        raise LintError(f"unknown rule {unknown_rules[0]!r}", expected=sorted(RULES), found=unknown_rules[0])
+    kinds = known_kinds(registry)
+    for exp in expectations:
+        if exp.kind not in kinds:
+            raise LintError(f"unknown kind {exp.kind!r} in --expect", expected=sorted(kinds), found=exp.kind)
+    selection = archive.select(rank=rank, pattern=pattern)
+    if not selection:
+        raise LintError("no graph matches the selection", field="--rank/--graph",
+                        found={"rank": rank, "graph": pattern})  # fmt: skip
+    rules = [r for name, r in RULES.items() if name not in disabled]
+    report = LintReport()
+    for r, entry in selection:
+        ir = archive.graph(r, entry)
+        claims = classify(ir, registry)
+        counts = kind_counts(ir, claims)
+        report.graphs.append(GraphCounts(r, entry.name, counts))
+        ctx = GraphContext(archive, r, entry, ir, claims)
+        for rule in rules:
+            report.findings.extend(rule.check(ctx))
+        if not total:
+            report.expectations.extend(
+                ExpectationResult(e.kind, e.count, counts[e.kind], counts[e.kind] == e.count, r, entry.name)
+                for e in expectations
+            )
+    if total:
+        summed = sum((g.counts for g in report.graphs), Counter())
+        report.expectations = [
+            ExpectationResult(e.kind, e.count, summed[e.kind], summed[e.kind] == e.count) for e in expectations
+        ]
+    return report

@@ -1,0 +1,119 @@
+"""``foundry archive inspect``: what an archive holds, as plain data.
+
+The CLI renders it as tables or JSON; the TUI's summary pane renders it too.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from foundry.archive.reader import Archive
+from foundry.backends.registry import BackendRegistry
+from foundry.graphir.graph import GraphIR
+from foundry.graphir.passes.classify import classify
+
+
+@dataclass
+class GraphSummary:
+    rank: int
+    name: str
+    shape_key: int | None
+    runner: str | None
+    nodes: int
+    fingerprint: str
+    kinds: Counter[str]
+    collectives: Counter[str]
+    operands: int
+    unresolved: list[dict[str, Any]]
+
+
+@dataclass
+class ArchiveSummary:
+    path: str
+    catalog: dict[str, Any]
+    graphs: list[GraphSummary] = field(default_factory=list)
+    kernels: Counter[str] = field(default_factory=Counter)
+    kernel_names: dict[str, str] = field(default_factory=dict)
+    regions: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def kinds(self) -> Counter[str]:
+        return sum((g.kinds for g in self.graphs), Counter())
+
+    @property
+    def collectives(self) -> Counter[str]:
+        return sum((g.collectives for g in self.graphs), Counter())
+
+    @property
+    def unresolved(self) -> list[dict[str, Any]]:
+        return [u for g in self.graphs for u in g.unresolved]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "archive": self.path,
+            **self.catalog,
+            "graphs": [
+                {"rank": g.rank, "graph": g.name, "shape_key": g.shape_key, "runner": g.runner, "nodes": g.nodes,
+                 "fingerprint": g.fingerprint, "kinds": dict(sorted(g.kinds.items())),
+                 "collectives": dict(sorted(g.collectives.items())), "operands": g.operands,
+                 "unresolved": len(g.unresolved)}
+                for g in self.graphs
+            ],  # fmt: skip
+            "totals": {
+                "graphs": len(self.graphs),
+                "nodes": sum(g.nodes for g in self.graphs),
+                "kinds": dict(sorted(self.kinds.items())),
+                "collectives": dict(sorted(self.collectives.items())),
+            },
+            "kernels": [{"name": n, "short": self.kernel_names[n], "count": c} for n, c in self.kernels.most_common()],
+            "regions": [{"name": k, **v} for k, v in sorted(self.regions.items())],
+            "unresolved": self.unresolved,
+        }
+
+
+def summarize_graph(ir: GraphIR, registry: BackendRegistry, *, rank: int, entry: Any) -> GraphSummary:
+    claims = classify(ir, registry)
+    unresolved = [
+        {"rank": rank, "graph": ir.name, "node": o.node, "site": o.site.value, "param": o.param, "offset": o.offset,
+         "value": hex(o.value)}
+        for o in ir.operands.unresolved()
+    ]  # fmt: skip
+    return GraphSummary(
+        rank=rank, name=ir.name, shape_key=entry.shape_key, runner=entry.runner, nodes=len(ir),
+        fingerprint=entry.fingerprint, kinds=ir.counts_by_kind(), collectives=Counter(m.kind for m in claims.values()),
+        operands=len(ir.operands), unresolved=unresolved,
+    )  # fmt: skip
+
+
+def summarize(archive: Archive, registry: BackendRegistry, *, rank: int | None = None) -> ArchiveSummary:
+    """Read every selected graph once and gather what inspect shows."""
+    cat = archive.catalog
+    catalog = {
+        "format_version": cat.format_version,
+        "tool_version": cat.tool_version,
+        "created": cat.created,
+        "environment": msgspec.structs.asdict(cat.environment),
+        "world_size": cat.world_size,
+        "modules": {"state": cat.modules.state.value, "images": len(cat.modules.blobs)},
+        "model": dict(cat.model),
+    }
+    summary = ArchiveSummary(str(archive.root), catalog)
+    for r, entry in archive.select(rank=rank):
+        ir = archive.graph(r, entry)
+        summary.graphs.append(summarize_graph(ir, registry, rank=r, entry=entry))
+        for node in ir.kernels():
+            summary.kernels[node.kernel.name] += 1
+            summary.kernel_names.setdefault(node.kernel.name, node.kernel.short_name)
+        used = Counter(o.region for o in ir.operands if o.resolved)
+        for region in ir.regions.values():
+            row = summary.regions.setdefault(
+                region.name, {"kind": region.kind.value, "size": region.size, "graphs": 0, "operands": 0}
+            )
+            row["size"] = max(row["size"], region.size)
+            row["graphs"] += 1
+            row["operands"] += used[region.name]
+    return summary

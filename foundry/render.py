@@ -1,0 +1,180 @@
+"""Rendering reports for people (rich tables). ``--json`` output skips this module."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from foundry.graphir.graph import GraphIR
+from foundry.graphir.nodes import KernelNode, MemcpyNode, MemsetNode
+from foundry.graphir.passes.diff import ArchiveDiff, Status
+from foundry.graphir.passes.lint import LintReport, Severity
+from foundry.graphir.passes.summary import ArchiveSummary
+
+
+def human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def render_summary(console: Console, s: ArchiveSummary, *, top: int = 15) -> None:
+    cat = s.catalog
+    env = cat["environment"]
+    console.print(f"[bold]Archive[/bold] {s.path}")
+    console.print(f"  format {cat['format_version']}, written by Foundry {cat['tool_version']} at {cat['created']}")
+    console.print(f"  {env['gpu_name']} (compute {env['compute_capability']}), driver {env['driver_version']}, "
+                  f"CUDA {env['cuda_version']}, torch {env.get('torch_version') or '-'}")  # fmt: skip
+    modules = cat["modules"]
+    console.print(f"  world size {cat['world_size']}; module images: {modules['state']} ({modules['images']})")
+    if cat["model"]:
+        console.print("  model: " + ", ".join(f"{k}={v}" for k, v in sorted(cat["model"].items())))
+
+    graphs = Table(title="Graphs", title_justify="left")
+    for col in ("rank", "graph", "shape", "nodes", "kinds", "collectives", "unresolved", "fingerprint"):
+        graphs.add_column(col, justify="right" if col in ("rank", "shape", "nodes", "unresolved") else "left")
+    for g in s.graphs:
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(g.kinds.items()))
+        coll = ", ".join(f"{k} {n}" for k, n in sorted(g.collectives.items())) or "-"
+        graphs.add_row(str(g.rank), g.name, "-" if g.shape_key is None else str(g.shape_key), str(g.nodes), kinds,
+                       coll, Text(str(len(g.unresolved)), style="red" if g.unresolved else ""),
+                       g.fingerprint.split(":")[-1][:12])  # fmt: skip
+    console.print(graphs)
+
+    by_short: dict[str, list[int]] = {}
+    for name, count in s.kernels.items():
+        by_short.setdefault(s.kernel_names[name], []).append(count)
+    ranked = sorted(by_short.items(), key=lambda kv: (-sum(kv[1]), kv[0]))
+    kernels = Table(title=f"Kernel histogram: {sum(s.kernels.values())} launches of {len(s.kernels)} kernels "
+                    f"(top {min(top, len(ranked))} names; --json has every mangled name)", title_justify="left")
+    kernels.add_column("launches", justify="right")
+    kernels.add_column("variants", justify="right")
+    kernels.add_column("kernel")
+    for name, counts in ranked[:top]:
+        kernels.add_row(str(sum(counts)), str(len(counts)), name)
+    console.print(kernels)
+
+    collectives = s.collectives
+    if collectives:
+        table = Table(title="Collectives by kind", title_justify="left")
+        table.add_column("kind")
+        table.add_column("count", justify="right")
+        for kind, count in sorted(collectives.items()):
+            table.add_row(kind, str(count))
+        console.print(table)
+    else:
+        console.print("Collectives: none")
+
+    regions = Table(title=f"Regions ({len(s.regions)})", title_justify="left")
+    for col in ("region", "kind", "size", "graphs", "operands"):
+        regions.add_column(col, justify="right" if col in ("size", "graphs", "operands") else "left")
+    ordered = sorted(s.regions.items(), key=lambda kv: (kv[1]["kind"] == "tensor", kv[0]))
+    for name, row in ordered[:top]:
+        regions.add_row(name, row["kind"], human_bytes(row["size"]), str(row["graphs"]), str(row["operands"]))
+    if len(ordered) > top:
+        regions.add_row(f"... {len(ordered) - top} more (--json lists all)", "", "", "", "")
+    console.print(regions)
+
+    unresolved = s.unresolved
+    if not unresolved:
+        console.print("Unresolved pointers: none")
+        return
+    table = Table(title=f"Unresolved pointers ({len(unresolved)})", title_justify="left", style="red")
+    for col in ("rank", "graph", "node", "where", "value"):
+        table.add_column(col)
+    for u in unresolved[:top]:
+        where = f"param {u['param']}+{u['offset']}" if u["param"] >= 0 else u["site"]
+        table.add_row(str(u["rank"]), u["graph"], str(u["node"]), where, u["value"])
+    console.print(table)
+
+
+def render_lint(console: Console, report: LintReport, *, strict: bool = False) -> None:
+    for f in report.findings:
+        style = "red" if f.severity is Severity.ERROR else "yellow"
+        where = f"rank {f.rank} {f.graph}" + (f" node {f.node}" if f.node is not None else "")
+        console.print(Text.assemble((f"{f.severity.value:7}", style), f" {f.rule}: {where}: {f.message}"))
+    for e in report.expectations:
+        scope = f"rank {e.rank} {e.graph}" if e.graph is not None else "total"
+        mark = ("ok  ", "green") if e.ok else ("FAIL", "red")
+        console.print(Text.assemble((mark[0], mark[1]), f" {e.kind}={e.expected} in {scope}: found {e.found}"))
+    errors = sum(f.severity is Severity.ERROR for f in report.findings)
+    warnings = len(report.findings) - errors
+    failed = sum(not e.ok for e in report.expectations)
+    verdict = ("FAILED", "red") if report.failed(strict=strict) else ("clean", "green")
+    console.print(Text.assemble(
+        f"{len(report.graphs)} graph(s) checked: {errors} error(s), {warnings} warning(s), "
+        f"{failed} failed expectation(s) — ", verdict,
+    ))  # fmt: skip
+
+
+def render_diff(console: Console, d: ArchiveDiff) -> None:
+    console.print(f"[bold]A[/bold] {d.a}\n[bold]B[/bold] {d.b}")
+    if d.environment:
+        table = Table(title="Environment and catalog", title_justify="left")
+        for col in ("field", "A", "B"):
+            table.add_column(col)
+        for c in d.environment:
+            table.add_row(c.field, c.a, c.b)
+        console.print(table)
+    counts = {s: sum(g.status is s for g in d.graphs) for s in Status}
+    console.print("Graphs: " + ", ".join(f"{n} {s.value.replace('_', ' ')}" for s, n in counts.items()))
+    for g in d.graphs:
+        if g.status is Status.SAME:
+            continue
+        console.print(f"\n[bold]rank {g.rank} {g.name}[/bold]: {g.status.value.replace('_', ' ')}")
+        if g.status is not Status.CHANGED:
+            continue
+        console.print(f"  fingerprint A {g.fingerprint_a}\n  fingerprint B {g.fingerprint_b}")
+        for n in g.nodes:
+            ids = f"A:{'-' if n.a is None else n.a} B:{'-' if n.b is None else n.b}"
+            if n.status is Status.CHANGED:
+                console.print(f"  ~ {ids} {n.label}")
+                for c in n.changes:
+                    console.print(f"      {c.field}: [red]{c.a}[/red] -> [green]{c.b}[/green]")
+            else:
+                sign, style = ("-", "red") if n.status is Status.ONLY_A else ("+", "green")
+                console.print(f"  [{style}]{sign} {ids} {n.label} (only in {'A' if sign == '-' else 'B'})[/{style}]")
+        for src, dst in g.edges_only_a:
+            console.print(f"  [red]- edge A {src} -> {dst}[/red]")
+        for src, dst in g.edges_only_b:
+            console.print(f"  [green]+ edge B {src} -> {dst}[/green]")
+    console.print("\n" + ("identical" if d.identical else "archives differ"))
+
+
+def node_rows(ir: GraphIR) -> list[dict[str, object]]:
+    """One row per node, as ``graph show`` prints it (and ``--json`` emits it)."""
+    rows = []
+    for node in ir.nodes():
+        row: dict[str, object] = {"id": node.id, "kind": str(node.kind)}
+        if isinstance(node, KernelNode):
+            row.update(kernel=node.kernel.short_name, name=node.kernel.name, grid=list(node.launch.grid),
+                       block=list(node.launch.block), shared_mem=node.launch.shared_mem,
+                       params=node.layout.size, arg_mode=node.arg_mode)  # fmt: skip
+        elif isinstance(node, MemcpyNode):
+            row.update(kernel=f"{node.src_type}->{node.dst_type} {node.extent[0]} B")
+        elif isinstance(node, MemsetNode):
+            row.update(kernel=f"value {node.value:#x} x{node.width} ({node.element_size} B)")
+        row["operands"] = [
+            o.location() if o.param >= 0 else f"{o.site.value.rsplit('.', 1)[-1]}={o.location()}"
+            for o in ir.operands.of(node.id)
+        ]
+        rows.append(row)
+    return rows
+
+
+def render_nodes(console: Console, ir: GraphIR) -> None:
+    table = Table(title=f"{ir.name}: {len(ir)} nodes, {ir.nx.number_of_edges()} edges", title_justify="left")
+    for col in ("id", "kind", "kernel / detail", "grid", "block", "smem", "param B", "operands"):
+        table.add_column(col, justify="right" if col in ("id", "smem", "param B") else "left", overflow="fold")
+    for row in node_rows(ir):
+        grid = ",".join(map(str, row.get("grid", []))) or "-"
+        block = ",".join(map(str, row.get("block", []))) or "-"
+        operands = row["operands"]
+        shown = ", ".join(operands[:3]) + (f", +{len(operands) - 3}" if len(operands) > 3 else "")
+        table.add_row(str(row["id"]), str(row["kind"]), str(row.get("kernel", "")), grid, block,
+                      str(row.get("shared_mem", "-")), str(row.get("params", "-")), shown or "-")  # fmt: skip
+    console.print(table)

@@ -1,0 +1,48 @@
+"""Capture helpers shared by recipes, fixtures and GPU tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from foundry.archive.outputs import OutputValue, TensorSpec, describe
+from foundry.graphir.lower import AddressResolver
+
+
+def capture(fn: Callable[[], Any], *, warmup: int = 2, pool: Any = None) -> tuple[Any, Any]:
+    """Warm ``fn`` up on a side stream, then capture it into a
+    ``torch.cuda.CUDAGraph(keep_graph=True)``; return ``(graph, outputs)``."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = fn()
+    torch.cuda.synchronize()
+    return graph, outputs
+
+
+def describe_outputs(outputs: Any, resolver: AddressResolver) -> OutputValue:
+    """An allowlisted description of ``outputs``; tensor storage is located through ``resolver``."""
+    import torch
+
+    def tensor(value: Any) -> TensorSpec | None:
+        if not isinstance(value, torch.Tensor):
+            return None
+        hit = resolver.resolve(value.data_ptr())
+        return TensorSpec(
+            dtype=str(value.dtype).removeprefix("torch."),
+            shape=tuple(value.shape),
+            stride=tuple(value.stride()),
+            storage_offset=value.storage_offset(),
+            region=hit[0].name if hit else None,
+            region_offset=hit[1] if hit else None,
+        )
+
+    return describe(outputs, tensor)
