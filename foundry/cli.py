@@ -89,8 +89,11 @@ def archive() -> None:
     """Whole-archive commands: inspect, diff, verify."""
 
 
-@archive.command("inspect", help="Ranks, graphs, node counts by kind, kernel histogram, collectives, regions "
-                 f"and unresolved pointers of ARCHIVE ({ARCHIVE_HELP}).")
+@archive.command(
+    "inspect",
+    help="Ranks, graphs, node counts by kind, kernel histogram, collectives, regions "
+    f"and unresolved pointers of ARCHIVE ({ARCHIVE_HELP}).",
+)
 @click.argument("path", metavar="ARCHIVE")
 @rank_option
 @click.option("--top", type=click.IntRange(min=1), default=15, show_default=True, help="rows per table")
@@ -168,15 +171,28 @@ def graph() -> None:
 @click.argument("path", metavar="ARCHIVE")
 @rank_option
 @click.option("--graph", "pattern", default=None, metavar="GLOB", help="only graphs whose name matches")
-@click.option("--expect", "expects", multiple=True, metavar="KIND=N",
-              help="KIND occurs N times in every selected graph (repeatable)")
+@click.option(
+    "--expect",
+    "expects",
+    multiple=True,
+    metavar="KIND=N",
+    help="KIND occurs N times in every selected graph (repeatable)",
+)
 @click.option("--total", is_flag=True, help="expectations count over the whole selection instead")
 @click.option("--disable", "disabled", multiple=True, metavar="RULE", help="turn a built-in rule off (repeatable)")
 @click.option("--strict", is_flag=True, help="warnings fail too")
 @json_option
 @guarded
-def graph_lint(path: str, rank: int | None, pattern: str | None, expects: tuple[str, ...], total: bool,
-               disabled: tuple[str, ...], strict: bool, as_json: bool) -> int:  # fmt: skip
+def graph_lint(
+    path: str,
+    rank: int | None,
+    pattern: str | None,
+    expects: tuple[str, ...],
+    total: bool,
+    disabled: tuple[str, ...],
+    strict: bool,
+    as_json: bool,
+) -> int:
     """Check graphs against built-in rules and --expect counts.
 
     Rules: unresolved-pointer, unsupported-node, missing-module-image.
@@ -187,8 +203,15 @@ def graph_lint(path: str, rank: int | None, pattern: str | None, expects: tuple[
     from foundry.render import render_lint
 
     expectations = [Expectation.parse(e) for e in expects]
-    report = lint(open_archive(path), BackendRegistry.discover(), rank=rank, pattern=pattern,
-                  expectations=expectations, total=total, disabled=disabled)  # fmt: skip
+    report = lint(
+        open_archive(path),
+        BackendRegistry.discover(),
+        rank=rank,
+        pattern=pattern,
+        expectations=expectations,
+        total=total,
+        disabled=disabled,
+    )
     if as_json:
         _emit_json(report.to_dict(strict=strict))
     else:
@@ -208,8 +231,14 @@ def graph_show(path: str, name: str, rank: int, as_json: bool) -> int:
 
     ir = open_archive(path).graph(rank, name)
     if as_json:
-        _emit_json({"graph": ir.name, "rank": rank, "nodes": node_rows(ir),
-                    "edges": [[e.src, e.dst, e.data.type] for e in ir.edges()]})  # fmt: skip
+        _emit_json(
+            {
+                "graph": ir.name,
+                "rank": rank,
+                "nodes": node_rows(ir),
+                "edges": [[e.src, e.dst, e.data.type] for e in ir.edges()],
+            }
+        )
     else:
         render_nodes(_stdout(), ir)
     return EXIT_OK
@@ -219,8 +248,13 @@ def graph_show(path: str, name: str, rank: int, as_json: bool) -> int:
 @click.argument("path", metavar="ARCHIVE")
 @click.argument("name", metavar="GRAPH")
 @click.option("--format", "fmt", type=click.Choice(["dot", "graphml"]), required=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="write here (atomically) instead of stdout")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="write here (atomically) instead of stdout",
+)
 @click.option("--rank", type=click.IntRange(min=0), default=0, show_default=True)
 @guarded
 def graph_export(path: str, name: str, fmt: str, output: Path | None, rank: int) -> int:
@@ -261,8 +295,9 @@ def backends_list(as_json: bool) -> int:
         table.add_column(col, overflow="fold")
     for row in rows:
         if row["status"] == "ok":
-            table.add_row(str(row["name"]), "ok", ", ".join(row["kinds"]) or "-", ", ".join(row["implements"]),
-                          str(row["origin"]))  # fmt: skip
+            table.add_row(
+                str(row["name"]), "ok", ", ".join(row["kinds"]) or "-", ", ".join(row["implements"]), str(row["origin"])
+            )
         else:
             table.add_row(str(row["name"]), "[red]broken[/red]", "-", "-", f"{row['origin']}: {row['reason']}")
     _stdout().print(table)

@@ -54,8 +54,11 @@ def error_text(err: Any) -> str:
     drv = driver()
     _, name = drv.cuGetErrorName(err)
     _, text = drv.cuGetErrorString(err)
-    decode = (lambda b: b.decode() if isinstance(b, bytes) else str(b))
-    return f"{decode(name)} ({decode(text)})"
+    return f"{_text(name)} ({_text(text)})"
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def handle_value(handle: Any) -> int:

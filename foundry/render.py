@@ -27,8 +27,10 @@ def render_summary(console: Console, s: ArchiveSummary, *, top: int = 15) -> Non
     env = cat["environment"]
     console.print(f"[bold]Archive[/bold] {s.path}")
     console.print(f"  format {cat['format_version']}, written by Foundry {cat['tool_version']} at {cat['created']}")
-    console.print(f"  {env['gpu_name']} (compute {env['compute_capability']}), driver {env['driver_version']}, "
-                  f"CUDA {env['cuda_version']}, torch {env.get('torch_version') or '-'}")  # fmt: skip
+    console.print(
+        f"  {env['gpu_name']} (compute {env['compute_capability']}), driver {env['driver_version']}, "
+        f"CUDA {env['cuda_version']}, torch {env.get('torch_version') or '-'}"
+    )
     modules = cat["modules"]
     console.print(f"  world size {cat['world_size']}; module images: {modules['state']} ({modules['images']})")
     if cat["model"]:
@@ -40,17 +42,27 @@ def render_summary(console: Console, s: ArchiveSummary, *, top: int = 15) -> Non
     for g in s.graphs:
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(g.kinds.items()))
         coll = ", ".join(f"{k} {n}" for k, n in sorted(g.collectives.items())) or "-"
-        graphs.add_row(str(g.rank), g.name, "-" if g.shape_key is None else str(g.shape_key), str(g.nodes), kinds,
-                       coll, Text(str(len(g.unresolved)), style="red" if g.unresolved else ""),
-                       g.fingerprint.split(":")[-1][:12])  # fmt: skip
+        graphs.add_row(
+            str(g.rank),
+            g.name,
+            "-" if g.shape_key is None else str(g.shape_key),
+            str(g.nodes),
+            kinds,
+            coll,
+            Text(str(len(g.unresolved)), style="red" if g.unresolved else ""),
+            g.fingerprint.split(":")[-1][:12],
+        )
     console.print(graphs)
 
     by_short: dict[str, list[int]] = {}
     for name, count in s.kernels.items():
         by_short.setdefault(s.kernel_names[name], []).append(count)
     ranked = sorted(by_short.items(), key=lambda kv: (-sum(kv[1]), kv[0]))
-    kernels = Table(title=f"Kernel histogram: {sum(s.kernels.values())} launches of {len(s.kernels)} kernels "
-                    f"(top {min(top, len(ranked))} names; --json has every mangled name)", title_justify="left")
+    kernels = Table(
+        title=f"Kernel histogram: {sum(s.kernels.values())} launches of {len(s.kernels)} kernels "
+        f"(top {min(top, len(ranked))} names; --json has every mangled name)",
+        title_justify="left",
+    )
     kernels.add_column("launches", justify="right")
     kernels.add_column("variants", justify="right")
     kernels.add_column("kernel")
@@ -105,10 +117,13 @@ def render_lint(console: Console, report: LintReport, *, strict: bool = False) -
     warnings = len(report.findings) - errors
     failed = sum(not e.ok for e in report.expectations)
     verdict = ("FAILED", "red") if report.failed(strict=strict) else ("clean", "green")
-    console.print(Text.assemble(
-        f"{len(report.graphs)} graph(s) checked: {errors} error(s), {warnings} warning(s), "
-        f"{failed} failed expectation(s) — ", verdict,
-    ))  # fmt: skip
+    console.print(
+        Text.assemble(
+            f"{len(report.graphs)} graph(s) checked: {errors} error(s), {warnings} warning(s), "
+            f"{failed} failed expectation(s) — ",
+            verdict,
+        )
+    )
 
 
 def render_diff(console: Console, d: ArchiveDiff) -> None:
@@ -151,9 +166,15 @@ def node_rows(ir: GraphIR) -> list[dict[str, object]]:
     for node in ir.nodes():
         row: dict[str, object] = {"id": node.id, "kind": str(node.kind)}
         if isinstance(node, KernelNode):
-            row.update(kernel=node.kernel.short_name, name=node.kernel.name, grid=list(node.launch.grid),
-                       block=list(node.launch.block), shared_mem=node.launch.shared_mem,
-                       params=node.layout.size, arg_mode=node.arg_mode)  # fmt: skip
+            row.update(
+                kernel=node.kernel.short_name,
+                name=node.kernel.name,
+                grid=list(node.launch.grid),
+                block=list(node.launch.block),
+                shared_mem=node.launch.shared_mem,
+                params=node.layout.size,
+                arg_mode=node.arg_mode,
+            )
         elif isinstance(node, MemcpyNode):
             row.update(kernel=f"{node.src_type}->{node.dst_type} {node.extent[0]} B")
         elif isinstance(node, MemsetNode):
@@ -167,7 +188,7 @@ def node_rows(ir: GraphIR) -> list[dict[str, object]]:
 
 
 def render_nodes(console: Console, ir: GraphIR) -> None:
-    table = Table(title=f"{ir.name}: {len(ir)} nodes, {ir.nx.number_of_edges()} edges", title_justify="left")
+    table = Table(title=f"{ir.name}: {len(ir)} nodes, {ir.edge_count()} edges", title_justify="left")
     for col in ("id", "kind", "kernel / detail", "grid", "block", "smem", "param B", "operands"):
         table.add_column(col, justify="right" if col in ("id", "smem", "param B") else "left", overflow="fold")
     for row in node_rows(ir):
@@ -175,6 +196,14 @@ def render_nodes(console: Console, ir: GraphIR) -> None:
         block = ",".join(map(str, row.get("block", []))) or "-"
         operands = row["operands"]
         shown = ", ".join(operands[:3]) + (f", +{len(operands) - 3}" if len(operands) > 3 else "")
-        table.add_row(str(row["id"]), str(row["kind"]), str(row.get("kernel", "")), grid, block,
-                      str(row.get("shared_mem", "-")), str(row.get("params", "-")), shown or "-")  # fmt: skip
+        table.add_row(
+            str(row["id"]),
+            str(row["kind"]),
+            str(row.get("kernel", "")),
+            grid,
+            block,
+            str(row.get("shared_mem", "-")),
+            str(row.get("params", "-")),
+            shown or "-",
+        )
     console.print(table)

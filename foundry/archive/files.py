@@ -77,9 +77,11 @@ def read_bounded(path: Path, limit: int, *, what: str) -> bytes:
         raise ArchiveError(f"{what} is not a regular file", path=str(path))
     if info.st_size > limit:
         raise ArchiveError(
-            f"{what} is larger than the reader accepts", path=str(path), expected=f"<= {limit} bytes",
+            f"{what} is larger than the reader accepts",
+            path=str(path),
+            expected=f"<= {limit} bytes",
             found=f"{info.st_size} bytes",
-        )  # fmt: skip
+        )
     try:
         with open(path, "rb") as f:
             data = f.read(limit + 1)
@@ -101,8 +103,9 @@ def contained_path(root: Path, relative: str, *, field: str, source: Path) -> Pa
         or any(part in ("..", "") for part in relative.split("/"))
     )
     if bad:
-        raise ArchiveError("path must be relative and stay inside the archive", path=str(source), field=field,
-                           found=relative)
+        raise ArchiveError(
+            "path must be relative and stay inside the archive", path=str(source), field=field, found=relative
+        )
     path = root.joinpath(*pure.parts)
     try:
         path.resolve().relative_to(root.resolve())

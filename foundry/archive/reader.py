@@ -48,7 +48,7 @@ def decode_error(err: Exception, *, path: Path) -> ArchiveError:
         return ArchiveError(message, path=str(path), field=match.group(1) if match else None)
     if isinstance(err, RecursionError):
         return ArchiveError("nested too deeply", path=str(path))
-    return ArchiveError(f"not valid JSON: {err}", path=str(path))
+    return ArchiveError(f"cannot be decoded: {err}", path=str(path))
 
 
 _DECODE_ERRORS = (msgspec.ValidationError, msgspec.DecodeError, RecursionError)
@@ -65,13 +65,15 @@ def decode_typed(data: bytes, kind: type[T], *, path: Path) -> T:
 def _check_header(data: bytes, *, expected: str, path: Path) -> None:
     header = decode_typed(data, _Header, path=path)
     if header.format != expected:
-        raise ArchiveError("not a Foundry file of this kind", path=str(path), field="format", expected=expected,
-                           found=header.format)
+        raise ArchiveError(
+            "not a Foundry file of this kind", path=str(path), field="format", expected=expected, found=header.format
+        )
     if header.format_version != FORMAT_VERSION:
         newer = isinstance(header.format_version, int) and header.format_version > FORMAT_VERSION
         reason = "written by a newer Foundry" if newer else "unsupported format version"
-        raise ArchiveError(reason, path=str(path), field="format_version", expected=FORMAT_VERSION,
-                           found=header.format_version)
+        raise ArchiveError(
+            reason, path=str(path), field="format_version", expected=FORMAT_VERSION, found=header.format_version
+        )
 
 
 def _check_sha(value: str, *, path: Path, field: str) -> None:
@@ -111,8 +113,13 @@ class Archive:
             raise ArchiveError("world size out of range", path=str(path), field="world_size", found=cat.world_size)
         ranks = [entry.rank for entry in cat.ranks]
         if sorted(ranks) != list(range(cat.world_size)):
-            raise ArchiveError("ranks must be 0..world_size-1, each once", path=str(path), field="ranks",
-                               expected=f"0..{cat.world_size - 1}", found=ranks[:16])
+            raise ArchiveError(
+                "ranks must be 0..world_size-1, each once",
+                path=str(path),
+                field="ranks",
+                expected=f"0..{cat.world_size - 1}",
+                found=ranks[:16],
+            )
         for i, entry in enumerate(cat.ranks):
             _check_sha(entry.sha256, path=path, field=f"ranks[{i}].sha256")
             contained_path(self.root, entry.session, field=f"ranks[{i}].session", source=path)
@@ -135,14 +142,19 @@ class Archive:
     def _read_session(self, rank: int) -> Session:
         entry = next((e for e in self.catalog.ranks if e.rank == rank), None)
         if entry is None:
-            raise ArchiveError(f"archive has no rank {rank}", path=str(self.root), field="ranks",
-                               expected=self.ranks, found=rank)
+            raise ArchiveError(
+                f"archive has no rank {rank}", path=str(self.root), field="ranks", expected=self.ranks, found=rank
+            )
         path = contained_path(self.root, entry.session, field="session", source=self.root / CATALOG_FILE)
         data = read_bounded(path, self.limits.session, what=f"rank {rank} session")
         found = sha256_hex(data)
         if found != entry.sha256:
-            raise ArchiveError("session does not match the catalog's sha256 (altered or damaged)", path=str(path),
-                               expected=entry.sha256, found=found)
+            raise ArchiveError(
+                "session does not match the catalog's sha256 (altered or damaged)",
+                path=str(path),
+                expected=entry.sha256,
+                found=found,
+            )
         _check_header(data, expected=SESSION_FORMAT, path=path)
         session = decode_typed(data, Session, path=path)
         self._check_session(session, rank, path)
@@ -150,8 +162,9 @@ class Archive:
 
     def _check_session(self, session: Session, rank: int, path: Path) -> None:
         if session.rank != rank:
-            raise ArchiveError("session belongs to another rank", path=str(path), field="rank", expected=rank,
-                               found=session.rank)
+            raise ArchiveError(
+                "session belongs to another rank", path=str(path), field="rank", expected=rank, found=session.rank
+            )
         names: set[str] = set()
         rank_dir = path.parent
         for i, graph in enumerate(session.graphs):
@@ -182,15 +195,17 @@ class Archive:
         for graph in self.entries(rank):
             if graph.name == name:
                 return graph
-        raise ArchiveError(f"rank {rank} has no graph {name!r}", path=str(self.session_path(rank)), field="graphs",
-                           found=name)
+        raise ArchiveError(
+            f"rank {rank} has no graph {name!r}", path=str(self.session_path(rank)), field="graphs", found=name
+        )
 
     def select(self, *, rank: int | None = None, pattern: str | None = None) -> list[tuple[int, GraphEntry]]:
         """``(rank, entry)`` pairs matching a rank and a glob over graph names."""
         ranks = self.ranks if rank is None else [rank]
         if rank is not None and rank not in self.ranks:
-            raise ArchiveError(f"archive has no rank {rank}", path=str(self.root), field="ranks",
-                               expected=self.ranks, found=rank)
+            raise ArchiveError(
+                f"archive has no rank {rank}", path=str(self.root), field="ranks", expected=self.ranks, found=rank
+            )
         return [
             (r, e) for r in ranks for e in self.entries(r) if pattern is None or fnmatch.fnmatchcase(e.name, pattern)
         ]
@@ -203,29 +218,57 @@ class Archive:
         path = self.graph_path(rank, entry)
         data = read_bounded(path, self.limits.graph, what=f"graph {entry.name!r}")
         if len(data) != entry.size:
-            raise ArchiveError("graph file size differs from its session entry", path=str(path), field="size",
-                               expected=entry.size, found=len(data))
+            raise ArchiveError(
+                "graph file size differs from its session entry",
+                path=str(path),
+                field="size",
+                expected=entry.size,
+                found=len(data),
+            )
         found = sha256_hex(data)
         if found != entry.sha256:
-            raise ArchiveError("graph does not match its sha256 (altered or damaged)", path=str(path),
-                               field="sha256", expected=entry.sha256, found=found)
+            raise ArchiveError(
+                "graph does not match its sha256 (altered or damaged)",
+                path=str(path),
+                field="sha256",
+                expected=entry.sha256,
+                found=found,
+            )
         return data
 
-    def graph(self, rank: int, name: str | GraphEntry) -> GraphIR:
-        """Read, check and decode one graph."""
+    def graph(self, rank: int, name: str | GraphEntry, *, deep: bool = True) -> GraphIR:
+        """Read, check and decode one graph.
+
+        The file's size and sha256 are always checked. ``deep`` (the default)
+        also checks every operand against the node bytes and its region, as
+        LOAD, diff and verify need; inspect, lint and the TUI pass
+        ``deep=False`` and check structure only, which keeps them safe on any
+        input and fast on large archives."""
         entry = name if isinstance(name, GraphEntry) else self.entry(rank, name)
         data = self.graph_bytes(rank, entry)
         path = self.graph_path(rank, entry)
         try:
-            ir = decode_graph(data)
+            ir = decode_graph(data, deep=deep)
         except _DECODE_ERRORS as err:
             raise decode_error(err, path=path) from None
         except IRError as err:
-            raise ArchiveError(err.message, path=str(path), field=err.field, node=err.node, kernel=err.kernel,
-                               expected=err.expected, found=err.found) from None
+            raise ArchiveError(
+                err.message,
+                path=str(path),
+                field=err.field,
+                node=err.node,
+                kernel=err.kernel,
+                expected=err.expected,
+                found=err.found,
+            ) from None
         if ir.name != entry.name or len(ir) != entry.nodes:
-            raise ArchiveError("graph file disagrees with its session entry", path=str(path), field="name/nodes",
-                               expected=(entry.name, entry.nodes), found=(ir.name, len(ir)))
+            raise ArchiveError(
+                "graph file disagrees with its session entry",
+                path=str(path),
+                field="name/nodes",
+                expected=(entry.name, entry.nodes),
+                found=(ir.name, len(ir)),
+            )
         return ir
 
     # -- modules ----------------------------------------------------------------
@@ -234,10 +277,10 @@ class Archive:
         path = contained_path(self.root, f"modules/{sha256}.bin", field="modules", source=self.root / CATALOG_FILE)
         data = read_bounded(path, self.limits.module, what=f"module image {sha256[:12]}")
         if sha256_hex(data) != sha256:
-            raise ArchiveError("module image does not match its sha256", path=str(path), expected=sha256,
-                               found=sha256_hex(data))
+            raise ArchiveError(
+                "module image does not match its sha256", path=str(path), expected=sha256, found=sha256_hex(data)
+            )
         return data
 
     def module_present(self, sha256: str) -> bool:
         return (self.root / "modules" / f"{sha256}.bin").is_file()
-

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import shutil
 from pathlib import Path
 
 import msgspec
@@ -30,7 +31,7 @@ from foundry.archive.schema import (
     Session,
 )
 from foundry.errors import ArchiveError
-from foundry.graphir.codec import encode_graph
+from foundry.graphir.codec import GRAPH_SUFFIX, encode_graph
 from foundry.graphir.fingerprint import fingerprint
 from foundry.graphir.graph import GraphIR
 
@@ -67,20 +68,28 @@ class RankWriter:
         """Check, encode and write one graph; return its session entry."""
         self._check_open()
         if not GRAPH_NAME.match(ir.name):
-            raise ArchiveError("graph names are 1-128 of A-Z a-z 0-9 . _ - (starting alphanumeric)",
-                               field="name", found=ir.name)
+            raise ArchiveError(
+                "graph names are 1-128 of A-Z a-z 0-9 . _ - (starting alphanumeric)", field="name", found=ir.name
+            )
         if any(g.name == ir.name for g in self.graphs):
             raise ArchiveError(f"rank {self.rank} already has a graph {ir.name!r}", field="name")
         if outputs is not None:
             check_output(outputs, path=str(self.dir), field=f"{ir.name}.outputs")
         ir.check()
         data = encode_graph(ir)
-        relative = f"graphs/{ir.name}.json"
+        relative = f"graphs/{ir.name}{GRAPH_SUFFIX}"
         atomic_write(self.dir / relative, data)
         entry = GraphEntry(
-            name=ir.name, file=relative, sha256=sha256_hex(data), size=len(data), fingerprint=fingerprint(ir),
-            nodes=len(ir), shape_key=shape_key, runner=runner, outputs=outputs,
-        )  # fmt: skip
+            name=ir.name,
+            file=relative,
+            sha256=sha256_hex(data),
+            size=len(data),
+            fingerprint=fingerprint(ir),
+            nodes=len(ir),
+            shape_key=shape_key,
+            runner=runner,
+            outputs=outputs,
+        )
         self.graphs.append(entry)
         return entry
 
@@ -98,9 +107,13 @@ class RankWriter:
         """Write ``session.json``; the rank takes no more graphs afterwards."""
         self._check_open()
         session = Session(
-            format=SESSION_FORMAT, format_version=FORMAT_VERSION, rank=self.rank, graphs=tuple(self.graphs),
-            region=self.region, backends=tuple(sorted(self.backends, key=lambda b: b.backend)),
-        )  # fmt: skip
+            format=SESSION_FORMAT,
+            format_version=FORMAT_VERSION,
+            rank=self.rank,
+            graphs=tuple(self.graphs),
+            region=self.region,
+            backends=tuple(sorted(self.backends, key=lambda b: b.backend)),
+        )
         data = encode_record(session)
         atomic_write(self.dir / "session.json", data)
         self.sealed = RankEntry(self.rank, f"rank{self.rank}/session.json", sha256_hex(data))
@@ -135,7 +148,11 @@ class ArchiveWriter:
         if self.root.exists() and not self.root.is_dir():
             raise ArchiveError("exists and is not a directory", path=str(self.root))
         self.root.mkdir(parents=True, exist_ok=True)
-        catalog.unlink(missing_ok=True)
+        if catalog.exists():  # overwrite: invalidate first, then clear what the old archive owned
+            catalog.unlink()
+            for owned in [*self.root.glob("rank[0-9]*"), self.root / "modules"]:
+                if owned.is_dir() and not owned.is_symlink():
+                    shutil.rmtree(owned)
         self.environment = environment
         self.world_size = world_size
         self.model = dict(model or {})

@@ -8,6 +8,11 @@ from foundry.backends.base import CONTRACT_VERSION, Backend, KernelMatch, ParamR
 from foundry.backends.registry import ENTRY_POINT_GROUP, BackendRegistry, BrokenBackend
 
 __all__ = [
-    "CONTRACT_VERSION", "ENTRY_POINT_GROUP", "Backend", "BackendRegistry", "BrokenBackend", "KernelMatch",
+    "CONTRACT_VERSION",
+    "ENTRY_POINT_GROUP",
+    "Backend",
+    "BackendRegistry",
+    "BrokenBackend",
+    "KernelMatch",
     "ParamRole",
 ]

@@ -80,8 +80,7 @@ class SaveState(Protocol):
     rank: int
     world_size: int
 
-    def backend_facts(self, backend: str) -> dict[str, Any]:
-        ...
+    def backend_facts(self, backend: str) -> dict[str, Any]: ...
 
 
 class Backend(ABC):

@@ -1,18 +1,29 @@
 """``custom-allreduce``: the IPC-buffer all-reduce of SGLang's kernel library.
 
-Recognised by its kernel names (``cross_device_reduce_1stage`` /
-``cross_device_reduce_2stage``); its buffers are shared through CUDA IPC, the
-same peer memory the ``nccl-ipc`` backend makes deterministic.
+``sglang::cross_device_reduce_1stage`` / ``_2stage`` (sglang-kernel 0.4.5; the
+same kernels as vLLM's custom all-reduce). Its buffers are shared through CUDA
+IPC, the peer memory the ``nccl-ipc`` backend makes deterministic. Layout from
+``tests/fixtures/kernel_names/sglang_kernel.txt``: ``RankSignals`` is a
+64-byte struct of peer signal pointers passed by value at offset 16.
 """
 
 from __future__ import annotations
 
 import re
 
-from foundry.backends.base import Backend, KernelMatch
+from foundry.backends.base import Backend, KernelMatch, roles
 from foundry.graphir.kernel import KernelIdentity
 
-_CUSTOM_AR = re.compile(r"cross_device_reduce_(1stage|2stage)")
+_CUSTOM_AR = re.compile(r"(?:^|::)cross_device_reduce_(?:1stage|2stage)$")
+_ABI = roles(
+    "rank_data",
+    "peer_signals",
+    "self_signal",
+    "output",
+    "rank",
+    "world_size",
+    pointers=("rank_data", "peer_signals", "self_signal", "output"),
+)
 
 
 class CustomAllReduceBackend(Backend):
@@ -22,6 +33,8 @@ class CustomAllReduceBackend(Backend):
     regions = ("ipc.peer*",)
 
     def recognise(self, kernel: KernelIdentity) -> KernelMatch | None:
-        if _CUSTOM_AR.search(kernel.name) is None:
+        if "cross_device_reduce" not in kernel.name:
             return None
-        return self.match("custom-allreduce")
+        if _CUSTOM_AR.search(kernel.short_name.removesuffix("<...>")) is None:
+            return None
+        return self.match("custom-allreduce", _ABI)

@@ -1,7 +1,8 @@
 """``deepep-nvl``: DeepEP expert-parallel kernels over CUDA IPC (no fabric handles).
 
-Recognised by their namespaces: ``deep_ep::internode_ll`` (low-latency
-dispatch/combine), ``deep_ep::intranode`` and ``deep_ep::internode``.
+sgl-deep-ep 0.1.2 puts its kernels in ``deep_ep::legacy::{internode_ll,
+internode, intranode, layout}`` (``tests/fixtures/kernel_names/deepep.txt``);
+older DeepEP builds lack the ``legacy`` level, so both are accepted.
 """
 
 from __future__ import annotations
@@ -11,28 +12,36 @@ import re
 from foundry.backends.base import Backend, KernelMatch
 from foundry.graphir.kernel import KernelIdentity
 
-# (pattern on the qualified short name, kind), first match wins
-_KERNELS = (
-    (re.compile(r"^deep_ep::.*::dispatch$"), "deepep-dispatch"),
-    (re.compile(r"^deep_ep::.*::combine$"), "deepep-combine"),
-    (re.compile(r"^deep_ep::.*notify"), "deepep-notify"),
-    (re.compile(r"^deep_ep::.*clean"), "deepep-clean"),
-    (re.compile(r"^deep_ep::.*barrier"), "deepep-barrier"),
-    (re.compile(r"^deep_ep::"), "deepep-other"),
+_QUALIFIED = re.compile(r"^deep_ep::(?:legacy::)?(internode_ll|internode|intranode|layout)::(\w+)$")
+
+# kernel name -> kind; first matching prefix wins
+_KINDS = (
+    ("dispatch", "deepep-dispatch"),
+    ("combine", "deepep-combine"),  # also combine_overlappable
+    ("notify_dispatch", "deepep-notify"),
+    ("cached_notify", "deepep-notify"),
+    ("clean_", "deepep-clean"),
+    ("barrier", "deepep-barrier"),
+    ("get_dispatch_layout", "deepep-layout"),
+    ("query_mask_buffer", "deepep-mask"),
+    ("update_mask_buffer", "deepep-mask"),
 )
 
 
 class DeepEPNvlBackend(Backend):
     name = "deepep-nvl"
     description = "DeepEP dispatch/combine over NVLink peer buffers (CUDA IPC, use_fabric=False)"
-    kinds = frozenset(kind for _, kind in _KERNELS)
+    kinds = frozenset({kind for _, kind in _KINDS} | {"deepep-other"})
     regions = ("deepep.*", "nvshmem")
 
     def recognise(self, kernel: KernelIdentity) -> KernelMatch | None:
         if "deep_ep" not in kernel.name:
             return None
-        name = kernel.short_name.removesuffix("<...>")
-        for pattern, kind in _KERNELS:
-            if pattern.search(name):
+        found = _QUALIFIED.match(kernel.short_name.removesuffix("<...>"))
+        if found is None:
+            return self.match("deepep-other")
+        name = found.group(2)
+        for prefix, kind in _KINDS:
+            if name.startswith(prefix):
                 return self.match(kind)
-        return None
+        return self.match("deepep-other")

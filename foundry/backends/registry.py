@@ -101,8 +101,9 @@ class BackendRegistry:
         if kernel.name not in self._matches:
             claims = [m for b in self.backends.values() if (m := b.recognise(kernel)) is not None]
             if len(claims) > 1:
-                log.warning("kernel %s claimed by %s; using %s", kernel.name, [c.backend for c in claims],
-                            claims[0].backend)
+                log.warning(
+                    "kernel %s claimed by %s; using %s", kernel.name, [c.backend for c in claims], claims[0].backend
+                )
             self._matches[kernel.name] = claims[0] if claims else None
         return self._matches[kernel.name]
 
@@ -115,17 +116,24 @@ class BackendRegistry:
             return self.backends[name]
         if name in self.broken:
             raise BackendError(f"archive needs backend {name!r}, which is broken: {self.broken[name].reason}")
-        raise BackendError(f"archive needs backend {name!r}, which is not installed",
-                           expected=name, found=sorted(self.backends))
+        raise BackendError(
+            f"archive needs backend {name!r}, which is not installed", expected=name, found=sorted(self.backends)
+        )
 
     def describe(self) -> list[dict[str, object]]:
         """Every backend, usable or broken, as rows for ``foundry backends list``."""
         rows: list[dict[str, object]] = []
         for name, backend in sorted(self.backends.items()):
-            rows.append({
-                "name": name, "status": "ok", "origin": self.origins[name], "kinds": sorted(backend.kinds),
-                "implements": list(backend.implements()), "description": backend.description,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "name": name,
+                    "status": "ok",
+                    "origin": self.origins[name],
+                    "kinds": sorted(backend.kinds),
+                    "implements": list(backend.implements()),
+                    "description": backend.description,
+                }
+            )
         for name, broken in sorted(self.broken.items()):
             rows.append({"name": name, "status": "broken", "origin": broken.target, "reason": broken.reason})
         return rows

@@ -8,6 +8,20 @@ from foundry.graphir.operands import Operand, OperandSite
 from foundry.graphir.regions import Region, RegionKind
 
 __all__ = [
-    "Edge", "EdgeData", "GraphIR", "KernelIdentity", "KernelNode", "LaunchConfig", "MemcpyNode", "MemsetNode",
-    "Node", "NodeKind", "Operand", "OperandSite", "ParamLayout", "ParamSlot", "Region", "RegionKind",
+    "Edge",
+    "EdgeData",
+    "GraphIR",
+    "KernelIdentity",
+    "KernelNode",
+    "LaunchConfig",
+    "MemcpyNode",
+    "MemsetNode",
+    "Node",
+    "NodeKind",
+    "Operand",
+    "OperandSite",
+    "ParamLayout",
+    "ParamSlot",
+    "Region",
+    "RegionKind",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import re
 
 
 @functools.cache
@@ -23,11 +24,17 @@ def _runtime() -> ctypes.CDLL | None:
     return None
 
 
+# nvcc prefixes internal-linkage kernels of relocatable device code with
+# ``__nv_static_<n>__<file hash>_`` before the Itanium ``_Z`` name.
+_NV_STATIC = re.compile(r"^__nv_static_\d+__\w*?_(?=_Z)")
+
+
 @functools.cache
 def demangle(name: str) -> str:
     """The demangled form of ``name``; ``name`` itself when it is not mangled
     (``extern "C"`` kernels, Triton) or no C++ runtime is found."""
     lib = _runtime()
+    name = _NV_STATIC.sub("", name)
     if lib is None or not name.startswith("_Z"):
         return name
     status = ctypes.c_int()

@@ -57,7 +57,7 @@ def node_view(node: Node, operands: tuple[Operand, ...]) -> tuple[Any, ...]:
             node.kernel.name,
             node.kernel.image,
             _launch_view(node.launch),
-            tuple((s.offset, s.size) for s in node.layout.slots),
+            (node.layout.offsets, node.layout.sizes),
             scalar_bytes(node, operands),
             node.arg_mode,
             tuple((a.name, a.value) for a in node.func_attrs),

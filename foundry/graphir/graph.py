@@ -1,23 +1,29 @@
 """``GraphIR``: a captured CUDA graph as typed nodes on a networkx ``DiGraph``.
 
 The graph object owns every mutation, so its invariants live in one place
-(:meth:`GraphIR.check`). Node ids are capture-order indices ``0..n-1``; each
-networkx node holds its typed node under :data:`NODE_KEY`, each edge its
-:class:`EdgeData` under :data:`EDGE_KEY`.
+(:meth:`GraphIR.check`). Node ids are capture-order indices ``0..n-1``. The
+networkx view (:attr:`GraphIR.nx`) holds each typed node under
+:data:`NODE_KEY` and each edge's :class:`EdgeData` under :data:`EDGE_KEY`; it
+is built on first use, because the offline commands that only count nodes
+(inspect, lint) read tens of thousands of graphs and never walk them.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import msgspec
-import networkx as nx
 
 from foundry.errors import IRError
+from foundry.graphir.kernel import KernelIdentity
 from foundry.graphir.nodes import KernelNode, MemcpyNode, MemsetNode, Node
 from foundry.graphir.operands import WORD, Operand, OperandManifest, OperandSite
 from foundry.graphir.regions import UNRESOLVED, Region
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 NODE_KEY = "ir"
 EDGE_KEY = "edge"
@@ -27,7 +33,7 @@ EDGE_DEFAULT = 0
 EDGE_PROGRAMMATIC = 1
 
 
-class EdgeData(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+class EdgeData(msgspec.Struct, frozen=True, gc=False, array_like=True, forbid_unknown_fields=True):
     """``CUgraphEdgeData``: ports and dependency type, kept as captured."""
 
     from_port: int = 0
@@ -35,7 +41,7 @@ class EdgeData(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fiel
     type: int = EDGE_DEFAULT
 
 
-class Edge(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+class Edge(msgspec.Struct, frozen=True, gc=False, array_like=True, forbid_unknown_fields=True):
     """A dependency ``src -> dst`` (``dst`` runs after ``src``)."""
 
     src: int
@@ -61,7 +67,6 @@ class GraphIR:
         meta: dict[str, MetaValue] | None = None,
     ) -> None:
         self.name = name
-        self.nx = nx.DiGraph(name=name)
         self.regions: dict[str, Region] = {}
         for region in regions:
             if region.name in self.regions or region.name == UNRESOLVED:
@@ -69,109 +74,159 @@ class GraphIR:
             self.regions[region.name] = region
         self.meta: dict[str, MetaValue] = dict(meta or {})
         self.operands = OperandManifest()
+        self._nodes: dict[int, Node] = {}
+        self._edges: dict[tuple[int, int], EdgeData] = {}
+        self._nx: nx.DiGraph | None = None
 
     # -- building ---------------------------------------------------------------
 
     def add_nodes(self, nodes: Iterable[Node]) -> None:
         for node in nodes:
-            if node.id in self.nx:
+            if node.id in self._nodes:
                 raise IRError("node id used twice", node=node.id)
-            self.nx.add_node(node.id, **{NODE_KEY: node})
+            self._nodes[node.id] = node
+        self._nx = None
 
     def add_edges(self, edges: Iterable[Edge]) -> None:
         for edge in edges:
-            if edge.src not in self.nx or edge.dst not in self.nx:
+            key = (edge.src, edge.dst)
+            if edge.src not in self._nodes or edge.dst not in self._nodes:
                 raise IRError(f"edge {edge.src} -> {edge.dst} names a node the graph does not have")
-            if self.nx.has_edge(edge.src, edge.dst):
+            if key in self._edges:
                 raise IRError(f"duplicate edge {edge.src} -> {edge.dst}", node=edge.dst)
-            self.nx.add_edge(edge.src, edge.dst, **{EDGE_KEY: edge.data})
+            self._edges[key] = edge.data
+        self._nx = None
 
     def set_operands(self, operands: Iterable[Operand]) -> None:
         self.operands = OperandManifest(operands)
 
     def replace_node(self, node: Node) -> None:
         """Swap a node for an edited copy with the same id (passes and tests use this)."""
-        if node.id not in self.nx:
+        if node.id not in self._nodes:
             raise IRError("no such node", node=node.id)
-        self.nx.nodes[node.id][NODE_KEY] = node
+        self._nodes[node.id] = node
+        if self._nx is not None:
+            self._nx.nodes[node.id][NODE_KEY] = node
 
     # -- reading ----------------------------------------------------------------
 
+    @property
+    def nx(self) -> nx.DiGraph:
+        """The networkx view: typed nodes under ``NODE_KEY``, ``EdgeData`` under ``EDGE_KEY``."""
+        if self._nx is None:
+            import networkx  # imported here: commands that only count nodes never pay for it
+
+            graph = networkx.DiGraph(name=self.name)
+            graph.add_nodes_from((i, {NODE_KEY: n}) for i, n in sorted(self._nodes.items()))
+            graph.add_edges_from((s, d, {EDGE_KEY: data}) for (s, d), data in sorted(self._edges.items()))
+            self._nx = graph
+        return self._nx
+
     def node(self, node_id: int) -> Node:
         try:
-            return self.nx.nodes[node_id][NODE_KEY]
+            return self._nodes[node_id]
         except KeyError:
             raise IRError("no such node", node=node_id) from None
 
     def nodes(self) -> list[Node]:
         """Nodes in id (capture) order."""
-        return [self.nx.nodes[i][NODE_KEY] for i in sorted(self.nx.nodes)]
+        nodes = list(self._nodes.values())
+        if all(node.id == i for i, node in enumerate(nodes)):  # added in order: the usual case
+            return nodes
+        return [self._nodes[i] for i in sorted(self._nodes)]
 
     def edges(self) -> list[Edge]:
         """Edges sorted by ``(src, dst)``."""
-        return [Edge(s, d, data[EDGE_KEY]) for s, d, data in sorted(self.nx.edges(data=True))]
+        return [Edge(s, d, data) for (s, d), data in sorted(self._edges.items())]
+
+    def edge_count(self) -> int:
+        return len(self._edges)
 
     def kernels(self) -> list[KernelNode]:
         return [n for n in self.nodes() if isinstance(n, KernelNode)]
 
     def __len__(self) -> int:
-        return self.nx.number_of_nodes()
+        return len(self._nodes)
+
+    def __contains__(self, node_id: object) -> bool:
+        return node_id in self._nodes
 
     def counts_by_kind(self) -> Counter[str]:
-        return Counter(str(node.kind) for node in self.nodes())
+        """Node counts keyed by :class:`NodeKind` (a ``str``)."""
+        return Counter(node.kind for node in self._nodes.values())
 
     def kernel_histogram(self) -> Counter[str]:
-        return Counter(node.kernel.name for node in self.kernels())
+        return Counter(node.kernel.name for node in self._nodes.values() if isinstance(node, KernelNode))
+
+    def kernel_table(self) -> dict[str, tuple[KernelIdentity, int]]:
+        """Each distinct kernel (by name) with its launch count."""
+        table: dict[str, tuple[KernelIdentity, int]] = {}
+        for node in self._nodes.values():
+            if isinstance(node, KernelNode):
+                kernel = node.kernel
+                _, count = table.get(kernel.name, (kernel, 0))
+                table[kernel.name] = (kernel, count + 1)
+        return table
 
     # -- invariants -------------------------------------------------------------
 
     def check(self) -> None:
-        """Raise :class:`IRError` naming the node and the invariant it breaks."""
-        ids = sorted(self.nx.nodes)
-        if ids != list(range(len(ids))):
-            raise IRError(f"node ids must be 0..{len(ids) - 1} in capture order")
-        for node_id in ids:
-            node = self.nx.nodes[node_id].get(NODE_KEY)
-            if node is None or node.id != node_id:
-                raise IRError("node record missing or holds another id", node=node_id)
+        """Raise :class:`IRError` naming the node and the invariant it breaks:
+        structure, kernel layouts, and every operand against the node's bytes
+        and its region."""
+        self.check_structure()
+        for node in self._nodes.values():
             if isinstance(node, KernelNode):
                 _check_kernel(node)
-        for src, dst, data in self.nx.edges(data=True):
-            if not isinstance(data.get(EDGE_KEY), EdgeData):
-                raise IRError(f"edge {src} -> {dst} has no edge data", node=dst)
-            if data[EDGE_KEY].type not in (EDGE_DEFAULT, EDGE_PROGRAMMATIC):
-                raise IRError(f"edge {src} -> {dst} has unknown type {data[EDGE_KEY].type}", node=dst)
-        seen: set[tuple[int, str, int]] = set()
-        for operand in self.operands:
-            if operand.key in seen:
-                raise IRError(f"operand at {operand.site} offset {operand.offset} listed twice", node=operand.node)
-            seen.add(operand.key)
-            self._check_operand(operand)
+        self._check_operands()
 
-    def _check_operand(self, operand: Operand) -> None:
-        if operand.node not in self.nx:
-            raise IRError("operand names a node the graph does not have", node=operand.node)
-        node = self.node(operand.node)
-        found = _word_at(node, operand)
-        if found != operand.value:
-            raise IRError(
-                f"operand at {operand.site} offset {operand.offset} disagrees with the node's bytes",
-                node=operand.node,
-                expected=hex(operand.value),
-                found=None if found is None else hex(found),
-            )
-        if not operand.resolved:
-            return
-        region = self.regions.get(operand.region)
-        if region is None:
-            raise IRError(f"operand points into unknown region {operand.region!r}", node=operand.node)
-        if operand.value - region.base != operand.region_offset or not 0 <= operand.region_offset <= region.size:
-            raise IRError(
-                f"operand offset in {region.name} does not match its value",
-                node=operand.node,
-                expected=hex(operand.value - region.base),
-                found=hex(operand.region_offset),
-            )
+    def check_structure(self) -> None:
+        """The cheap half of :meth:`check`: ids, edges, and that every operand
+        names an existing node and region. Enough for every offline pass to run
+        safely; :meth:`check` adds the byte-level checks LOAD relies on."""
+        count = len(self._nodes)
+        if any(i not in self._nodes for i in range(count)):
+            raise IRError(f"node ids must be 0..{count - 1} in capture order")
+        for node_id, node in self._nodes.items():
+            if node.id != node_id:
+                raise IRError("node record holds another id", node=node_id, found=node.id)
+        for (src, dst), data in self._edges.items():
+            if data.type not in (EDGE_DEFAULT, EDGE_PROGRAMMATIC):
+                raise IRError(f"edge {src} -> {dst} has unknown type {data.type}", node=dst)
+        problem = self.operands.check_structure(count, self.regions)
+        if problem:
+            raise IRError(problem, field="operands")
+
+    def _check_operands(self) -> None:
+        nodes, regions = self._nodes, self.regions
+        previous: tuple[int, str, int] | None = None
+        for node_id, site, param, offset, value, region_name, region_offset in self.operands.rows():
+            key = (node_id, site, offset)
+            if previous is not None and key <= previous:
+                raise IRError(f"operand at {site} offset {offset} listed twice or out of order", node=node_id)
+            previous = key
+            node = nodes[node_id]
+            if site == OperandSite.PARAM and isinstance(node, KernelNode):
+                found = _param_word(node, param, offset)
+            else:
+                found = _field_word(node, site)
+            if found != value:
+                raise IRError(
+                    f"operand at {site} offset {offset} disagrees with the node's bytes",
+                    node=node_id,
+                    expected=hex(value),
+                    found=None if found is None else hex(found),
+                )
+            if region_name == UNRESOLVED:
+                continue
+            region = regions[region_name]
+            if value - region.base != region_offset or not 0 <= region_offset <= region.size:
+                raise IRError(
+                    f"operand offset in {region.name} does not match its value",
+                    node=node_id,
+                    expected=hex(value - region.base),
+                    found=hex(region_offset),
+                )
 
 
 def _check_kernel(node: KernelNode) -> None:
@@ -189,21 +244,25 @@ def _check_kernel(node: KernelNode) -> None:
         )
 
 
-def _word_at(node: Node, operand: Operand) -> int | None:
-    """The pointer word the operand names, read from the node, or None if absent."""
-    site = operand.site
-    if site is OperandSite.PARAM and isinstance(node, KernelNode):
-        index = node.layout.slot_at(operand.offset)
-        if index != operand.param or operand.offset % WORD or operand.offset + WORD > node.layout.slots[index].end:
-            return None
-        return int.from_bytes(node.params[operand.offset : operand.offset + WORD], "little")
-    if site is OperandSite.MEMCPY_SRC and isinstance(node, MemcpyNode):
+def _param_word(node: KernelNode, param: int, offset: int) -> int | None:
+    """The word a ``param`` operand names, if it lies whole inside its parameter."""
+    offsets, sizes = node.layout.offsets, node.layout.sizes
+    if offset % WORD or not 0 <= param < len(offsets):
+        return None
+    if offset < offsets[param] or offset + WORD > offsets[param] + sizes[param]:
+        return None
+    return int.from_bytes(node.params[offset : offset + WORD], "little")
+
+
+def _field_word(node: Node, site: OperandSite) -> int | None:
+    """The address a non-parameter operand names (memcpy/memset target, access policy)."""
+    if site == OperandSite.MEMCPY_SRC and isinstance(node, MemcpyNode):
         return node.src
-    if site is OperandSite.MEMCPY_DST and isinstance(node, MemcpyNode):
+    if site == OperandSite.MEMCPY_DST and isinstance(node, MemcpyNode):
         return node.dst
-    if site is OperandSite.MEMSET_DST and isinstance(node, MemsetNode):
+    if site == OperandSite.MEMSET_DST and isinstance(node, MemsetNode):
         return node.dst
-    if site is OperandSite.ACCESS_POLICY and isinstance(node, KernelNode):
+    if site == OperandSite.ACCESS_POLICY and isinstance(node, KernelNode):
         for attr in node.launch.attributes:
             if attr.name == "access_policy_window" and isinstance(attr.value, dict):
                 return int(attr.value.get("base_ptr", -1))

@@ -2,30 +2,76 @@
 
 from __future__ import annotations
 
+import functools
+from typing import NamedTuple
+
 import msgspec
 
 from foundry.errors import IRError
+from foundry.graphir.demangle import demangle
 
 
-class KernelIdentity(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The kernel as code: its entry name and, once the module registry knows it,
-    the sha256 of the module image that holds it.
+class KernelIdentity(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
+    """The kernel as code: its entry name (mangled, as the driver reports it)
+    and, once the module registry knows it, the sha256 of the module image
+    that holds it.
 
     ``image`` is ``None`` when the image was not recorded (lowering without the
-    native hook); such a node can be inspected but not restored.
+    native hook); such a node can be inspected but not restored. The demangled
+    name is derived, not stored: it is a pure function of ``name``.
     """
 
     name: str
-    demangled: str
     image: str | None = None
+
+    @property
+    def demangled(self) -> str:
+        return demangle(self.name)
 
     @property
     def short_name(self) -> str:
         """The qualified name without return type, arguments or template
         arguments (``at::native::reduce_kernel<...>``), for tables."""
-        return short_kernel_name(self.demangled or self.name)
+        return short_kernel_name(self.demangled)
 
 
+def template_args(demangled: str) -> list[str]:
+    """Top-level template arguments of the kernel itself
+    (``['c10::BFloat16', '16', '2', 'true', 'false']``), or ``[]``."""
+    text = demangled.strip()
+    if text.endswith(")"):
+        depth = 0
+        for i in range(len(text) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(text[i], 0)
+            if depth == 0:
+                text = text[:i]
+                break
+    if not text.endswith(">"):
+        return []
+    depth, start = 0, None
+    for i in range(len(text) - 1, -1, -1):  # find the '<' matching the final '>'
+        depth += {">": 1, "<": -1}.get(text[i], 0)
+        if depth == 0:
+            start = i
+            break
+    if start is None:
+        return []
+    args, depth, current = [], 0, []
+    for ch in text[start + 1 : -1]:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        if ch == "," and depth == 0:
+            args.append("".join(current).strip())
+            current = []
+        else:
+            current.append(ch)
+    args.append("".join(current).strip())
+    return args
+
+
+@functools.cache
 def short_kernel_name(demangled: str) -> str:
     """Shorten a demangled kernel signature to its qualified name."""
     text = demangled.strip()
@@ -52,7 +98,7 @@ def short_kernel_name(demangled: str) -> str:
     return name.replace("(anonymous namespace)", "(anon)")
 
 
-class ParamSlot(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+class ParamSlot(NamedTuple):
     """One kernel parameter in the device-side layout (``cuFuncGetParamInfo``)."""
 
     offset: int
@@ -63,32 +109,47 @@ class ParamSlot(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fie
         return self.offset + self.size
 
 
-class ParamLayout(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Offsets and sizes of every parameter, in ordinal order."""
+class ParamLayout(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
+    """Offsets and sizes of every parameter, in ordinal order.
 
-    slots: tuple[ParamSlot, ...] = ()
+    Stored as two integer columns: a graph holds thousands of kernel nodes and
+    tuples of ints decode far faster than one record per parameter.
+    """
+
+    offsets: tuple[int, ...] = ()
+    sizes: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, slots: list[ParamSlot] | tuple[ParamSlot, ...]) -> ParamLayout:
+        return cls(tuple(s.offset for s in slots), tuple(s.size for s in slots))
+
+    @property
+    def slots(self) -> tuple[ParamSlot, ...]:
+        return tuple(ParamSlot(o, s) for o, s in zip(self.offsets, self.sizes, strict=False))
 
     @property
     def size(self) -> int:
         """Bytes of the device-side parameter buffer."""
-        return max((s.end for s in self.slots), default=0)
+        return max((o + s for o, s in zip(self.offsets, self.sizes, strict=False)), default=0)
 
     def slot_at(self, offset: int) -> int | None:
         """Index of the parameter that holds byte ``offset``, if any."""
-        for index, slot in enumerate(self.slots):
-            if slot.offset <= offset < slot.end:
+        for index, (start, size) in enumerate(zip(self.offsets, self.sizes, strict=False)):
+            if start <= offset < start + size:
                 return index
         return None
 
     def check(self) -> None:
         """Raise :class:`IRError` unless slots are ordered and do not overlap."""
+        if len(self.offsets) != len(self.sizes):
+            raise IRError("parameter offsets and sizes differ in number")
         end = 0
-        for index, slot in enumerate(self.slots):
-            if slot.offset < 0 or slot.size <= 0:
-                raise IRError(f"parameter {index} has offset {slot.offset} and size {slot.size}")
-            if slot.offset < end:
-                raise IRError(f"parameter {index} at offset {slot.offset} overlaps parameter {index - 1}")
-            end = slot.end
+        for index, (offset, size) in enumerate(zip(self.offsets, self.sizes, strict=True)):
+            if offset < 0 or size <= 0:
+                raise IRError(f"parameter {index} has offset {offset} and size {size}")
+            if offset < end:
+                raise IRError(f"parameter {index} at offset {offset} overlaps parameter {index - 1}")
+            end = offset + size
 
 
 #: A launch attribute's value: a scalar, a tuple (cluster dims), or a named
@@ -96,14 +157,14 @@ class ParamLayout(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 AttributeValue = int | float | tuple[int, ...] | dict[str, int | float]
 
 
-class LaunchAttribute(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+class LaunchAttribute(msgspec.Struct, frozen=True, gc=False, array_like=True, forbid_unknown_fields=True):
     """A kernel node attribute that differs from its default (``CUlaunchAttributeID``)."""
 
     name: str
     value: AttributeValue
 
 
-class FuncAttribute(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+class FuncAttribute(msgspec.Struct, frozen=True, gc=False, array_like=True, forbid_unknown_fields=True):
     """A function attribute a LOAD must re-apply before instantiation
     (dynamic shared memory above 48 KiB, carveout, cluster requirements)."""
 
@@ -111,7 +172,7 @@ class FuncAttribute(msgspec.Struct, frozen=True, array_like=True, forbid_unknown
     value: int
 
 
-class LaunchConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class LaunchConfig(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
     """Grid, block, dynamic shared memory and non-default node attributes."""
 
     grid: tuple[int, int, int]

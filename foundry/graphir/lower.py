@@ -17,7 +17,6 @@ from typing import Any
 
 from foundry.cuda import cu, driver, handle_value, try_cu
 from foundry.errors import DriverError
-from foundry.graphir.demangle import demangle
 from foundry.graphir.graph import Edge, EdgeData, GraphIR, MetaValue
 from foundry.graphir.kernel import (
     FuncAttribute,
@@ -62,6 +61,11 @@ class _KernelNodeParams(ctypes.Structure):
 _LAUNCH_PARAM_END = 0
 _LAUNCH_PARAM_BUFFER_POINTER = 1
 _LAUNCH_PARAM_BUFFER_SIZE = 2
+
+# Function attributes as a freshly loaded function has them: 48 KiB of dynamic
+# shared memory (less static) and no carveout preference. Only raised values
+# need re-applying at LOAD, so only those are kept.
+_FUNC_ATTR_DEFAULTS = {"max_dynamic_shared_size_bytes": 48 * 1024, "preferred_shared_memory_carveout": -1}
 
 _MEMORY_TYPES = {1: "host", 2: "device", 3: "array", 4: "unified"}
 
@@ -160,8 +164,9 @@ class _Lowering:
         else:
             buf, mode = b"", "params"
         if len(buf) != layout.size:
-            raise DriverError(f"kernel node {node_id} has {len(buf)} parameter bytes, layout says {layout.size}",
-                              kernel=identity.name)
+            raise DriverError(
+                f"kernel node {node_id} has {len(buf)} parameter bytes, layout says {layout.size}", kernel=identity.name
+            )
         attributes = self._launch_attributes(handle, params)
         launch = LaunchConfig(tuple(raw.grid), tuple(raw.block), raw.sharedMemBytes, attributes)
         node = KernelNode(node_id, identity, launch, layout, buf, mode, self._func_attrs(func, kern))
@@ -178,13 +183,19 @@ class _Lowering:
         src = handle_value(p.srcHost) if src_type == "host" else handle_value(p.srcDevice)
         dst = handle_value(p.dstHost) if dst_type == "host" else handle_value(p.dstDevice)
         node = MemcpyNode(
-            node_id, src_type, dst_type, src, dst,
+            node_id,
+            src_type,
+            dst_type,
+            src,
+            dst,
             extent=(int(p.WidthInBytes), int(p.Height), int(p.Depth)),
             src_pos=(int(p.srcXInBytes), int(p.srcY), int(p.srcZ)),
             dst_pos=(int(p.dstXInBytes), int(p.dstY), int(p.dstZ)),
-            src_pitch=int(p.srcPitch), src_height=int(p.srcHeight),
-            dst_pitch=int(p.dstPitch), dst_height=int(p.dstHeight),
-        )  # fmt: skip
+            src_pitch=int(p.srcPitch),
+            src_height=int(p.srcHeight),
+            dst_pitch=int(p.dstPitch),
+            dst_height=int(p.dstHeight),
+        )
         self._pointer(node_id, OperandSite.MEMCPY_SRC, src)
         self._pointer(node_id, OperandSite.MEMCPY_DST, dst)
         return node
@@ -228,7 +239,7 @@ class _Lowering:
             else:
                 raw = cu("cuKernelGetName", self.drv.CUkernel(kern))
             name = raw.decode() if isinstance(raw, bytes) else str(raw)
-            self.names[key] = KernelIdentity(name=name, demangled=demangle(name))
+            self.names[key] = KernelIdentity(name=name)
         return self.names[key]
 
     def _layout(self, func: int, kern: int) -> ParamLayout:
@@ -246,7 +257,7 @@ class _Lowering:
                     break
                 offset, size = info
                 slots.append(ParamSlot(int(offset), int(size)))
-            self.param_layouts[key] = ParamLayout(tuple(slots))
+            self.param_layouts[key] = ParamLayout.of(slots)
         return self.param_layouts[key]
 
     def _func_attrs(self, func: int, kern: int) -> tuple[FuncAttribute, ...]:
@@ -261,11 +272,11 @@ class _Lowering:
             values = []
             for name, attr in wanted.items():
                 if func:
-                    value = cu("cuFuncGetAttribute", attr, self.drv.CUfunction(func))
+                    value = int(cu("cuFuncGetAttribute", attr, self.drv.CUfunction(func)))
                 else:
-                    dev = cu("cuCtxGetDevice")
-                    value = cu("cuKernelGetAttribute", attr, self.drv.CUkernel(kern), dev)
-                values.append(FuncAttribute(name, int(value)))
+                    value = int(cu("cuKernelGetAttribute", attr, self.drv.CUkernel(kern), cu("cuCtxGetDevice")))
+                if value != _FUNC_ATTR_DEFAULTS[name] and not (name.startswith("max_dynamic") and value < 48 * 1024):
+                    values.append(FuncAttribute(name, value))
             self.func_attrs[key] = tuple(values)
         return self.func_attrs[key]
 
@@ -347,19 +358,29 @@ def _read_attributes(handle: Any) -> dict[str, Any]:
     readers = {
         "access_policy_window": (ids.CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW, _access_policy),
         "cooperative": (ids.CU_LAUNCH_ATTRIBUTE_COOPERATIVE, lambda v: int(v.cooperative)),
-        "cluster_dim": (ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-                        lambda v: (int(v.clusterDim.x), int(v.clusterDim.y), int(v.clusterDim.z))),
-        "cluster_scheduling_policy": (ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE,
-                                      lambda v: int(v.clusterSchedulingPolicyPreference)),
+        "cluster_dim": (
+            ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+            lambda v: (int(v.clusterDim.x), int(v.clusterDim.y), int(v.clusterDim.z)),
+        ),
+        "cluster_scheduling_policy": (
+            ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE,
+            lambda v: int(v.clusterSchedulingPolicyPreference),
+        ),
         "priority": (ids.CU_LAUNCH_ATTRIBUTE_PRIORITY, lambda v: int(v.priority)),
-        "mem_sync_domain_map": (ids.CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP,
-                                lambda v: (int(v.memSyncDomainMap.default_), int(v.memSyncDomainMap.remote))),
+        "mem_sync_domain_map": (
+            ids.CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP,
+            lambda v: (int(v.memSyncDomainMap.default_), int(v.memSyncDomainMap.remote)),
+        ),
         "mem_sync_domain": (ids.CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN, lambda v: int(v.memSyncDomain)),
-        "preferred_shared_memory_carveout": (ids.CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                                             lambda v: int(v.sharedMemCarveout)),
-        "device_updatable": (ids.CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE,
-                             lambda v: int(v.deviceUpdatableKernelNode.deviceUpdatable)),
-    }  # fmt: skip
+        "preferred_shared_memory_carveout": (
+            ids.CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+            lambda v: int(v.sharedMemCarveout),
+        ),
+        "device_updatable": (
+            ids.CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE,
+            lambda v: int(v.deviceUpdatableKernelNode.deviceUpdatable),
+        ),
+    }
     values: dict[str, Any] = {}
     for name, (attr_id, read) in readers.items():
         err, value = try_cu("cuGraphKernelNodeGetAttribute", handle, attr_id)

@@ -15,7 +15,7 @@ from foundry.graphir.kernel import FuncAttribute, KernelIdentity, LaunchConfig, 
 from foundry.graphir.kinds import NodeKind
 
 
-class KernelNode(msgspec.Struct, frozen=True, tag="kernel", forbid_unknown_fields=True):
+class KernelNode(msgspec.Struct, frozen=True, gc=False, tag="kernel", forbid_unknown_fields=True):
     """A kernel launch with its parameter buffer as the device sees it.
 
     ``params`` is the device-side parameter buffer (``layout.size`` bytes).
@@ -38,7 +38,7 @@ class KernelNode(msgspec.Struct, frozen=True, tag="kernel", forbid_unknown_field
         return self.params[slot.offset : slot.end]
 
 
-class MemcpyNode(msgspec.Struct, frozen=True, tag="memcpy", forbid_unknown_fields=True):
+class MemcpyNode(msgspec.Struct, frozen=True, gc=False, tag="memcpy", forbid_unknown_fields=True):
     """A 3D memory copy (``CUDA_MEMCPY3D``) between device, host or unified memory.
 
     ``src``/``dst`` are the base addresses; the ``*_pos`` triples are the
@@ -61,7 +61,7 @@ class MemcpyNode(msgspec.Struct, frozen=True, tag="memcpy", forbid_unknown_field
     kind: ClassVar[NodeKind] = NodeKind.MEMCPY
 
 
-class MemsetNode(msgspec.Struct, frozen=True, tag="memset", forbid_unknown_fields=True):
+class MemsetNode(msgspec.Struct, frozen=True, gc=False, tag="memset", forbid_unknown_fields=True):
     """A 2D memset of 1, 2 or 4-byte elements (``CUDA_MEMSET_NODE_PARAMS``)."""
 
     id: int
@@ -75,7 +75,7 @@ class MemsetNode(msgspec.Struct, frozen=True, tag="memset", forbid_unknown_field
     kind: ClassVar[NodeKind] = NodeKind.MEMSET
 
 
-class EventRecordNode(msgspec.Struct, frozen=True, tag="event_record", forbid_unknown_fields=True):
+class EventRecordNode(msgspec.Struct, frozen=True, gc=False, tag="event_record", forbid_unknown_fields=True):
     """Records an event. ``event`` numbers the graph's events by first use, so the
     record and the waits on one event share a number across processes."""
 
@@ -85,7 +85,7 @@ class EventRecordNode(msgspec.Struct, frozen=True, tag="event_record", forbid_un
     kind: ClassVar[NodeKind] = NodeKind.EVENT_RECORD
 
 
-class EventWaitNode(msgspec.Struct, frozen=True, tag="event_wait", forbid_unknown_fields=True):
+class EventWaitNode(msgspec.Struct, frozen=True, gc=False, tag="event_wait", forbid_unknown_fields=True):
     """Waits on an event (numbered as in :class:`EventRecordNode`)."""
 
     id: int
@@ -94,7 +94,7 @@ class EventWaitNode(msgspec.Struct, frozen=True, tag="event_wait", forbid_unknow
     kind: ClassVar[NodeKind] = NodeKind.EVENT_WAIT
 
 
-class EmptyNode(msgspec.Struct, frozen=True, tag="empty", forbid_unknown_fields=True):
+class EmptyNode(msgspec.Struct, frozen=True, gc=False, tag="empty", forbid_unknown_fields=True):
     """A node that only orders its neighbours."""
 
     id: int
@@ -102,7 +102,7 @@ class EmptyNode(msgspec.Struct, frozen=True, tag="empty", forbid_unknown_fields=
     kind: ClassVar[NodeKind] = NodeKind.EMPTY
 
 
-class UnsupportedNode(msgspec.Struct, frozen=True, tag="unsupported", forbid_unknown_fields=True):
+class UnsupportedNode(msgspec.Struct, frozen=True, gc=False, tag="unsupported", forbid_unknown_fields=True):
     """A node Foundry lowers but cannot restore (host callbacks, child graphs,
     memory alloc/free, conditionals, ...). Kept so lint can name it."""
 

@@ -4,10 +4,17 @@ An operand names where a pointer sits (node, site, parameter, byte offset),
 the value the SAVE process saw, and where it points as ``(region, offset)``.
 Relocation rewrites exactly these words and nothing else; the semantic
 fingerprint hashes ``(region, offset)`` so it does not depend on addresses.
+
+A graph of 2,000 nodes holds ~8,000 operands, so the manifest is stored as
+columns (one list per field, sorted by node, site, offset) and
+:class:`Operand` objects are made only for the nodes someone asks about.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import operator
 from collections.abc import Iterable, Iterator
 from enum import StrEnum
 
@@ -28,7 +35,7 @@ class OperandSite(StrEnum):
     ACCESS_POLICY = "attr.access_policy_window"
 
 
-class Operand(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+class Operand(msgspec.Struct, frozen=True, gc=False, array_like=True, forbid_unknown_fields=True):
     """One pointer word.
 
     For ``site == param``: ``param`` is the parameter index and ``offset`` the
@@ -51,7 +58,7 @@ class Operand(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_field
     @property
     def key(self) -> tuple[int, str, int]:
         """Where the word sits, independent of its value."""
-        return (self.node, self.site.value, self.offset)
+        return (self.node, self.site, self.offset)
 
     def location(self) -> str:
         """``region+0x..`` as people read it."""
@@ -60,29 +67,117 @@ class Operand(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_field
         return f"{self.region}+0x{self.region_offset:x}"
 
 
-class OperandManifest:
-    """Operands of one graph, ordered by node then site then offset, indexed by node."""
+class OperandColumns(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    """The manifest as stored: parallel columns; ``region`` indexes the graph's
+    region list (sorted by name), -1 meaning unresolved."""
 
-    def __init__(self, operands: Iterable[Operand] = ()) -> None:
-        self._operands = tuple(sorted(operands, key=lambda o: (o.node, o.site.value, o.offset)))
-        self._by_node: dict[int, list[Operand]] = {}
-        for operand in self._operands:
-            self._by_node.setdefault(operand.node, []).append(operand)
-
-    def of(self, node: int) -> tuple[Operand, ...]:
-        return tuple(self._by_node.get(node, ()))
-
-    def unresolved(self) -> list[Operand]:
-        return [o for o in self._operands if not o.resolved]
-
-    def regions_used(self) -> set[str]:
-        return {o.region for o in self._operands if o.resolved}
-
-    def as_tuple(self) -> tuple[Operand, ...]:
-        return self._operands
-
-    def __iter__(self) -> Iterator[Operand]:
-        return iter(self._operands)
+    node: list[int] = []
+    site: list[OperandSite] = []
+    param: list[int] = []
+    offset: list[int] = []
+    value: list[int] = []
+    region: list[int] = []
+    region_offset: list[int] = []
 
     def __len__(self) -> int:
-        return len(self._operands)
+        return len(self.node)
+
+
+class OperandManifest:
+    """Operands of one graph, ordered by node then site then offset."""
+
+    def __init__(self, operands: Iterable[Operand] = ()) -> None:
+        ordered = sorted(operands, key=lambda o: (o.node, o.site, o.offset))
+        self._node = [o.node for o in ordered]
+        self._site = [OperandSite(o.site) for o in ordered]
+        self._param = [o.param for o in ordered]
+        self._offset = [o.offset for o in ordered]
+        self._value = [o.value for o in ordered]
+        self._region = [o.region for o in ordered]
+        self._region_offset = [o.region_offset for o in ordered]
+
+    @classmethod
+    def from_columns(cls, columns: OperandColumns, region_names: list[str]) -> OperandManifest:
+        """Rebuild from stored columns; the caller has checked lengths and indices
+        (:func:`check_columns`)."""
+        manifest = cls()
+        names = [*region_names, UNRESOLVED]  # index -1 reads the last entry
+        manifest._node, manifest._site, manifest._param = columns.node, columns.site, columns.param
+        manifest._offset, manifest._value = columns.offset, columns.value
+        manifest._region = [names[i] for i in columns.region]
+        manifest._region_offset = columns.region_offset
+        return manifest
+
+    def to_columns(self, region_names: list[str]) -> OperandColumns:
+        index = {name: i for i, name in enumerate(region_names)}
+        index[UNRESOLVED] = -1
+        return OperandColumns(
+            node=list(self._node),
+            site=list(self._site),
+            param=list(self._param),
+            offset=list(self._offset),
+            value=list(self._value),
+            region=[index[r] for r in self._region],
+            region_offset=list(self._region_offset),
+        )
+
+    def check_structure(self, node_count: int, regions: set[str] | dict[str, object]) -> str | None:
+        """What is structurally wrong, or ``None``: nodes out of range or out of
+        order, or a region the graph does not have. (C-speed scans: graphs are big.)"""
+        nodes = self._node
+        if nodes and (nodes[0] < 0 or nodes[-1] >= node_count):
+            return "operand names a node the graph does not have"
+        if not all(map(operator.le, nodes, itertools.islice(nodes, 1, None))):
+            return "operands are not ordered by node"
+        unknown = set(self._region) - set(regions) - {UNRESOLVED}
+        if unknown:
+            return f"operand points into unknown region {sorted(unknown)[0]!r}"
+        return None
+
+    def _make(self, i: int) -> Operand:
+        return Operand(
+            self._node[i],
+            self._site[i],
+            self._param[i],
+            self._offset[i],
+            self._value[i],
+            self._region[i],
+            self._region_offset[i],
+        )
+
+    def of(self, node: int) -> tuple[Operand, ...]:
+        lo = bisect.bisect_left(self._node, node)
+        hi = bisect.bisect_right(self._node, node, lo)
+        return tuple(self._make(i) for i in range(lo, hi))
+
+    def unresolved(self) -> list[Operand]:
+        return [self._make(i) for i, region in enumerate(self._region) if region == UNRESOLVED]
+
+    def count_unresolved(self) -> int:
+        return self._region.count(UNRESOLVED)
+
+    def region_names(self) -> list[str]:
+        """The region of every operand, in manifest order (for counting)."""
+        return self._region
+
+    def rows(self) -> Iterator[tuple[int, OperandSite, int, int, int, str, int]]:
+        """Every operand as a plain tuple (fast path for checks)."""
+        return zip(
+            self._node,
+            self._site,
+            self._param,
+            self._offset,
+            self._value,
+            self._region,
+            self._region_offset,
+            strict=True,
+        )
+
+    def as_tuple(self) -> tuple[Operand, ...]:
+        return tuple(self._make(i) for i in range(len(self._node)))
+
+    def __iter__(self) -> Iterator[Operand]:
+        return (self._make(i) for i in range(len(self._node)))
+
+    def __len__(self) -> int:
+        return len(self._node)

@@ -28,7 +28,7 @@ class RegionKind(StrEnum):
     TENSOR = "tensor"  # a tensor the caller named (a model weight, a static input)
 
 
-class Region(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class Region(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
     """A named address range ``[base, base + size)``."""
 
     name: str

@@ -21,6 +21,16 @@ def classify(ir: GraphIR, registry: BackendRegistry) -> dict[int, KernelMatch]:
     return claims
 
 
+def collective_counts(ir: GraphIR, registry: BackendRegistry) -> Counter[str]:
+    """Counts by classified kind, asking the backends once per distinct kernel."""
+    out: Counter[str] = Counter()
+    for kernel, count in ir.kernel_table().values():
+        match = registry.recognise(kernel)
+        if match is not None:
+            out[match.kind] += count
+    return out
+
+
 def kind_counts(ir: GraphIR, claims: dict[int, KernelMatch]) -> Counter[str]:
     """Counts by node kind (``kernel``, ``memset``, ...) and by classified kind
     (``symm-allreduce``, ...): the kinds ``--expect`` accepts."""

@@ -73,12 +73,24 @@ class ArchiveDiff:
     def to_dict(self) -> dict[str, Any]:
         def graph(g: GraphDiff) -> dict[str, Any]:
             return {
-                "rank": g.rank, "graph": g.name, "status": g.status.value,
-                "fingerprint_a": g.fingerprint_a, "fingerprint_b": g.fingerprint_b,
-                "nodes": [{"status": n.status.value, "a": n.a, "b": n.b, "label": n.label,
-                           "changes": [vars(c) for c in n.changes]} for n in g.nodes],
-                "edges_only_a": g.edges_only_a, "edges_only_b": g.edges_only_b,
-            }  # fmt: skip
+                "rank": g.rank,
+                "graph": g.name,
+                "status": g.status.value,
+                "fingerprint_a": g.fingerprint_a,
+                "fingerprint_b": g.fingerprint_b,
+                "nodes": [
+                    {
+                        "status": n.status.value,
+                        "a": n.a,
+                        "b": n.b,
+                        "label": n.label,
+                        "changes": [vars(c) for c in n.changes],
+                    }
+                    for n in g.nodes
+                ],
+                "edges_only_a": g.edges_only_a,
+                "edges_only_b": g.edges_only_b,
+            }
 
         return {
             "a": self.a,
@@ -153,7 +165,7 @@ def compare_nodes(na: Node, oa: tuple[Operand, ...], nb: Node, ob: tuple[Operand
         check("attributes", _attributes(na), _attributes(nb))
         check("func_attrs", na.func_attrs, nb.func_attrs)
         check("arg_mode", na.arg_mode, nb.arg_mode)
-        check("layout", [(s.offset, s.size) for s in na.layout.slots], [(s.offset, s.size) for s in nb.layout.slots])
+        check("layout", na.layout.slots, nb.layout.slots)
         changes.extend(_param_changes(na, oa, nb, ob))
     else:
         fa, fb = msgspec.structs.asdict(na), msgspec.structs.asdict(nb)
@@ -182,8 +194,9 @@ def _attributes(node: KernelNode) -> list[tuple[str, Any]]:
 def diff_graphs(a: GraphIR, b: GraphIR, *, rank: int = 0) -> GraphDiff:
     """Align and compare two graphs node by node, then compare edges through the alignment."""
     nodes_a, nodes_b = a.nodes(), b.nodes()
-    matcher = difflib.SequenceMatcher(None, [_align_key(n) for n in nodes_a], [_align_key(n) for n in nodes_b],
-                                      autojunk=False)  # fmt: skip
+    matcher = difflib.SequenceMatcher(
+        None, [_align_key(n) for n in nodes_a], [_align_key(n) for n in nodes_b], autojunk=False
+    )
     result = GraphDiff(rank, a.name, Status.SAME)
     mapping: dict[int, int] = {}
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
@@ -200,8 +213,9 @@ def diff_graphs(a: GraphIR, b: GraphIR, *, rank: int = 0) -> GraphDiff:
             result.nodes.append(NodeDiff(Status.ONLY_B, None, nb.id, node_label(nb)))
     edges_a = {(mapping.get(e.src), mapping.get(e.dst), e.data) for e in a.edges()}
     edges_b = {(e.src, e.dst, e.data) for e in b.edges()}
-    result.edges_only_a = sorted((e.src, e.dst) for e in a.edges()
-                                 if (mapping.get(e.src), mapping.get(e.dst), e.data) not in edges_b)  # fmt: skip
+    result.edges_only_a = sorted(
+        (e.src, e.dst) for e in a.edges() if (mapping.get(e.src), mapping.get(e.dst), e.data) not in edges_b
+    )
     result.edges_only_b = sorted((s, d) for s, d, data in edges_b if (s, d, data) not in edges_a)
     if result.nodes or result.edges_only_a or result.edges_only_b:
         result.status = Status.CHANGED

@@ -37,9 +37,7 @@ def _node_attrs(ir: GraphIR, node_id: int) -> dict[str, str | int]:
         attrs.update(dst=hex(node.dst), value=node.value, element_size=node.element_size, width=node.width)
     operands = ir.operands.of(node_id)
     if operands:
-        attrs["operands"] = ";".join(
-            f"{o.site.value}[{o.param}]+{o.offset}={o.location()}" for o in operands
-        )
+        attrs["operands"] = ";".join(f"{o.site.value}[{o.param}]+{o.offset}={o.location()}" for o in operands)
     return attrs
 
 
@@ -49,8 +47,7 @@ def flat_view(ir: GraphIR) -> nx.DiGraph:
     for node in ir.nodes():
         flat.add_node(node.id, **_node_attrs(ir, node.id))
     for edge in ir.edges():
-        flat.add_edge(edge.src, edge.dst, from_port=edge.data.from_port, to_port=edge.data.to_port,
-                      type=edge.data.type)  # fmt: skip
+        flat.add_edge(edge.src, edge.dst, from_port=edge.data.from_port, to_port=edge.data.to_port, type=edge.data.type)
     return flat
 
 

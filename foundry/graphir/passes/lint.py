@@ -23,8 +23,8 @@ from foundry.backends.registry import BackendRegistry
 from foundry.errors import LintError
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.kinds import NodeKind
-from foundry.graphir.nodes import KernelNode, UnsupportedNode
-from foundry.graphir.passes.classify import classify, kind_counts
+from foundry.graphir.nodes import UnsupportedNode
+from foundry.graphir.passes.classify import classify, collective_counts
 
 
 class Severity(StrEnum):
@@ -65,13 +65,17 @@ class ExpectationResult(msgspec.Struct, frozen=True):
 
 @dataclass
 class GraphContext:
-    """What a rule sees: one graph of one rank, with its backend claims."""
+    """What a rule sees: one graph of one rank, and the backends."""
 
     archive: Archive
     rank: int
     entry: GraphEntry
     ir: GraphIR
-    claims: dict[int, KernelMatch]
+    registry: BackendRegistry
+
+    def claims(self) -> dict[int, KernelMatch]:
+        """Backend claims by node id (computed when a rule asks)."""
+        return classify(self.ir, self.registry)
 
 
 @dataclass(frozen=True)
@@ -84,30 +88,49 @@ class Rule:
 def _unresolved_pointer(ctx: GraphContext) -> Iterator[Finding]:
     for operand in ctx.ir.operands.unresolved():
         where = f"param {operand.param} offset {operand.offset}" if operand.param >= 0 else operand.site.value
-        yield Finding("unresolved-pointer", Severity.ERROR,
-                      f"pointer 0x{operand.value:x} at {where} lies in no known allocation",
-                      ctx.rank, ctx.entry.name, operand.node)  # fmt: skip
+        yield Finding(
+            "unresolved-pointer",
+            Severity.ERROR,
+            f"pointer 0x{operand.value:x} at {where} lies in no known allocation",
+            ctx.rank,
+            ctx.entry.name,
+            operand.node,
+        )
 
 
 def _unsupported_node(ctx: GraphContext) -> Iterator[Finding]:
     for node in ctx.ir.nodes():
         if isinstance(node, UnsupportedNode):
             detail = f" ({node.detail})" if node.detail else ""
-            yield Finding("unsupported-node", Severity.ERROR,
-                          f"{node.node_type} node{detail} cannot be restored by LOAD", ctx.rank, ctx.entry.name,
-                          node.id)  # fmt: skip
+            yield Finding(
+                "unsupported-node",
+                Severity.ERROR,
+                f"{node.node_type} node{detail} cannot be restored by LOAD",
+                ctx.rank,
+                ctx.entry.name,
+                node.id,
+            )
 
 
 def _missing_module_image(ctx: GraphContext) -> Iterator[Finding]:
     modules = ctx.archive.catalog.modules
     if modules.state is ModuleState.ABSENT:
-        yield Finding("missing-module-image", Severity.WARNING,
-                      "archive records no module images: it can be inspected and diffed, not loaded",
-                      ctx.rank, ctx.entry.name)  # fmt: skip
+        yield Finding(
+            "missing-module-image",
+            Severity.WARNING,
+            "archive records no module images: it can be inspected and diffed, not loaded",
+            ctx.rank,
+            ctx.entry.name,
+        )
         return
     if modules.state is ModuleState.STRIPPED:
-        yield Finding("missing-module-image", Severity.WARNING,
-                      "module images were stripped from this archive: LOAD will refuse it", ctx.rank, ctx.entry.name)
+        yield Finding(
+            "missing-module-image",
+            Severity.WARNING,
+            "module images were stripped from this archive: LOAD will refuse it",
+            ctx.rank,
+            ctx.entry.name,
+        )
         return
     listed = {blob.sha256 for blob in modules.blobs}
     for node in ctx.ir.kernels():
@@ -118,8 +141,9 @@ def _missing_module_image(ctx: GraphContext) -> Iterator[Finding]:
             message = f"module image {image[:12]} is not in the archive"
         else:
             continue
-        yield Finding("missing-module-image", Severity.ERROR, message, ctx.rank, ctx.entry.name, node.id,
-                      node.kernel.name)
+        yield Finding(
+            "missing-module-image", Severity.ERROR, message, ctx.rank, ctx.entry.name, node.id, node.kernel.name
+        )
 
 
 RULES: dict[str, Rule] = {
@@ -152,8 +176,9 @@ class LintReport:
     def to_dict(self, *, strict: bool = False) -> dict:
         return {
             "ok": not self.failed(strict=strict),
-            "graphs": [{"rank": g.rank, "graph": g.graph, "counts": dict(sorted(g.counts.items()))}
-                       for g in self.graphs],  # fmt: skip
+            "graphs": [
+                {"rank": g.rank, "graph": g.graph, "counts": dict(sorted(g.counts.items()))} for g in self.graphs
+            ],
             "expectations": [msgspec.structs.asdict(e) for e in self.expectations],
             "findings": [msgspec.structs.asdict(f) for f in self.findings],
         }
@@ -185,16 +210,16 @@ def lint(
             raise LintError(f"unknown kind {exp.kind!r} in --expect", expected=sorted(kinds), found=exp.kind)
     selection = archive.select(rank=rank, pattern=pattern)
     if not selection:
-        raise LintError("no graph matches the selection", field="--rank/--graph",
-                        found={"rank": rank, "graph": pattern})  # fmt: skip
+        raise LintError(
+            "no graph matches the selection", field="--rank/--graph", found={"rank": rank, "graph": pattern}
+        )
     rules = [r for name, r in RULES.items() if name not in disabled]
     report = LintReport()
     for r, entry in selection:
-        ir = archive.graph(r, entry)
-        claims = classify(ir, registry)
-        counts = kind_counts(ir, claims)
+        ir = archive.graph(r, entry, deep=False)
+        counts = ir.counts_by_kind() + collective_counts(ir, registry)
         report.graphs.append(GraphCounts(r, entry.name, counts))
-        ctx = GraphContext(archive, r, entry, ir, claims)
+        ctx = GraphContext(archive, r, entry, ir, registry)
         for rule in rules:
             report.findings.extend(rule.check(ctx))
         if not total:

@@ -14,7 +14,7 @@ import msgspec
 from foundry.archive.reader import Archive
 from foundry.backends.registry import BackendRegistry
 from foundry.graphir.graph import GraphIR
-from foundry.graphir.passes.classify import classify
+from foundry.graphir.passes.classify import collective_counts
 
 
 @dataclass
@@ -57,12 +57,20 @@ class ArchiveSummary:
             "archive": self.path,
             **self.catalog,
             "graphs": [
-                {"rank": g.rank, "graph": g.name, "shape_key": g.shape_key, "runner": g.runner, "nodes": g.nodes,
-                 "fingerprint": g.fingerprint, "kinds": dict(sorted(g.kinds.items())),
-                 "collectives": dict(sorted(g.collectives.items())), "operands": g.operands,
-                 "unresolved": len(g.unresolved)}
+                {
+                    "rank": g.rank,
+                    "graph": g.name,
+                    "shape_key": g.shape_key,
+                    "runner": g.runner,
+                    "nodes": g.nodes,
+                    "fingerprint": g.fingerprint,
+                    "kinds": dict(sorted(g.kinds.items())),
+                    "collectives": dict(sorted(g.collectives.items())),
+                    "operands": g.operands,
+                    "unresolved": len(g.unresolved),
+                }
                 for g in self.graphs
-            ],  # fmt: skip
+            ],
             "totals": {
                 "graphs": len(self.graphs),
                 "nodes": sum(g.nodes for g in self.graphs),
@@ -76,17 +84,30 @@ class ArchiveSummary:
 
 
 def summarize_graph(ir: GraphIR, registry: BackendRegistry, *, rank: int, entry: Any) -> GraphSummary:
-    claims = classify(ir, registry)
     unresolved = [
-        {"rank": rank, "graph": ir.name, "node": o.node, "site": o.site.value, "param": o.param, "offset": o.offset,
-         "value": hex(o.value)}
+        {
+            "rank": rank,
+            "graph": ir.name,
+            "node": o.node,
+            "site": o.site.value,
+            "param": o.param,
+            "offset": o.offset,
+            "value": hex(o.value),
+        }
         for o in ir.operands.unresolved()
-    ]  # fmt: skip
+    ]
     return GraphSummary(
-        rank=rank, name=ir.name, shape_key=entry.shape_key, runner=entry.runner, nodes=len(ir),
-        fingerprint=entry.fingerprint, kinds=ir.counts_by_kind(), collectives=Counter(m.kind for m in claims.values()),
-        operands=len(ir.operands), unresolved=unresolved,
-    )  # fmt: skip
+        rank=rank,
+        name=ir.name,
+        shape_key=entry.shape_key,
+        runner=entry.runner,
+        nodes=len(ir),
+        fingerprint=entry.fingerprint,
+        kinds=ir.counts_by_kind(),
+        collectives=collective_counts(ir, registry),
+        operands=len(ir.operands),
+        unresolved=unresolved,
+    )
 
 
 def summarize(archive: Archive, registry: BackendRegistry, *, rank: int | None = None) -> ArchiveSummary:
@@ -103,12 +124,12 @@ def summarize(archive: Archive, registry: BackendRegistry, *, rank: int | None =
     }
     summary = ArchiveSummary(str(archive.root), catalog)
     for r, entry in archive.select(rank=rank):
-        ir = archive.graph(r, entry)
+        ir = archive.graph(r, entry, deep=False)
         summary.graphs.append(summarize_graph(ir, registry, rank=r, entry=entry))
-        for node in ir.kernels():
-            summary.kernels[node.kernel.name] += 1
-            summary.kernel_names.setdefault(node.kernel.name, node.kernel.short_name)
-        used = Counter(o.region for o in ir.operands if o.resolved)
+        for name, (kernel, count) in ir.kernel_table().items():
+            summary.kernels[name] += count
+            summary.kernel_names.setdefault(name, kernel.short_name)
+        used = Counter(ir.operands.region_names())
         for region in ir.regions.values():
             row = summary.regions.setdefault(
                 region.name, {"kind": region.kind.value, "size": region.size, "graphs": 0, "operands": 0}
