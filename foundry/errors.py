@@ -39,8 +39,9 @@ class FoundryError(Exception):
             where.append(f"node {self.node}")
         head = ": ".join(where)
         text = f"{head}: {self.message}" if head else self.message
-        if self.expected is not None or self.found is not None:
-            text += f" (expected {self.expected!r}, found {self.found!r})"
+        facts = [f"{k} {v!r}" for k, v in (("expected", self.expected), ("found", self.found)) if v is not None]
+        if facts:
+            text += f" ({', '.join(facts)})"
         return text
 
     def to_dict(self) -> dict[str, Any]:

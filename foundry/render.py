@@ -108,11 +108,15 @@ def render_lint(console: Console, report: LintReport, *, strict: bool = False) -
     for f in report.findings:
         style = "red" if f.severity is Severity.ERROR else "yellow"
         where = f"rank {f.rank} {f.graph}" + (f" node {f.node}" if f.node is not None else "")
-        console.print(Text.assemble((f"{f.severity.value:7}", style), f" {f.rule}: {where}: {f.message}"))
+        console.print(
+            Text.assemble((f"{f.severity.value:7}", style), f" {f.rule}: {where}: {f.message}"), soft_wrap=True
+        )
     for e in report.expectations:
         scope = f"rank {e.rank} {e.graph}" if e.graph is not None else "total"
         mark = ("ok  ", "green") if e.ok else ("FAIL", "red")
-        console.print(Text.assemble((mark[0], mark[1]), f" {e.kind}={e.expected} in {scope}: found {e.found}"))
+        console.print(
+            Text.assemble((mark[0], mark[1]), f" {e.kind}={e.expected} in {scope}: found {e.found}"), soft_wrap=True
+        )
     errors = sum(f.severity is Severity.ERROR for f in report.findings)
     warnings = len(report.findings) - errors
     failed = sum(not e.ok for e in report.expectations)
@@ -189,8 +193,17 @@ def node_rows(ir: GraphIR) -> list[dict[str, object]]:
 
 def render_nodes(console: Console, ir: GraphIR) -> None:
     table = Table(title=f"{ir.name}: {len(ir)} nodes, {ir.edge_count()} edges", title_justify="left")
-    for col in ("id", "kind", "kernel / detail", "grid", "block", "smem", "param B", "operands"):
-        table.add_column(col, justify="right" if col in ("id", "smem", "param B") else "left", overflow="fold")
+    for col in ("id", "kind", "kernel / detail", "grid", "block", "smem", "param B"):
+        wide = col == "kernel / detail"
+        table.add_column(
+            col,
+            justify="right" if col in ("id", "smem", "param B") else "left",
+            no_wrap=True,
+            overflow="ellipsis" if wide else "fold",
+            max_width=48 if wide else None,
+            min_width=None if wide else len(col),
+        )
+    table.add_column("operands", overflow="fold", min_width=20)
     for row in node_rows(ir):
         grid = ",".join(map(str, row.get("grid", []))) or "-"
         block = ",".join(map(str, row.get("block", []))) or "-"

@@ -48,10 +48,12 @@ def decode_error(err: Exception, *, path: Path) -> ArchiveError:
         return ArchiveError(message, path=str(path), field=match.group(1) if match else None)
     if isinstance(err, RecursionError):
         return ArchiveError("nested too deeply", path=str(path))
+    if isinstance(err, UnicodeDecodeError):
+        return ArchiveError(f"not valid UTF-8 at byte {err.start}", path=str(path))
     return ArchiveError(f"cannot be decoded: {err}", path=str(path))
 
 
-_DECODE_ERRORS = (msgspec.ValidationError, msgspec.DecodeError, RecursionError)
+_DECODE_ERRORS = (msgspec.ValidationError, msgspec.DecodeError, RecursionError, UnicodeDecodeError)
 
 
 def decode_typed(data: bytes, kind: type[T], *, path: Path) -> T:

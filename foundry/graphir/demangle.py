@@ -29,13 +29,18 @@ def _runtime() -> ctypes.CDLL | None:
 _NV_STATIC = re.compile(r"^__nv_static_\d+__\w*?_(?=_Z)")
 
 
+# Real kernel names stay under a few KiB; longer ones (a hostile archive) are
+# shown mangled rather than handed to a recursive C demangler.
+_MAX_MANGLED = 8192
+
+
 @functools.cache
 def demangle(name: str) -> str:
     """The demangled form of ``name``; ``name`` itself when it is not mangled
     (``extern "C"`` kernels, Triton) or no C++ runtime is found."""
     lib = _runtime()
     name = _NV_STATIC.sub("", name)
-    if lib is None or not name.startswith("_Z"):
+    if lib is None or not name.startswith("_Z") or len(name) > _MAX_MANGLED or "\x00" in name:
         return name
     status = ctypes.c_int()
     out = lib.__cxa_demangle(name.encode(), None, None, ctypes.byref(status))

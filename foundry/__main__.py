@@ -1,0 +1,5 @@
+"""``python -m foundry`` is the ``foundry`` command."""
+
+from foundry.cli import main
+
+main()

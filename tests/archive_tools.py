@@ -1,0 +1,71 @@
+"""Helpers for tests that tamper with archives.
+
+Tampering tests must hit the check they are about, not an earlier integrity
+check: after editing a file they *re-seal* the archive (recompute graph
+sizes, sha256s and fingerprints into the sessions, and session sha256s into
+the catalog), as a SAVE of the edited content would have written it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from foundry.archive.files import sha256_hex
+from foundry.archive.schema import CATALOG_FILE
+from foundry.graphir.codec import decode_graph, encode_graph
+from foundry.graphir.fingerprint import fingerprint
+from foundry.graphir.graph import GraphIR
+
+
+def reseal(root: Path, *, fingerprints: bool = True, graphs: bool = True) -> None:
+    """Recompute every hash chain link of the archive at ``root``; with
+    ``graphs=False`` only the sessions' hashes in the catalog (for edits that
+    point graph entries somewhere a reader must refuse)."""
+    catalog_path = root / CATALOG_FILE
+    catalog = json.loads(catalog_path.read_text())
+    for rank in catalog["ranks"]:
+        session_path = root / rank["session"]
+        if not graphs:  # hash the session as it is, without parsing it
+            rank["sha256"] = sha256_hex(session_path.read_bytes())
+            continue
+        session = json.loads(session_path.read_text())
+        for entry in session["graphs"] if graphs else ():
+            data = (session_path.parent / entry["file"]).read_bytes()
+            entry["sha256"], entry["size"] = sha256_hex(data), len(data)
+            if fingerprints:
+                try:
+                    ir = decode_graph(data, deep=False)
+                except Exception:  # noqa: BLE001 - a deliberately broken graph keeps its old fingerprint
+                    continue
+                entry["fingerprint"], entry["nodes"] = fingerprint(ir), len(ir)
+        session_bytes = (json.dumps(session, indent=1) + "\n").encode()
+        session_path.write_bytes(session_bytes)
+        rank["sha256"] = sha256_hex(session_bytes)
+    catalog_path.write_text(json.dumps(catalog, indent=1) + "\n")
+
+
+def graph_file(root: Path, name: str, rank: int = 0) -> Path:
+    session = json.loads((root / f"rank{rank}" / "session.json").read_text())
+    entry = next(g for g in session["graphs"] if g["name"] == name)
+    return root / f"rank{rank}" / entry["file"]
+
+
+def edit_graph(root: Path, name: str, edit: Callable[[GraphIR], None], *, rank: int = 0) -> None:
+    """Decode a graph, let ``edit`` change its IR, write it back and re-seal."""
+    path = graph_file(root, name, rank)
+    ir = decode_graph(path.read_bytes())
+    edit(ir)
+    path.write_bytes(encode_graph(ir))
+    reseal(root)
+
+
+def edit_json(path: Path, edit: Callable[[dict], None], *, root: Path | None = None, graphs: bool = False) -> None:
+    """Edit a catalog or session JSON file, then re-seal ``root`` if given
+    (graph entries are recomputed only with ``graphs=True``)."""
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    if root is not None:
+        reseal(root, graphs=graphs)

@@ -1,0 +1,145 @@
+"""Archive v1: writing, reading, commit order, atomic files, the bundled sample."""
+
+from __future__ import annotations
+
+import json
+import stat
+
+import pytest
+
+from foundry.archive import Archive, ArchiveWriter
+from foundry.archive.files import atomic_write, sha256_hex
+from foundry.archive.outputs import DictValue, IntValue, SeqValue, TensorSpec
+from foundry.archive.sample import sample_path
+from foundry.archive.schema import CATALOG_FILE, BackendState, ModuleState
+from foundry.errors import ArchiveError
+
+from .conftest import FIXTURES
+
+
+def write_copy(source: Archive, path, **kwargs) -> Archive:
+    writer = ArchiveWriter(path, environment=source.catalog.environment, model=dict(source.catalog.model), **kwargs)
+    rank = writer.rank(0)
+    for entry in source.entries(0):
+        rank.add_graph(source.graph(0, entry), shape_key=entry.shape_key, runner=entry.runner, outputs=entry.outputs)
+    rank.seal()
+    writer.commit()
+    return Archive.open(path)
+
+
+def test_rewriting_an_archive_reproduces_every_graph_file(tmp_path):
+    source = Archive.open(FIXTURES / "tiny-qwen3")
+    copy = write_copy(source, tmp_path / "copy")
+    for a, b in zip(source.entries(0), copy.entries(0), strict=True):
+        assert (a.name, a.sha256, a.size, a.fingerprint, a.nodes, a.outputs) == (
+            b.name,
+            b.sha256,
+            b.size,
+            b.fingerprint,
+            b.nodes,
+            b.outputs,
+        )
+    assert copy.catalog.environment == source.catalog.environment
+    assert copy.catalog.modules.state is ModuleState.ABSENT
+
+
+def test_sample_archive_is_the_tiny_qwen3_fixture():
+    sample = Archive.open(sample_path())
+    fixture = Archive.open(FIXTURES / "tiny-qwen3")
+    assert [e.sha256 for e in sample.entries(0)] == [e.sha256 for e in fixture.entries(0)]
+    assert sample.catalog.environment.gpu_name == "NVIDIA H200"
+
+
+def test_archive_is_invisible_until_the_catalog_is_written(tmp_path):
+    source = Archive.open(FIXTURES / "compiled-triton")
+    writer = ArchiveWriter(tmp_path / "a", environment=source.catalog.environment, world_size=2)
+    writer.rank(0).add_graph(source.graph(0, "compiled.fused"))
+    writer.rank(0).seal()
+    with pytest.raises(ArchiveError, match="catalog is missing"):
+        Archive.open(tmp_path / "a")  # a SAVE killed here leaves nothing that opens
+    with pytest.raises(ArchiveError, match="before every rank is sealed"):
+        writer.commit()
+    writer.rank(1).add_graph(source.graph(0, "compiled.fused"))
+    writer.rank(1).seal()
+    writer.commit()
+    assert Archive.open(tmp_path / "a").ranks == [0, 1]
+
+
+def test_existing_archive_is_never_replaced_silently(tmp_path):
+    source = Archive.open(FIXTURES / "compiled-triton")
+    write_copy(source, tmp_path / "a")
+    before = (tmp_path / "a" / CATALOG_FILE).read_bytes()
+    with pytest.raises(ArchiveError, match="already holds an archive"):
+        ArchiveWriter(tmp_path / "a", environment=source.catalog.environment)
+    assert (tmp_path / "a" / CATALOG_FILE).read_bytes() == before
+    stale = tmp_path / "a" / "rank0" / "graphs" / "stale.msgpack"
+    stale.write_bytes(b"old")
+    write_copy(source, tmp_path / "a", overwrite=True)
+    assert not stale.exists()
+
+
+def test_sealed_rank_takes_no_more_graphs(tmp_path):
+    source = Archive.open(FIXTURES / "compiled-triton")
+    writer = ArchiveWriter(tmp_path / "a", environment=source.catalog.environment)
+    rank = writer.rank(0)
+    ir = source.graph(0, "compiled.fused")
+    rank.add_graph(ir)
+    with pytest.raises(ArchiveError, match="already has a graph"):
+        rank.add_graph(ir)
+    rank.seal()
+    with pytest.raises(ArchiveError, match="already sealed"):
+        rank.add_graph(ir)
+    with pytest.raises(ArchiveError, match="rank out of range"):
+        writer.rank(1)
+
+
+def test_graph_names_must_be_safe_file_names(tmp_path):
+    source = Archive.open(FIXTURES / "compiled-triton")
+    ir = source.graph(0, "compiled.fused")
+    ir.name = "../escape"
+    writer = ArchiveWriter(tmp_path / "a", environment=source.catalog.environment)
+    with pytest.raises(ArchiveError, match="graph names are"):
+        writer.rank(0).add_graph(ir)
+
+
+def test_outputs_backend_state_and_modules_round_trip(tmp_path):
+    source = Archive.open(FIXTURES / "compiled-triton")
+    writer = ArchiveWriter(tmp_path / "a", environment=source.catalog.environment)
+    outputs = DictValue(
+        {"logits": TensorSpec("bfloat16", (2, 8), (8, 1), region="alloc.0", region_offset=0), "n": IntValue(3)}
+    )
+    rank = writer.rank(0)
+    rank.add_graph(source.graph(0, "compiled.fused"), outputs=SeqValue("tuple", (outputs,)))
+    rank.add_backend_state(BackendState("torch-symm-mem", 1, {"world_size": 1, "dtype": "bfloat16", "ranks": [0]}))
+    digest = writer.add_module(b"\x7fELF fake cubin")
+    rank.seal()
+    writer.commit()
+    archive = Archive.open(tmp_path / "a")
+    assert archive.entries(0)[0].outputs == SeqValue("tuple", (outputs,))
+    assert archive.session(0).backends[0].record["ranks"] == [0]
+    assert archive.catalog.modules.state is ModuleState.COMPLETE
+    assert archive.module(digest) == b"\x7fELF fake cubin"
+    assert digest == sha256_hex(b"\x7fELF fake cubin")
+
+
+def test_unknown_output_dtype_is_refused(tmp_path):
+    source = Archive.open(FIXTURES / "compiled-triton")
+    writer = ArchiveWriter(tmp_path / "a", environment=source.catalog.environment)
+    with pytest.raises(ArchiveError, match="unknown tensor dtype"):
+        writer.rank(0).add_graph(source.graph(0, "compiled.fused"), outputs=TensorSpec("float13", (1,), (1,)))
+
+
+def test_atomic_write_leaves_no_temporary_and_readable_permissions(tmp_path):
+    target = tmp_path / "d" / "f.json"
+    atomic_write(target, b"one")
+    atomic_write(target, b"two")
+    assert target.read_bytes() == b"two"
+    assert [p.name for p in target.parent.iterdir()] == ["f.json"]
+    assert stat.S_IMODE(target.stat().st_mode) & 0o044 == 0o044
+
+
+def test_catalog_records_environment_without_gpu_uuid():
+    catalog = json.loads((FIXTURES / "tiny-qwen3" / CATALOG_FILE).read_text())
+    env = catalog["environment"]
+    assert env["gpu_name"] == "NVIDIA H200" and env["compute_capability"] == "9.0"
+    assert not any("uuid" in key.lower() for key in env)

@@ -1,0 +1,120 @@
+"""``foundry archive diff``: identical archives, one changed parameter, one inserted node."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+from click.testing import CliRunner
+
+from foundry.archive import Archive
+from foundry.cli import main
+from foundry.graphir.graph import Edge
+from foundry.graphir.nodes import KernelNode
+from foundry.graphir.passes.diff import Status, diff_archives
+
+from .archive_tools import edit_graph, edit_json
+from .conftest import FIXTURES
+
+
+def changed(d):
+    return [g for g in d.graphs if g.status is not Status.SAME]
+
+
+def test_identical_archives(archive_copy):
+    copy = archive_copy("tiny-qwen3")
+    d = diff_archives(Archive.open(FIXTURES / "tiny-qwen3"), Archive.open(copy))
+    assert d.identical and not d.environment
+    assert [g.status for g in d.graphs] == [Status.SAME] * 3
+    result = CliRunner().invoke(main, ["archive", "diff", str(FIXTURES / "tiny-qwen3"), str(copy)])
+    assert result.exit_code == 0 and result.stdout.rstrip().endswith("identical")
+
+
+def test_one_changed_kernel_parameter_is_exactly_that_change(archive_copy):
+    path = archive_copy("tiny-qwen3")
+    target = {}
+
+    def change_scalar(ir):
+        # the first kernel with a 4-byte scalar parameter: bump it
+        for node in ir.kernels():
+            ops = {o.offset for o in ir.operands.of(node.id)}
+            for index, slot in enumerate(node.layout.slots):
+                if slot.size == 4 and slot.offset not in ops:
+                    old = node.params[slot.offset : slot.end]
+                    new = (int.from_bytes(old, "little") + 1).to_bytes(4, "little")
+                    ir.replace_node(
+                        msgspec.structs.replace(node, params=node.params[: slot.offset] + new + node.params[slot.end :])
+                    )
+                    differ = [i for i in range(4) if old[i] != new[i]]
+                    lo, hi = differ[0], differ[-1] + 1
+                    target.update(node=node.id, index=index, start=slot.offset + lo, end=slot.offset + hi - 1,
+                                  old=old[lo:hi].hex(), new=new[lo:hi].hex())  # fmt: skip
+                    return
+
+    edit_graph(path, "decode.bs2", change_scalar)
+    d = diff_archives(Archive.open(FIXTURES / "tiny-qwen3"), Archive.open(path))
+    (graph,) = changed(d)
+    assert graph.name == "decode.bs2" and graph.status is Status.CHANGED
+    (node,) = graph.nodes
+    assert (node.status, node.a, node.b) == (Status.CHANGED, target["node"], target["node"])
+    assert len(node.changes) == 1
+    change = node.changes[0]
+    assert change.field == f"param[{target['index']}] bytes {target['start']}..{target['end']}"
+    assert (change.a, change.b) == (target["old"], target["new"])
+    assert not graph.edges_only_a and not graph.edges_only_b
+
+
+def test_one_inserted_node_is_one_node_only_in_b(archive_copy):
+    path = archive_copy("tiny-qwen3")
+    inserted_at = 40
+
+    def insert(ir):
+        nodes = ir.nodes()
+        extra = msgspec.structs.replace(nodes[10], id=inserted_at)
+        shifted = [msgspec.structs.replace(n, id=n.id + 1) if n.id >= inserted_at else n for n in nodes]
+        ops = [msgspec.structs.replace(o, node=o.node + 1) if o.node >= inserted_at else o for o in ir.operands]
+        ops += [msgspec.structs.replace(o, node=inserted_at) for o in ir.operands.of(10)]
+        edges = [
+            Edge(s + (s >= inserted_at), d + (d >= inserted_at), e.data)
+            for e in ir.edges()
+            for s, d in [(e.src, e.dst)]
+        ]
+        edges = [e for e in edges if (e.src, e.dst) != (inserted_at - 1, inserted_at + 1)]
+        edges += [Edge(inserted_at - 1, inserted_at), Edge(inserted_at, inserted_at + 1)]
+        ir._nodes, ir._edges = {}, {}
+        ir.add_nodes(sorted([*shifted, extra], key=lambda n: n.id))
+        ir.add_edges(edges)
+        ir.set_operands(ops)
+
+    edit_graph(path, "decode.bs4", insert)
+    d = diff_archives(Archive.open(FIXTURES / "tiny-qwen3"), Archive.open(path))
+    (graph,) = changed(d)
+    assert graph.name == "decode.bs4"
+    assert [(n.status, n.a, n.b) for n in graph.nodes] == [(Status.ONLY_B, None, inserted_at)]
+    assert isinstance(Archive.open(path).graph(0, "decode.bs4").node(inserted_at), KernelNode)
+    assert sorted(graph.edges_only_b) == [(inserted_at - 1, inserted_at), (inserted_at, inserted_at + 1)]
+    assert graph.edges_only_a == [(inserted_at - 1, inserted_at)]  # A's edge 39->40 now ends at the moved node
+
+
+def test_environment_and_graph_set_differences(archive_copy):
+    path = archive_copy("tiny-qwen3")
+    edit_json(path / "foundry-archive.json", lambda c: c["environment"].update(driver_version="590.1"))
+    edit_json(path / "rank0" / "session.json", lambda s: s["graphs"].pop(0), root=path)
+    d = diff_archives(Archive.open(FIXTURES / "tiny-qwen3"), Archive.open(path))
+    assert [(c.field, c.a, c.b) for c in d.environment] == [("environment.driver_version", "580.159.04", "590.1")]
+    assert [(g.name, g.status) for g in changed(d)] == [("decode.bs1", Status.ONLY_A)]
+    reverse = diff_archives(Archive.open(path), Archive.open(FIXTURES / "tiny-qwen3"))
+    assert [(g.name, g.status) for g in changed(reverse)] == [("decode.bs1", Status.ONLY_B)]
+    result = CliRunner().invoke(main, ["archive", "diff", str(FIXTURES / "tiny-qwen3"), str(path), "--json"])
+    assert result.exit_code == 1
+    payload = json.loads(result.stdout)
+    assert payload["identical"] is False and payload["environment"][0]["b"] == "590.1"
+
+
+def test_different_models_align_only_shared_graphs():
+    d = diff_archives(Archive.open(FIXTURES / "compiled-triton"), Archive.open(FIXTURES / "symm-mem-ws1"))
+    assert {(g.name, g.status) for g in d.graphs} == {
+        ("compiled.fused", Status.ONLY_A),
+        ("symm.allreduce", Status.ONLY_B),
+    }
+    assert any(c.field == "model.model" for c in d.environment)

@@ -1,0 +1,190 @@
+"""The IR on real captured graphs: round trips, invariants, fingerprints, exact lowering."""
+
+from __future__ import annotations
+
+import msgspec
+import networkx as nx
+import pytest
+
+from foundry.archive import Archive
+from foundry.errors import IRError
+from foundry.graphir.codec import decode_graph, encode_graph
+from foundry.graphir.fingerprint import fingerprint
+from foundry.graphir.graph import EDGE_KEY, NODE_KEY, Edge, EdgeData, GraphIR
+from foundry.graphir.kernel import KernelIdentity, LaunchConfig, ParamLayout, ParamSlot, template_args
+from foundry.graphir.kinds import NodeKind
+from foundry.graphir.nodes import EmptyNode, KernelNode, MemsetNode
+from foundry.graphir.operands import Operand, OperandSite
+from foundry.graphir.regions import UNRESOLVED, Region, RegionKind
+
+from .conftest import ARCHIVES, FIXTURES
+
+
+def all_fixture_graphs():
+    for name in ARCHIVES:
+        archive = Archive.open(FIXTURES / name)
+        for rank, entry in archive.select():
+            yield pytest.param(archive, rank, entry, id=f"{name}:{entry.name}")
+
+
+def tiny_graph() -> GraphIR:
+    """Two nodes: a kernel reading one pointer, and a memset into the same region."""
+    region = Region("alloc.0", RegionKind.ALLOC, 0x7F00_0000_0000, 4096)
+    ir = GraphIR("tiny", regions=[region])
+    params = (0x7F00_0000_0010).to_bytes(8, "little") + (7).to_bytes(4, "little")
+    kernel = KernelNode(
+        0,
+        KernelIdentity("_Z3fooPfi"),
+        LaunchConfig((1, 1, 1), (32, 1, 1)),
+        ParamLayout.of([ParamSlot(0, 8), ParamSlot(8, 4)]),
+        params,
+    )
+    memset = MemsetNode(1, 0x7F00_0000_0100, 0, 4, 16)
+    ir.add_nodes([kernel, memset])
+    ir.add_edges([Edge(0, 1)])
+    ir.set_operands(
+        [
+            Operand(0, OperandSite.PARAM, 0, 0, 0x7F00_0000_0010, "alloc.0", 0x10),
+            Operand(1, OperandSite.MEMSET_DST, -1, 0, 0x7F00_0000_0100, "alloc.0", 0x100),
+        ]
+    )
+    ir.check()
+    return ir
+
+
+@pytest.mark.parametrize(("archive", "rank", "entry"), list(all_fixture_graphs()))
+def test_archive_ir_archive_is_byte_stable(archive, rank, entry):
+    data = archive.graph_bytes(rank, entry)
+    ir = decode_graph(data)
+    assert encode_graph(ir) == data
+    assert fingerprint(ir) == entry.fingerprint
+
+
+@pytest.mark.parametrize(("archive", "rank", "entry"), list(all_fixture_graphs()))
+def test_networkx_view_carries_typed_nodes_and_edge_data(archive, rank, entry):
+    ir = archive.graph(rank, entry)
+    g = ir.nx
+    assert isinstance(g, nx.DiGraph)
+    assert g.number_of_nodes() == len(ir) == entry.nodes
+    assert all(g.nodes[i][NODE_KEY].id == i for i in g.nodes)
+    assert all(isinstance(d[EDGE_KEY], EdgeData) for _, _, d in g.edges(data=True))
+    assert nx.is_directed_acyclic_graph(g)
+
+
+def test_tiny_qwen3_lowering_is_exact():
+    """Every model weight's address is an operand (at offset 0 of its region) and nothing is unresolved."""
+    archive = Archive.open(FIXTURES / "tiny-qwen3")
+    for entry in archive.entries(0):
+        ir = archive.graph(0, entry)
+        weights = {name for name, r in ir.regions.items() if r.kind is RegionKind.TENSOR and name.startswith("weight.")}
+        assert len(weights) == ir.meta["weights"] == 25  # Qwen3 2 layers: 11 per layer + embed, norm, lm_head
+        starts = {o.region for o in ir.operands if o.region in weights and o.region_offset == 0}
+        assert starts == weights
+        assert ir.operands.count_unresolved() == 0
+        assert len(ir.operands) > 500
+
+
+def test_symm_fixture_resolves_backend_regions():
+    ir = Archive.open(FIXTURES / "symm-mem-ws1").graph(0, "symm.allreduce")
+    targets = {(o.node, o.param): o.region for o in ir.operands if o.site == OperandSite.PARAM}
+    one_shot, two_shot = (n.id for n in ir.kernels() if "all_reduce" in n.kernel.name)
+    assert targets[(one_shot, 0)] == "symm.buffer_ptrs"
+    assert targets[(one_shot, 5)] == "symm.signal_pad_ptrs"
+    assert targets[(two_shot, 0)] == "symm.buffer_ptrs"
+    assert targets[(two_shot, 3)] == "symm.signal_pad_ptrs"
+    memcpy = next(n for n in ir.nodes() if n.kind is NodeKind.MEMCPY)
+    assert {o.site: o.region for o in ir.operands.of(memcpy.id)}[OperandSite.MEMCPY_DST] == "symm.buffer"
+
+
+def test_fingerprint_ignores_addresses_but_not_meaning():
+    """Shifting every region (a SAVE at another base) keeps the fingerprint; a scalar byte changes it."""
+    ir = tiny_graph()
+    base = fingerprint(ir)
+    delta = 16 << 30
+    shifted = GraphIR("tiny", regions=[msgspec.structs.replace(r, base=r.base + delta) for r in ir.regions.values()])
+    kernel, memset = ir.nodes()
+    params = (int.from_bytes(kernel.params[:8], "little") + delta).to_bytes(8, "little") + kernel.params[8:]
+    shifted.add_nodes(
+        [msgspec.structs.replace(kernel, params=params), msgspec.structs.replace(memset, dst=memset.dst + delta)]
+    )
+    shifted.add_edges(ir.edges())
+    shifted.set_operands([msgspec.structs.replace(o, value=o.value + delta) for o in ir.operands])
+    shifted.check()
+    assert fingerprint(shifted) == base
+
+    ir.replace_node(msgspec.structs.replace(kernel, params=kernel.params[:8] + (8).to_bytes(4, "little")))
+    assert fingerprint(ir) != base
+
+
+def test_fingerprint_sees_operand_target_and_edges():
+    ir = tiny_graph()
+    base = fingerprint(ir)
+    moved = GraphIR("tiny", regions=ir.regions.values())
+    moved.add_nodes(ir.nodes())
+    moved.set_operands(ir.operands)
+    assert fingerprint(moved) != base  # edge missing
+    moved.add_edges([Edge(0, 1, EdgeData(type=1))])
+    assert fingerprint(moved) != base  # programmatic instead of full dependency
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda ir: ir.add_nodes([EmptyNode(0)]), "node id used twice"),
+        (lambda ir: ir.add_edges([Edge(0, 9)]), "names a node the graph does not have"),
+        (lambda ir: ir.add_edges([Edge(0, 1)]), "duplicate edge"),
+    ],
+)
+def test_mutations_refuse_broken_structure(mutate, message):
+    with pytest.raises(IRError, match=message):
+        mutate(tiny_graph())
+
+
+def test_check_names_operand_that_disagrees_with_bytes():
+    ir = tiny_graph()
+    ops = list(ir.operands)
+    ops[0] = msgspec.structs.replace(ops[0], value=ops[0].value + 8, region_offset=ops[0].region_offset + 8)
+    ir.set_operands(ops)
+    with pytest.raises(IRError, match="disagrees with the node's bytes") as err:
+        ir.check()
+    assert err.value.node == 0
+    ir.check_structure()  # structure alone is fine: offline passes can still read it
+
+
+def test_check_names_region_offset_mismatch_and_unknown_region():
+    ir = tiny_graph()
+    ops = list(ir.operands)
+    ir.set_operands([msgspec.structs.replace(ops[0], region_offset=0x18), ops[1]])
+    with pytest.raises(IRError, match=r"offset in alloc\.0 does not match"):
+        ir.check()
+    ir.set_operands([msgspec.structs.replace(ops[0], region="alloc.7"), ops[1]])
+    with pytest.raises(IRError, match=r"unknown region 'alloc\.7'"):
+        ir.check_structure()
+
+
+def test_unresolved_operand_is_kept_and_checked():
+    ir = tiny_graph()
+    ops = list(ir.operands)
+    ir.set_operands([ops[0], msgspec.structs.replace(ops[1], region=UNRESOLVED, region_offset=0)])
+    ir.check()
+    assert [o.node for o in ir.operands.unresolved()] == [1]
+    assert ir.operands.unresolved()[0].location() == "unresolved 0x7f0000000100"
+
+
+def test_kernel_layout_must_match_parameter_bytes():
+    ir = tiny_graph()
+    kernel = ir.node(0)
+    ir.replace_node(msgspec.structs.replace(kernel, params=kernel.params + b"\x00"))
+    with pytest.raises(IRError, match="parameter bytes do not match the layout"):
+        ir.check()
+
+
+def test_demangled_and_short_names():
+    one_shot = Archive.open(FIXTURES / "symm-mem-ws1").graph(0, "symm.allreduce").kernels()[1].kernel
+    assert one_shot.demangled.startswith(
+        "void (anonymous namespace)::one_shot_all_reduce_kernel<c10::BFloat16, 16, -1>("
+    )
+    assert one_shot.short_name == "(anon)::one_shot_all_reduce_kernel<...>"
+    assert template_args(one_shot.demangled) == ["c10::BFloat16", "16", "-1"]
+    triton = KernelIdentity("triton_per_fused_add_gelu_mul_sum_0")
+    assert triton.demangled == triton.short_name == "triton_per_fused_add_gelu_mul_sum_0"

@@ -1,0 +1,106 @@
+"""``foundry graph lint``: expectations per graph and in total, rules, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+from click.testing import CliRunner
+
+from foundry.archive import Archive
+from foundry.cli import main
+from foundry.errors import LintError
+from foundry.graphir.nodes import UnsupportedNode
+from foundry.graphir.operands import OperandSite
+from foundry.graphir.passes.lint import Expectation, Severity, lint
+from foundry.graphir.regions import UNRESOLVED
+
+from .archive_tools import edit_graph
+from .conftest import FIXTURES
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, ["graph", "lint", *args])
+
+
+def test_expectations_hold_per_graph_on_every_rank(registry):
+    archive = Archive.open(FIXTURES / "tiny-qwen3")
+    report = lint(archive, registry, expectations=[Expectation("kernel", 155), Expectation("nccl-allreduce", 0)])
+    assert len(report.expectations) == 6  # 2 expectations x 3 graphs
+    assert all(e.ok for e in report.expectations)
+    assert not report.failed()
+    assert {f.rule for f in report.findings} == {"missing-module-image"}  # warning: no images recorded
+    assert report.failed(strict=True)
+
+
+def test_failed_expectation_names_graph_and_counts(registry):
+    archive = Archive.open(FIXTURES / "symm-mem-ws1")
+    report = lint(archive, registry, expectations=[Expectation("symm-allreduce", 3)])
+    (result,) = report.expectations
+    assert (result.graph, result.expected, result.found, result.ok) == ("symm.allreduce", 3, 2, False)
+    assert report.failed()
+
+
+def test_total_counts_over_the_selection(registry):
+    archive = Archive.open(FIXTURES / "tiny-qwen3")
+    report = lint(archive, registry, expectations=[Expectation("kernel", 465)], total=True)
+    (result,) = report.expectations
+    assert result.ok and result.graph is None and result.found == 465
+    report = lint(archive, registry, pattern="decode.bs[12]", expectations=[Expectation("kernel", 310)], total=True)
+    assert report.expectations[0].ok and [g.graph for g in report.graphs] == ["decode.bs1", "decode.bs2"]
+
+
+def test_symmetric_memory_collectives_are_counted_through_the_backend(registry):
+    report = lint(Archive.open(FIXTURES / "symm-mem-ws1"), registry,
+                  expectations=[Expectation("symm-allreduce", 2), Expectation("nccl-allreduce", 0),
+                                Expectation("memcpy", 1)])  # fmt: skip
+    assert all(e.ok for e in report.expectations)
+
+
+def test_unknown_kind_rule_or_selection_is_a_usage_error(registry):
+    archive = Archive.open(FIXTURES / "tiny-qwen3")
+    with pytest.raises(LintError, match="unknown kind 'symm-alreduce'"):
+        lint(archive, registry, expectations=[Expectation("symm-alreduce", 1)])
+    with pytest.raises(LintError, match="unknown rule 'no-such-rule'"):
+        lint(archive, registry, disabled=["no-such-rule"])
+    with pytest.raises(LintError, match="no graph matches"):
+        lint(archive, registry, pattern="prefill.*")
+    with pytest.raises(LintError, match="an expectation is KIND=N"):
+        Expectation.parse("symm-allreduce:3")
+
+
+def test_unresolved_pointer_and_unsupported_node_rules(archive_copy, registry):
+    path = archive_copy("symm-mem-ws1")
+
+    def break_graph(ir):
+        ops = list(ir.operands)
+        memcpy_dst = next(i for i, o in enumerate(ops) if o.site == OperandSite.MEMCPY_DST)
+        ops[memcpy_dst] = msgspec.structs.replace(ops[memcpy_dst], region=UNRESOLVED, region_offset=0)
+        ir.set_operands(ops)
+        ir.replace_node(UnsupportedNode(3, "host", "callback"))
+        ir.set_operands([o for o in ir.operands if o.node != 3])
+
+    edit_graph(path, "symm.allreduce", break_graph)
+    report = lint(Archive.open(path), registry)
+    errors = [(f.rule, f.node) for f in report.findings if f.severity is Severity.ERROR]
+    assert errors == [("unresolved-pointer", 1), ("unsupported-node", 3)]
+    assert "lies in no known allocation" in report.findings[0].message
+    quiet = lint(Archive.open(path), registry, disabled=["unresolved-pointer", "unsupported-node"])
+    assert not quiet.failed()
+
+
+def test_cli_exit_codes_and_json(archive_copy):
+    assert run("@sample", "--expect", "kernel=155").exit_code == 0
+    failing = run("@sample", "--expect", "kernel=154")
+    assert failing.exit_code == 1 and "FAIL kernel=154" in failing.stdout
+    assert run("@sample", "--strict").exit_code == 1  # the warning fails under --strict
+    assert run("@sample", "--expect", "kernel").exit_code == 2
+    assert run("@sample", "--expect", "bogus=1").exit_code == 2
+    assert run("@sample", "--rank", "3").exit_code == 2
+    assert run("@sample", "--disable", "nope").exit_code == 2
+    result = run(str(FIXTURES / "symm-mem-ws1"), "--expect", "symm-allreduce=2", "--json")
+    payload = json.loads(result.stdout)
+    assert result.exit_code == 0 and payload["ok"] is True
+    assert payload["graphs"][0]["counts"]["symm-allreduce"] == 2
+    assert payload["expectations"][0]["found"] == 2
