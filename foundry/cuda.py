@@ -71,3 +71,18 @@ def handle_value(handle: Any) -> int:
         return int(handle)
     except TypeError:
         return ctypes.c_uint64.from_address(handle.getPtr()).value
+
+
+class KernelNodeParamsLayout(ctypes.Structure):
+    """``CUDA_KERNEL_NODE_PARAMS_v2`` as the driver lays it out."""
+
+    _fields_ = [
+        ("func", ctypes.c_void_p),
+        ("grid", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+        ("sharedMemBytes", ctypes.c_uint),
+        ("kernelParams", ctypes.POINTER(ctypes.c_void_p)),
+        ("extra", ctypes.POINTER(ctypes.c_void_p)),
+        ("kern", ctypes.c_void_p),
+        ("ctx", ctypes.c_void_p),
+    ]

@@ -13,9 +13,9 @@ from __future__ import annotations
 import ctypes
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
-from foundry.cuda import cu, driver, handle_value, try_cu
+from foundry.cuda import KernelNodeParamsLayout, cu, driver, handle_value, try_cu
 from foundry.errors import DriverError
 from foundry.graphir.graph import Edge, EdgeData, GraphIR, MetaValue
 from foundry.graphir.kernel import (
@@ -43,19 +43,10 @@ from foundry.graphir.regions import UNRESOLVED, Region, RegionKind, RegionMap
 log = logging.getLogger(__name__)
 
 
-class _KernelNodeParams(ctypes.Structure):
-    """``CUDA_KERNEL_NODE_PARAMS_v2`` as the driver lays it out."""
+class FunctionSink(Protocol):
+    """Collects the live ``CUfunction`` of every kernel met while lowering."""
 
-    _fields_ = [
-        ("func", ctypes.c_void_p),
-        ("grid", ctypes.c_uint * 3),
-        ("block", ctypes.c_uint * 3),
-        ("sharedMemBytes", ctypes.c_uint),
-        ("kernelParams", ctypes.POINTER(ctypes.c_void_p)),
-        ("extra", ctypes.POINTER(ctypes.c_void_p)),
-        ("kern", ctypes.c_void_p),
-        ("ctx", ctypes.c_void_p),
-    ]
+    def add(self, kernel: KernelIdentity, handle: int) -> None: ...
 
 
 _LAUNCH_PARAM_END = 0
@@ -119,9 +110,10 @@ class AddressResolver:
 class _Lowering:
     """State of one lowering: node ids, event numbering, operands, attribute defaults."""
 
-    def __init__(self, resolver: AddressResolver) -> None:
+    def __init__(self, resolver: AddressResolver, functions: FunctionSink | None) -> None:
         self.drv = driver()
         self.resolver = resolver
+        self.functions = functions
         self.operands: list[Operand] = []
         self.events: dict[int, int] = {}
         self.param_layouts: dict[int, ParamLayout] = {}
@@ -153,10 +145,13 @@ class _Lowering:
 
     def kernel(self, node_id: int, handle: Any) -> KernelNode:
         params = cu("cuGraphKernelNodeGetParams", handle)
-        raw = _KernelNodeParams.from_address(params.getPtr())
+        raw = KernelNodeParamsLayout.from_address(params.getPtr())
         func, kern = raw.func or 0, raw.kern or 0
         identity = self._identity(func, kern)
         layout = self._layout(func, kern)
+        if self.functions is not None:
+            live = func or handle_value(cu("cuKernelGetFunction", self.drv.CUkernel(kern)))
+            self.functions.add(identity, live)
         if raw.kernelParams:
             buf, mode = _gather_params(raw.kernelParams, layout), "params"
         elif raw.extra:
@@ -418,20 +413,23 @@ def lower(
     regions: Iterable[Region] = (),
     meta: dict[str, MetaValue] | None = None,
     resolver: AddressResolver | None = None,
+    functions: FunctionSink | None = None,
 ) -> GraphIR:
     """Lower a live graph to IR.
 
     ``regions`` are the named address ranges operands resolve against first
     (the hook's ``vmm`` region, backend buffers, weights); the IR keeps all of
     them, plus the discovered allocations its operands use. Pass a shared
-    ``resolver`` to number discovered allocations consistently across graphs.
+    ``resolver`` to number discovered allocations consistently across graphs,
+    and ``functions`` (e.g. :class:`foundry.graphir.build.LiveFunctions`) to
+    collect this process's function handles for rebuilding in-process.
     """
     resolver = resolver or AddressResolver(regions)
     handle = graph_handle(graph)
     count = cu("cuGraphGetNodes", handle, 0)[1]
     handles = cu("cuGraphGetNodes", handle, count)[0][:count]
     index = {handle_value(h): i for i, h in enumerate(handles)}
-    state = _Lowering(resolver)
+    state = _Lowering(resolver, functions)
     nodes = [state.node(i, h) for i, h in enumerate(handles)]
     edges = _edges(handle, index)
     used = {o.region for o in state.operands}

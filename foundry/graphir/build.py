@@ -1,0 +1,267 @@
+"""Build a live ``CUgraph`` from :class:`GraphIR` (GPU only, through cuda-bindings).
+
+The inverse of ``lower.py``: kernel nodes with their parameter buffers (as
+``kernelParams`` or one packed ``extra`` buffer, as captured), non-default
+launch attributes and function attributes; memcpy, memset, event and empty
+nodes; then every edge with its edge data in one call. Pointer words are
+rewritten only where a relocation says so, operand by operand.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from foundry.cuda import KernelNodeParamsLayout, cu, driver
+from foundry.errors import IRError
+from foundry.graphir.graph import GraphIR
+from foundry.graphir.kernel import KernelIdentity
+from foundry.graphir.nodes import (
+    EmptyNode,
+    EventRecordNode,
+    EventWaitNode,
+    KernelNode,
+    MemcpyNode,
+    MemsetNode,
+    Node,
+    UnsupportedNode,
+)
+from foundry.graphir.operands import WORD, Operand, OperandSite
+
+_MEMORY_TYPES = {"host": 1, "device": 2, "array": 3, "unified": 4}
+
+Relocation = Callable[[Operand], int]
+
+
+class FunctionResolver(Protocol):
+    """Where a kernel lives in this process: its ``CUfunction`` handle value."""
+
+    def function(self, kernel: KernelIdentity) -> int: ...
+
+
+@dataclass
+class LiveFunctions:
+    """Resolve kernels to functions this process already has, by entry name.
+
+    Lowering fills one (``lower(..., functions=...)``) while it walks a live
+    graph; the native module registry provides the same for a fresh process."""
+
+    by_name: dict[str, int] = field(default_factory=dict)
+
+    def add(self, kernel: KernelIdentity, handle: int) -> None:
+        self.by_name.setdefault(kernel.name, handle)
+
+    def function(self, kernel: KernelIdentity) -> int:
+        try:
+            return self.by_name[kernel.name]
+        except KeyError:
+            raise IRError("no function in this process for kernel", kernel=kernel.name) from None
+
+
+@dataclass
+class BuiltGraph:
+    """A built, instantiated graph and what keeps it valid."""
+
+    graph: Any
+    exec: Any
+    events: list[Any]
+
+    def launch(self, stream: int = 0) -> None:
+        cu("cuGraphLaunch", self.exec, driver().CUstream(stream))
+
+    def destroy(self) -> None:
+        cu("cuGraphExecDestroy", self.exec)
+        cu("cuGraphDestroy", self.graph)
+        for event in self.events:
+            cu("cuEventDestroy", event)
+
+
+def _relocated_params(node: KernelNode, operands: tuple[Operand, ...], relocate: Relocation | None) -> bytes:
+    if relocate is None:
+        return node.params
+    buf = bytearray(node.params)
+    for operand in operands:
+        if operand.site == OperandSite.PARAM:
+            buf[operand.offset : operand.offset + WORD] = relocate(operand).to_bytes(WORD, "little")
+    return bytes(buf)
+
+
+def _address(node_value: int, operands: tuple[Operand, ...], site: OperandSite, relocate: Relocation | None) -> int:
+    if relocate is None:
+        return node_value
+    for operand in operands:
+        if operand.site == site:
+            return relocate(operand)
+    return node_value
+
+
+class _Builder:
+    def __init__(self, ir: GraphIR, functions: FunctionResolver, relocate: Relocation | None) -> None:
+        self.drv = driver()
+        self.ir = ir
+        self.functions = functions
+        self.relocate = relocate
+        self.graph = cu("cuGraphCreate", 0)
+        self.ctx = cu("cuCtxGetCurrent")
+        self.events: dict[int, Any] = {}
+        self.applied: set[int] = set()
+
+    def add(self, node: Node) -> Any:
+        operands = self.ir.operands.of(node.id)
+        if isinstance(node, KernelNode):
+            return self.kernel(node, operands)
+        if isinstance(node, MemcpyNode):
+            return self.memcpy(node, operands)
+        if isinstance(node, MemsetNode):
+            return self.memset(node, operands)
+        if isinstance(node, EmptyNode):
+            return cu("cuGraphAddEmptyNode", self.graph, None, 0)
+        if isinstance(node, EventRecordNode):
+            return cu("cuGraphAddEventRecordNode", self.graph, None, 0, self.event(node.event))
+        if isinstance(node, EventWaitNode):
+            return cu("cuGraphAddEventWaitNode", self.graph, None, 0, self.event(node.event))
+        kind = node.node_type if isinstance(node, UnsupportedNode) else node.kind
+        raise IRError(f"{kind} nodes cannot be rebuilt", node=node.id)
+
+    def event(self, number: int) -> Any:
+        if number not in self.events:
+            self.events[number] = cu("cuEventCreate", 0)
+        return self.events[number]
+
+    def kernel(self, node: KernelNode, operands: tuple[Operand, ...]) -> Any:
+        func = self.functions.function(node.kernel)
+        self.apply_func_attrs(node, func)
+        params = _relocated_params(node, operands, self.relocate)
+        p = self.drv.CUDA_KERNEL_NODE_PARAMS()
+        raw = KernelNodeParamsLayout.from_address(p.getPtr())
+        raw.func = func
+        raw.grid[:] = node.launch.grid
+        raw.block[:] = node.launch.block
+        raw.sharedMemBytes = node.launch.shared_mem
+        buffer = ctypes.create_string_buffer(params, max(len(params), 1))
+        base = ctypes.addressof(buffer)
+        if node.arg_mode == "extra":
+            size = ctypes.c_size_t(len(params))
+            extra = (ctypes.c_void_p * 5)(1, base, 2, ctypes.addressof(size), 0)
+            raw.extra = ctypes.cast(extra, ctypes.POINTER(ctypes.c_void_p))
+        else:
+            pointers = (ctypes.c_void_p * max(len(node.layout.offsets), 1))(
+                *[base + offset for offset in node.layout.offsets]
+            )
+            raw.kernelParams = ctypes.cast(pointers, ctypes.POINTER(ctypes.c_void_p))
+        handle = cu("cuGraphAddKernelNode", self.graph, None, 0, p)  # the driver copies the arguments
+        for attr in node.launch.attributes:
+            self.set_attribute(handle, attr.name, attr.value, operands)
+        return handle
+
+    def apply_func_attrs(self, node: KernelNode, func: int) -> None:
+        if func in self.applied or not node.func_attrs:
+            return
+        fa = self.drv.CUfunction_attribute
+        ids = {
+            "max_dynamic_shared_size_bytes": fa.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            "preferred_shared_memory_carveout": fa.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+        }
+        for attr in node.func_attrs:
+            cu("cuFuncSetAttribute", self.drv.CUfunction(func), ids[attr.name], attr.value)
+        self.applied.add(func)
+
+    def set_attribute(self, handle: Any, name: str, value: Any, operands: tuple[Operand, ...]) -> None:
+        ids = self.drv.CUkernelNodeAttrID
+        v = self.drv.CUkernelNodeAttrValue()
+        if name == "cluster_dim":
+            v.clusterDim.x, v.clusterDim.y, v.clusterDim.z = value
+            attr = ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        elif name == "mem_sync_domain_map":
+            v.memSyncDomainMap.default_, v.memSyncDomainMap.remote = value
+            attr = ids.CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP
+        elif name == "access_policy_window":
+            w = v.accessPolicyWindow
+            w.base_ptr = _address(int(value["base_ptr"]), operands, OperandSite.ACCESS_POLICY, self.relocate)
+            w.num_bytes, w.hitRatio = int(value["num_bytes"]), float(value["hit_ratio"])
+            w.hitProp, w.missProp = int(value["hit_prop"]), int(value["miss_prop"])
+            attr = ids.CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW
+        elif name == "device_updatable":
+            v.deviceUpdatableKernelNode.deviceUpdatable = value
+            attr = ids.CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE
+        else:
+            field_name, attr = _SCALAR_ATTRIBUTES[name]
+            setattr(v, field_name, value)
+            attr = getattr(ids, attr)
+        cu("cuGraphKernelNodeSetAttribute", handle, attr, v)
+
+    def memcpy(self, node: MemcpyNode, operands: tuple[Operand, ...]) -> Any:
+        p = self.drv.CUDA_MEMCPY3D()
+        src = _address(node.src, operands, OperandSite.MEMCPY_SRC, self.relocate)
+        dst = _address(node.dst, operands, OperandSite.MEMCPY_DST, self.relocate)
+        p.srcMemoryType, p.dstMemoryType = _MEMORY_TYPES[node.src_type], _MEMORY_TYPES[node.dst_type]
+        if node.src_type == "host":
+            p.srcHost = src
+        else:
+            p.srcDevice = src
+        if node.dst_type == "host":
+            p.dstHost = dst
+        else:
+            p.dstDevice = dst
+        p.srcXInBytes, p.srcY, p.srcZ = node.src_pos
+        p.dstXInBytes, p.dstY, p.dstZ = node.dst_pos
+        p.srcPitch, p.srcHeight, p.dstPitch, p.dstHeight = (
+            node.src_pitch,
+            node.src_height,
+            node.dst_pitch,
+            node.dst_height,
+        )
+        p.WidthInBytes, p.Height, p.Depth = node.extent
+        return cu("cuGraphAddMemcpyNode", self.graph, None, 0, p, self.ctx)
+
+    def memset(self, node: MemsetNode, operands: tuple[Operand, ...]) -> Any:
+        p = self.drv.CUDA_MEMSET_NODE_PARAMS()
+        p.dst = _address(node.dst, operands, OperandSite.MEMSET_DST, self.relocate)
+        p.value, p.elementSize, p.width, p.height, p.pitch = (
+            node.value, node.element_size, node.width, node.height, node.pitch,
+        )  # fmt: skip
+        return cu("cuGraphAddMemsetNode", self.graph, None, 0, p, self.ctx)
+
+    def edges(self, handles: list[Any]) -> None:
+        edges = self.ir.edges()
+        if not edges:
+            return
+        data = []
+        for edge in edges:
+            d = self.drv.CUgraphEdgeData()
+            d.from_port, d.to_port, d.type = edge.data.from_port, edge.data.to_port, edge.data.type
+            data.append(d)
+        cu(
+            "cuGraphAddDependencies",
+            self.graph,
+            [handles[e.src] for e in edges],
+            [handles[e.dst] for e in edges],
+            data,
+            len(edges),
+        )
+
+
+_SCALAR_ATTRIBUTES: Mapping[str, tuple[str, str]] = {
+    "cooperative": ("cooperative", "CU_LAUNCH_ATTRIBUTE_COOPERATIVE"),
+    "cluster_scheduling_policy": (
+        "clusterSchedulingPolicyPreference",
+        "CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE",
+    ),
+    "priority": ("priority", "CU_LAUNCH_ATTRIBUTE_PRIORITY"),
+    "mem_sync_domain": ("memSyncDomain", "CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN"),
+    "preferred_shared_memory_carveout": ("sharedMemCarveout", "CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT"),
+}
+
+
+def build(ir: GraphIR, functions: FunctionResolver, *, relocate: Relocation | None = None) -> BuiltGraph:
+    """Create, fill and instantiate a graph from ``ir`` in the current context.
+
+    ``functions`` says which ``CUfunction`` runs each kernel; ``relocate``, if
+    given, returns the live value of every operand (the identity when None)."""
+    builder = _Builder(ir, functions, relocate)
+    handles = [builder.add(node) for node in ir.nodes()]
+    builder.edges(handles)
+    graph_exec = cu("cuGraphInstantiate", builder.graph, 0)
+    return BuiltGraph(builder.graph, graph_exec, list(builder.events.values()))
