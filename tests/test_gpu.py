@@ -201,3 +201,66 @@ def test_rebuild_comparison_catches_a_wrong_operand(programs):
 
     _, original, wrong, _ = replay_both(program, captured, relocate=swap)
     assert [name for name in original if original[name] != wrong[name]]
+
+
+# -- node kinds the fixtures do not hold -------------------------------------------------
+
+
+def test_lowering_and_rebuilding_every_node_kind():
+    """A graph made by hand through the driver: memset, event record/wait, empty,
+    a host callback and a child graph. Lowering keeps every kind (host and child
+    graph as unsupported, named); building refuses the unsupported ones by node;
+    the rest rebuilds and its memset lands."""
+    import torch
+
+    from foundry.cuda import cu, driver
+    from foundry.errors import IRError
+    from foundry.graphir.build import LiveFunctions, build
+    from foundry.graphir.kinds import NodeKind
+    from foundry.graphir.lower import lower
+
+    drv = driver()
+    target = torch.zeros(256, dtype=torch.int32, device="cuda")
+    torch.cuda.synchronize()
+
+    def graph_with(host: bool) -> object:
+        g = cu("cuGraphCreate", 0)
+        p = drv.CUDA_MEMSET_NODE_PARAMS()
+        p.dst, p.value, p.elementSize, p.width, p.height, p.pitch = target.data_ptr(), 0x5A5A5A5A, 4, 256, 1, 0
+        memset = cu("cuGraphAddMemsetNode", g, None, 0, p, cu("cuCtxGetCurrent"))
+        event = cu("cuEventCreate", 0)
+        record = cu("cuGraphAddEventRecordNode", g, [memset], 1, event)
+        empty = cu("cuGraphAddEmptyNode", g, [record], 1)
+        cu("cuGraphAddEventWaitNode", g, [empty], 1, event)
+        if host:
+            callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _: None)
+            hp = drv.CUDA_HOST_NODE_PARAMS()
+            hp.fn, hp.userData = ctypes.cast(callback, ctypes.c_void_p).value, 0
+            cu("cuGraphAddHostNode", g, [empty], 1, hp)
+            child = cu("cuGraphCreate", 0)
+            cu("cuGraphAddEmptyNode", child, None, 0)
+            cu("cuGraphAddChildGraphNode", g, [empty], 1, child)
+            graph_with.keep = (callback, child)
+        return g
+
+    ir = lower(graph_with(host=True), "kinds")
+    assert [str(n.kind) for n in ir.nodes()] == [
+        "memset", "event_record", "empty", "event_wait", "host", "child_graph",
+    ]  # fmt: skip
+    assert ir.node(5).detail == "1 nodes"
+    assert ir.node(1).event == ir.node(3).event == 0
+    (operand,) = ir.operands
+    assert operand.site == "memset.dst" and operand.value == target.data_ptr() and operand.resolved
+    assert [(e.src, e.dst) for e in ir.edges()] == [(0, 1), (1, 2), (2, 3), (2, 4), (2, 5)]
+    with pytest.raises(IRError, match="host nodes cannot be rebuilt") as err:
+        build(ir, LiveFunctions())
+    assert err.value.node == 4
+
+    restorable = lower(graph_with(host=False), "kinds")
+    assert {n.kind for n in restorable.nodes()} <= {NodeKind.MEMSET, NodeKind.EVENT_RECORD, NodeKind.EMPTY,
+                                                    NodeKind.EVENT_WAIT}  # fmt: skip
+    built = build(restorable, LiveFunctions())
+    built.launch(torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    assert bool((target == 0x5A5A5A5A).all())
+    built.destroy()
