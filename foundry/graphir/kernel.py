@@ -35,25 +35,30 @@ class KernelIdentity(msgspec.Struct, frozen=True, gc=False, forbid_unknown_field
         return short_kernel_name(self.demangled)
 
 
+def _opening(text: str, close: str, open_: str) -> int | None:
+    """Index of the bracket that matches the final ``close`` of ``text``."""
+    depth = 0
+    for i in range(len(text) - 1, -1, -1):
+        depth += {close: 1, open_: -1}.get(text[i], 0)
+        if depth == 0:
+            return i
+    return None
+
+
+def _without_arguments(demangled: str) -> str:
+    """The signature without its final argument list."""
+    text = demangled.strip()
+    if text.endswith(")"):
+        start = _opening(text, ")", "(")
+        text = text[:start] if start is not None else text
+    return text
+
+
 def template_args(demangled: str) -> list[str]:
     """Top-level template arguments of the kernel itself
     (``['c10::BFloat16', '16', '2', 'true', 'false']``), or ``[]``."""
-    text = demangled.strip()
-    if text.endswith(")"):
-        depth = 0
-        for i in range(len(text) - 1, -1, -1):
-            depth += {")": 1, "(": -1}.get(text[i], 0)
-            if depth == 0:
-                text = text[:i]
-                break
-    if not text.endswith(">"):
-        return []
-    depth, start = 0, None
-    for i in range(len(text) - 1, -1, -1):  # find the '<' matching the final '>'
-        depth += {">": 1, "<": -1}.get(text[i], 0)
-        if depth == 0:
-            start = i
-            break
+    text = _without_arguments(demangled)
+    start = _opening(text, ">", "<") if text.endswith(">") else None
     if start is None:
         return []
     args, depth, current = [], 0, []
@@ -74,14 +79,7 @@ def template_args(demangled: str) -> list[str]:
 @functools.cache
 def short_kernel_name(demangled: str) -> str:
     """Shorten a demangled kernel signature to its qualified name."""
-    text = demangled.strip()
-    if text.endswith(")"):  # drop the argument list: the group matching the final ')'
-        depth = 0
-        for i in range(len(text) - 1, -1, -1):
-            depth += {")": 1, "(": -1}.get(text[i], 0)
-            if depth == 0:
-                text = text[:i]
-                break
+    text = _without_arguments(demangled)
     out, depth = [], 0
     for ch in text:  # collapse template arguments
         if ch == "<":
