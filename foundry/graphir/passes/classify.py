@@ -29,11 +29,3 @@ def collective_counts(ir: GraphIR, registry: BackendRegistry) -> Counter[str]:
         if match is not None:
             out[match.kind] += count
     return out
-
-
-def kind_counts(ir: GraphIR, claims: dict[int, KernelMatch]) -> Counter[str]:
-    """Counts by node kind (``kernel``, ``memset``, ...) and by classified kind
-    (``symm-allreduce``, ...): the kinds ``--expect`` accepts."""
-    counts = ir.counts_by_kind()
-    counts.update(match.kind for match in claims.values())
-    return counts
