@@ -1,0 +1,131 @@
+"""The native hook seen from Python: ctypes over ``native/include/foundry_hook.h``.
+
+The hook is loaded with ``LD_PRELOAD``; its control API is then in the process's
+global symbol namespace. :meth:`Hook.attach` refuses, with the reason, when it
+is not there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from foundry.errors import HookError
+
+ABI = 1
+LIBRARY = "libfoundry_hook.so"
+COUNTERS = ("stream_captures", "graph_instantiates", "allocations", "refused")
+
+
+class _Alloc(ctypes.Structure):
+    _fields_ = [
+        ("order", ctypes.c_uint64),
+        ("offset", ctypes.c_uint64),
+        ("size", ctypes.c_uint64),
+        ("request", ctypes.c_uint64),
+        ("freed", ctypes.c_int32),
+        ("pad", ctypes.c_int32),
+    ]
+
+
+class _RegionInfo(ctypes.Structure):
+    _fields_ = [
+        ("base", ctypes.c_uint64),
+        ("size", ctypes.c_uint64),
+        ("cursor", ctypes.c_uint64),
+        ("allocations", ctypes.c_uint64),
+        ("granularity", ctypes.c_uint64),
+        ("mode", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
+    ]
+
+
+@dataclass(frozen=True)
+class Allocation:
+    order: int
+    offset: int
+    size: int
+    request: int
+    freed: bool
+
+
+@dataclass(frozen=True)
+class RegionInfo:
+    base: int
+    size: int
+    cursor: int
+    allocations: int
+    granularity: int
+    mode: str
+    reserved: bool
+
+
+def library_path() -> Path | None:
+    """Where the built hook is: ``FOUNDRY_HOOK_LIB``, the package, or the source tree's build."""
+    candidates = [os.environ.get("FOUNDRY_HOOK_LIB")]
+    here = Path(__file__).resolve()
+    candidates += [str(here.parent.parent / "_native" / LIBRARY), str(here.parents[2] / "native" / "build" / LIBRARY)]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    return None
+
+
+class Hook:
+    """The hook loaded in this process."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.lib = lib
+
+    @classmethod
+    def attach(cls) -> Hook:
+        lib = ctypes.CDLL(None)
+        try:
+            abi = lib.foundry_hook_abi()
+        except AttributeError:
+            raise HookError(
+                f"the native hook is not loaded in this process (start it with LD_PRELOAD={LIBRARY})"
+            ) from None
+        if abi != ABI:
+            raise HookError("the loaded native hook speaks another ABI", expected=ABI, found=abi)
+        return cls(lib)
+
+    def active(self) -> bool:
+        """Whether the driver's entry points have been interposed (after CUDA initialised)."""
+        return bool(self.lib.foundry_hook_active())
+
+    def region(self) -> RegionInfo:
+        info = _RegionInfo()
+        self._check(self.lib.foundry_region_info(ctypes.byref(info)), "foundry_region_info")
+        mode = {0: "off", 1: "save", 2: "load"}.get(info.mode, str(info.mode))
+        return RegionInfo(info.base, info.size, info.cursor, info.allocations, info.granularity, mode,
+                          bool(info.reserved))  # fmt: skip
+
+    def trace(self) -> list[Allocation]:
+        count = ctypes.c_size_t()
+        self.lib.foundry_region_trace(None, 0, ctypes.byref(count))
+        buf = (_Alloc * max(count.value, 1))()
+        self._check(self.lib.foundry_region_trace(buf, count.value, ctypes.byref(count)), "foundry_region_trace")
+        return [Allocation(a.order, a.offset, a.size, a.request, bool(a.freed)) for a in buf[: count.value]]
+
+    def counter(self, name: str) -> int:
+        value = ctypes.c_uint64()
+        self._check(self.lib.foundry_counter(name.encode(), ctypes.byref(value)), "foundry_counter")
+        return value.value
+
+    def counters(self) -> dict[str, int]:
+        return {name: self.counter(name) for name in COUNTERS}
+
+    def events(self) -> list[str]:
+        needed = ctypes.c_size_t()
+        self.lib.foundry_events(None, 0, ctypes.byref(needed))
+        buf = ctypes.create_string_buffer(needed.value)
+        self.lib.foundry_events(buf, needed.value, ctypes.byref(needed))
+        return [line for line in buf.value.decode(errors="replace").splitlines() if line]
+
+    @staticmethod
+    def _check(status: int, call: str) -> None:
+        if status < 0:
+            raise HookError(f"{call} failed with status {status}")

@@ -1,0 +1,199 @@
+/*
+ * interpose.c - how the hook gets between an application and the CUDA driver.
+ *
+ * cudart finds driver entry points three ways, and all three are covered:
+ * dlsym on libcuda (about 90 names on the H200 image's torch), cuGetProcAddress
+ * (the rest, by base name and CUDA version), and plain exported symbols for
+ * code linked against libcuda. A hooked name resolves to the hook; the hook
+ * reaches the real function through fh_real().
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hook.h"
+
+typedef void *(*dlsym_fn)(void *, const char *);
+typedef CUresult (*get_proc_v2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+typedef CUresult (*get_proc_v1_fn)(const char *, void **, int, cuuint64_t);
+
+static dlsym_fn real_dlsym_fn;
+static atomic_int interposed;
+
+static dlsym_fn real_dlsym(void) {
+    if (real_dlsym_fn == NULL) {
+        /* glibc 2.34 moved dlsym into libc; older ones version it GLIBC_2.2.5 */
+        real_dlsym_fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+        if (real_dlsym_fn == NULL) real_dlsym_fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    }
+    return real_dlsym_fn;
+}
+
+/* -- hooks ------------------------------------------------------------------------ */
+
+static CUresult hook_mem_alloc(CUdeviceptr *dptr, size_t bytesize) { return fh_mem_alloc(dptr, bytesize); }
+
+static CUresult hook_mem_free(CUdeviceptr dptr) { return fh_mem_free(dptr); }
+
+static CUresult refuse(const char *name) {
+    fh_count("refused");
+    fh_event("error: %s is not routed into the deterministic region; refused in this mode", name);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+static CUresult hook_mem_alloc_async(CUdeviceptr *dptr, size_t bytesize, CUstream stream) {
+    if (fh_region_mode() != FOUNDRY_MODE_OFF) return refuse("cuMemAllocAsync");
+    return ((CUresult(*)(CUdeviceptr *, size_t, CUstream))fh_real("cuMemAllocAsync"))(dptr, bytesize, stream);
+}
+
+static CUresult hook_mem_alloc_managed(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
+    if (fh_region_mode() != FOUNDRY_MODE_OFF) return refuse("cuMemAllocManaged");
+    return ((CUresult(*)(CUdeviceptr *, size_t, unsigned int))fh_real("cuMemAllocManaged"))(dptr, bytesize, flags);
+}
+
+static CUresult hook_begin_capture(CUstream stream, CUstreamCaptureMode mode) {
+    fh_count("stream_captures");
+    return ((CUresult(*)(CUstream, CUstreamCaptureMode))fh_real("cuStreamBeginCapture_v2"))(stream, mode);
+}
+
+static CUresult hook_instantiate(CUgraphExec *exec, CUgraph graph, unsigned long long flags) {
+    fh_count("graph_instantiates");
+    return ((CUresult(*)(CUgraphExec *, CUgraph, unsigned long long))fh_real("cuGraphInstantiateWithFlags"))(exec, graph, flags);
+}
+
+static CUresult hook_instantiate_params(CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params) {
+    fh_count("graph_instantiates");
+    typedef CUresult (*fn)(CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *);
+    return ((fn)fh_real("cuGraphInstantiateWithParams"))(exec, graph, params);
+}
+
+static CUresult hook_get_proc_v2(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+static CUresult hook_get_proc_v1(const char *, void **, int, cuuint64_t);
+
+/*
+ * The hook table. `base` is the name cuGetProcAddress is asked for (NULL: reached
+ * through dlsym only), `min_version` the CUDA version from which that base name
+ * has the hook's signature (older requests are passed through untouched), and
+ * `exported` the versioned symbol dlsym sees. Each entry keeps its own real
+ * function, so two names never share one.
+ */
+static struct hook {
+    const char *base;
+    int min_version;
+    const char *exported;
+    void *hook;
+    _Atomic(void *) real;
+} hooks[] = {
+    {"cuMemAlloc", 3020, "cuMemAlloc_v2", (void *)hook_mem_alloc, NULL},
+    {"cuMemFree", 3020, "cuMemFree_v2", (void *)hook_mem_free, NULL},
+    {"cuMemAllocAsync", 11020, "cuMemAllocAsync", (void *)hook_mem_alloc_async, NULL},
+    {"cuMemAllocManaged", 6000, "cuMemAllocManaged", (void *)hook_mem_alloc_managed, NULL},
+    {"cuStreamBeginCapture", 10010, "cuStreamBeginCapture_v2", (void *)hook_begin_capture, NULL},
+    {"cuGraphInstantiateWithFlags", 11040, "cuGraphInstantiateWithFlags", (void *)hook_instantiate, NULL},
+    {"cuGraphInstantiateWithParams", 12000, "cuGraphInstantiateWithParams", (void *)hook_instantiate_params, NULL},
+    {"cuGetProcAddress", 12000, "cuGetProcAddress_v2", (void *)hook_get_proc_v2, NULL},
+    {NULL, 0, "cuGetProcAddress", (void *)hook_get_proc_v1, NULL},
+};
+#define HOOK_COUNT (sizeof hooks / sizeof hooks[0])
+
+static struct hook *find_exported(const char *symbol) {
+    for (size_t i = 0; i < HOOK_COUNT; i++)
+        if (strcmp(hooks[i].exported, symbol) == 0) return &hooks[i];
+    return NULL;
+}
+
+static struct hook *find_base(const char *symbol) {
+    for (size_t i = 0; i < HOOK_COUNT; i++)
+        if (hooks[i].base && strcmp(hooks[i].base, symbol) == 0) return &hooks[i];
+    return NULL;
+}
+
+static void *libcuda(void) {
+    static void *handle;
+    if (handle == NULL) handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    return handle;
+}
+
+void *fh_real(const char *exported) {
+    struct hook *h = find_exported(exported);
+    if (h && h->real) return h->real;
+    void *lib = libcuda();
+    void *fn = lib ? real_dlsym()(lib, exported) : NULL;
+    if (h && fn) h->real = fn;
+    if (fn == NULL) fh_event("error: driver entry point %s not found", exported);
+    return fn;
+}
+
+/* -- dlsym ------------------------------------------------------------------------ */
+
+void *dlsym(void *handle, const char *symbol) {
+    dlsym_fn next = real_dlsym();
+    if (next == NULL) return NULL;
+    struct hook *h = find_exported(symbol);
+    if (h == NULL) return next(handle, symbol);
+    void *real = next(handle, symbol);
+    if (real == NULL) return NULL;
+    if (h->real == NULL) h->real = real;
+    atomic_store(&interposed, 1);
+    return h->hook;
+}
+
+/* -- cuGetProcAddress ------------------------------------------------------------- */
+
+static void swap_in(const char *symbol, int version, void **pfn) {
+    struct hook *h = find_base(symbol);
+    if (h == NULL || pfn == NULL || *pfn == NULL) return;
+    if (version < h->min_version) {
+        fh_event("not interposed: %s asked for with CUDA version %d", symbol, version);
+        return;
+    }
+    if (h->real == NULL) h->real = *pfn;
+    *pfn = h->hook;
+    atomic_store(&interposed, 1);
+}
+
+/* FOUNDRY_HOOK_SYMBOLS=1 logs every name resolved through cuGetProcAddress. */
+static void log_symbol(const char *symbol, int version, cuuint64_t flags) {
+    static int enabled = -1;
+    if (enabled < 0) {
+        const char *env = getenv("FOUNDRY_HOOK_SYMBOLS");
+        enabled = env && *env == '1';
+    }
+    if (enabled && symbol) fh_event("resolve: %s (version %d, flags %llu)", symbol, version, (unsigned long long)flags);
+}
+
+static CUresult hook_get_proc_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                 CUdriverProcAddressQueryResult *status) {
+    get_proc_v2_fn real = (get_proc_v2_fn)fh_real("cuGetProcAddress_v2");
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    log_symbol(symbol, version, flags);
+    CUresult rc = real(symbol, pfn, version, flags, status);
+    if (rc == CUDA_SUCCESS && symbol) swap_in(symbol, version, pfn);
+    return rc;
+}
+
+static CUresult hook_get_proc_v1(const char *symbol, void **pfn, int version, cuuint64_t flags) {
+    get_proc_v1_fn real = (get_proc_v1_fn)fh_real("cuGetProcAddress");
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    log_symbol(symbol, version, flags);
+    CUresult rc = real(symbol, pfn, version, flags);
+    if (rc == CUDA_SUCCESS && symbol) swap_in(symbol, version, pfn);
+    return rc;
+}
+
+/* -- exported driver names, for code linked against libcuda directly --------------- */
+
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) { return hook_mem_alloc(dptr, bytesize); }
+CUresult cuMemFree_v2(CUdeviceptr dptr) { return hook_mem_free(dptr); }
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *status) {
+    return hook_get_proc_v2(symbol, pfn, version, flags, status);
+}
+
+/* -- control API ------------------------------------------------------------------- */
+
+int foundry_hook_abi(void) { return FOUNDRY_HOOK_ABI; }
+
+int foundry_hook_active(void) { return atomic_load(&interposed); }

@@ -1,0 +1,192 @@
+/*
+ * region.c - the deterministic VMM region.
+ *
+ * In SAVE or LOAD mode every cuMemAlloc lands in one large virtual range
+ * reserved at a fixed base (FOUNDRY_REGION_BASE, default 0x600000000000; the
+ * H200's driver honours fixed addresses for reservations of 1 GiB and more).
+ * Allocations are mapped at a cursor that only moves forward, so the same
+ * sequence of requests gives the same addresses in every process, and each one
+ * is recorded (call order, offset, size). Any loss of determinism fails the
+ * allocation and says why in the event log: a reserve that lands elsewhere, an
+ * allocation that would leave the region.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hook.h"
+
+#define GiB (1ULL << 30)
+#define DEFAULT_BASE 0x600000000000ULL
+#define DEFAULT_SIZE (64 * GiB)
+
+typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+typedef CUresult (*free_fn)(CUdeviceptr);
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+static struct {
+    int mode;
+    int reserved;
+    int failed;
+    CUdeviceptr base;
+    size_t size;
+    size_t cursor;
+    size_t granularity;
+    CUmemAllocationProp prop;
+    CUmemAccessDesc access;
+    foundry_alloc_t *trace;
+    CUmemGenericAllocationHandle *handles;
+    size_t count, capacity;
+} region;
+
+static unsigned long long env_u64(const char *name, unsigned long long fallback) {
+    const char *text = getenv(name);
+    if (text == NULL || *text == '\0') return fallback;
+    char *end = NULL;
+    unsigned long long value = strtoull(text, &end, 0);
+    if (end == NULL || *end != '\0') {
+        fh_event("error: %s=%s is not a number; using 0x%llx", name, text, fallback);
+        return fallback;
+    }
+    return value;
+}
+
+static void configure(void) {
+    const char *mode = getenv("FOUNDRY_MODE");
+    region.mode = FOUNDRY_MODE_OFF;
+    if (mode && strcmp(mode, "save") == 0) region.mode = FOUNDRY_MODE_SAVE;
+    if (mode && strcmp(mode, "load") == 0) region.mode = FOUNDRY_MODE_LOAD;
+    region.base = env_u64("FOUNDRY_REGION_BASE", DEFAULT_BASE);
+    region.size = env_u64("FOUNDRY_REGION_SIZE", DEFAULT_SIZE);
+    if (region.mode != FOUNDRY_MODE_OFF)
+        fh_event("region: mode %s, base 0x%llx, size %zu", mode, (unsigned long long)region.base, region.size);
+}
+
+int fh_region_mode(void) {
+    pthread_once(&once, configure);
+    return region.mode;
+}
+
+#define DRIVER(fn) ((__typeof__(&fn))fh_real(#fn))
+
+static CUresult reserve(void) {
+    CUdevice device;
+    CUresult rc = DRIVER(cuCtxGetDevice)(&device);
+    if (rc != CUDA_SUCCESS) return rc;
+    memset(&region.prop, 0, sizeof region.prop);
+    region.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    region.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    region.prop.location.id = device;
+    region.access.location = region.prop.location;
+    region.access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    rc = DRIVER(cuMemGetAllocationGranularity)(&region.granularity, &region.prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (rc != CUDA_SUCCESS) return rc;
+    CUdeviceptr got = 0;
+    rc = DRIVER(cuMemAddressReserve)(&got, region.size, GiB, region.base, 0);
+    if (rc != CUDA_SUCCESS || got != region.base) {
+        fh_event("error: region reserve of %zu bytes at 0x%llx landed at 0x%llx (status %d)", region.size,
+                 (unsigned long long)region.base, (unsigned long long)got, (int)rc);
+        if (rc == CUDA_SUCCESS) DRIVER(cuMemAddressFree)(got, region.size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    region.reserved = 1;
+    fh_event("region: reserved 0x%llx + %zu, granularity %zu", (unsigned long long)got, region.size,
+             region.granularity);
+    return CUDA_SUCCESS;
+}
+
+static int record(size_t offset, size_t mapped, size_t request, CUmemGenericAllocationHandle handle) {
+    if (region.count == region.capacity) {
+        size_t capacity = region.capacity ? 2 * region.capacity : 1024;
+        foundry_alloc_t *trace = realloc(region.trace, capacity * sizeof *trace);
+        CUmemGenericAllocationHandle *handles = realloc(region.handles, capacity * sizeof *handles);
+        if (trace) region.trace = trace;
+        if (handles) region.handles = handles;
+        if (trace == NULL || handles == NULL) return -1;
+        region.capacity = capacity;
+    }
+    region.trace[region.count] = (foundry_alloc_t){region.count, offset, mapped, request, 0, 0};
+    region.handles[region.count] = handle;
+    region.count++;
+    return 0;
+}
+
+static CUresult map_at_cursor(CUdeviceptr *dptr, size_t bytesize) {
+    size_t mapped = (bytesize + region.granularity - 1) / region.granularity * region.granularity;
+    if (mapped == 0) mapped = region.granularity;
+    if (region.cursor + mapped > region.size) {
+        fh_event("error: allocation #%zu of %zu bytes would leave the region (cursor %zu of %zu)", region.count,
+                 bytesize, region.cursor, region.size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    CUdeviceptr at = region.base + region.cursor;
+    CUmemGenericAllocationHandle handle;
+    CUresult rc = DRIVER(cuMemCreate)(&handle, mapped, &region.prop, 0);
+    if (rc != CUDA_SUCCESS) return rc;
+    rc = DRIVER(cuMemMap)(at, mapped, 0, handle, 0);
+    if (rc == CUDA_SUCCESS) rc = DRIVER(cuMemSetAccess)(at, mapped, &region.access, 1);
+    if (rc == CUDA_SUCCESS && record(region.cursor, mapped, bytesize, handle) != 0) rc = CUDA_ERROR_OUT_OF_MEMORY;
+    if (rc != CUDA_SUCCESS) {
+        DRIVER(cuMemUnmap)(at, mapped);
+        DRIVER(cuMemRelease)(handle);
+        return rc;
+    }
+    region.cursor += mapped;
+    *dptr = at;
+    return CUDA_SUCCESS;
+}
+
+CUresult fh_mem_alloc(CUdeviceptr *dptr, size_t bytesize) {
+    if (fh_region_mode() == FOUNDRY_MODE_OFF) return ((alloc_fn)fh_real("cuMemAlloc_v2"))(dptr, bytesize);
+    if (dptr == NULL) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    CUresult rc = region.failed ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+    if (rc == CUDA_SUCCESS && !region.reserved) rc = reserve();
+    if (rc == CUDA_SUCCESS) rc = map_at_cursor(dptr, bytesize);
+    if (rc != CUDA_SUCCESS && !region.reserved) region.failed = 1;
+    pthread_mutex_unlock(&lock);
+    fh_count(rc == CUDA_SUCCESS ? "allocations" : "refused");
+    return rc;
+}
+
+CUresult fh_mem_free(CUdeviceptr dptr) {
+    if (fh_region_mode() == FOUNDRY_MODE_OFF || !region.reserved || dptr < region.base ||
+        dptr >= region.base + region.size)
+        return ((free_fn)fh_real("cuMemFree_v2"))(dptr);
+    pthread_mutex_lock(&lock);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < region.count; i++) {
+        foundry_alloc_t *a = &region.trace[i];
+        if (a->freed || region.base + a->offset != dptr) continue;
+        DRIVER(cuCtxSynchronize)(); /* cuMemFree synchronizes; cuMemUnmap does not */
+        rc = DRIVER(cuMemUnmap)(dptr, a->size);
+        if (rc == CUDA_SUCCESS) rc = DRIVER(cuMemRelease)(region.handles[i]);
+        a->freed = 1;
+        break;
+    }
+    pthread_mutex_unlock(&lock);
+    if (rc == CUDA_ERROR_INVALID_VALUE) fh_event("error: free of 0x%llx, not an allocation start", (unsigned long long)dptr);
+    return rc;
+}
+
+int foundry_region_info(foundry_region_info_t *out) {
+    if (out == NULL) return FOUNDRY_EINVAL;
+    fh_region_mode();
+    pthread_mutex_lock(&lock);
+    *out = (foundry_region_info_t){region.reserved ? region.base : 0, region.size, region.cursor, region.count,
+                                   region.granularity, region.mode, region.reserved};
+    pthread_mutex_unlock(&lock);
+    return FOUNDRY_OK;
+}
+
+int foundry_region_trace(foundry_alloc_t *out, size_t max, size_t *count) {
+    if (count == NULL || (out == NULL && max)) return FOUNDRY_EINVAL;
+    pthread_mutex_lock(&lock);
+    *count = region.count;
+    size_t n = max < region.count ? max : region.count;
+    if (n) memcpy(out, region.trace, n * sizeof *out);
+    pthread_mutex_unlock(&lock);
+    return n < *count ? FOUNDRY_ETRUNC : FOUNDRY_OK;
+}
