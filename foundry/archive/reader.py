@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import threading
 from pathlib import Path
 from typing import TypeVar
 
@@ -91,6 +92,7 @@ class Archive:
         self.catalog = catalog
         self.limits = limits
         self._sessions: dict[int, Session] = {}
+        self._lock = threading.Lock()  # the TUI reads sessions from worker threads
 
     @classmethod
     def open(cls, path: str | Path, *, limits: Limits = DEFAULT_LIMITS) -> Archive:
@@ -137,9 +139,10 @@ class Archive:
     # -- sessions ---------------------------------------------------------------
 
     def session(self, rank: int) -> Session:
-        if rank not in self._sessions:
-            self._sessions[rank] = self._read_session(rank)
-        return self._sessions[rank]
+        with self._lock:
+            if rank not in self._sessions:
+                self._sessions[rank] = self._read_session(rank)
+            return self._sessions[rank]
 
     def _read_session(self, rank: int) -> Session:
         entry = next((e for e in self.catalog.ranks if e.rank == rank), None)

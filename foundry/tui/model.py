@@ -1,0 +1,236 @@
+"""What the TUI knows about an archive, with no widgets in it.
+
+:class:`OpenedArchive` is an opened archive plus the name people know it by.
+:func:`load_graph` decodes one graph and precomputes what the browse screen
+shows (table rows, backend claims, nodes with unresolved operands); it runs in
+a worker. The jump helpers are pure functions over sorted node ids so the
+screens stay small and the rules are tested without a terminal.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console, ConsoleOptions, JustifyMethod, RenderResult
+from rich.text import Text
+
+from foundry.archive.reader import Archive
+from foundry.archive.sample import SAMPLE_NAME, resolve_archive_arg, sample_path
+from foundry.archive.schema import GraphEntry
+from foundry.backends.base import KernelMatch
+from foundry.backends.registry import BackendRegistry
+from foundry.graphir.graph import GraphIR
+from foundry.graphir.nodes import KernelNode, MemcpyNode, MemsetNode, Node, UnsupportedNode
+from foundry.graphir.passes.classify import classify
+from foundry.graphir.passes.lint import Finding, LintReport
+from foundry.graphir.passes.summary import ArchiveSummary
+
+KERNEL_COLUMN = 34  # characters of the kernel name shown in the node table
+
+
+@dataclass(frozen=True)
+class OpenedArchive:
+    """An archive opened for the TUI, with a short label that does not depend
+    on where it sits on disk (the header and snapshots show it)."""
+
+    archive: Archive
+    label: str
+
+    @classmethod
+    def open(cls, text: str | Path) -> OpenedArchive:
+        """Open a path or ``@sample``; raise :class:`~foundry.errors.ArchiveError` on a bad one."""
+        text = str(text)
+        path = resolve_archive_arg(text)
+        archive = Archive.open(path)
+        is_sample = text == SAMPLE_NAME or path.resolve() == sample_path().resolve()
+        label = f"{SAMPLE_NAME} ({path.name})" if is_sample else (path.resolve().name or str(path))
+        return cls(archive, label)
+
+
+@dataclass
+class LoadedGraph:
+    """One decoded graph and what the browse screen derives from it."""
+
+    rank: int
+    entry: GraphEntry
+    ir: GraphIR
+    claims: dict[int, KernelMatch]
+    unresolved: list[int]
+    rows: list[tuple[Cell, ...]] = field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return (self.rank, self.entry.name)
+
+    @property
+    def collectives(self) -> list[int]:
+        return sorted(self.claims)
+
+
+def load_graph(archive: Archive, registry: BackendRegistry, rank: int, entry: GraphEntry) -> LoadedGraph:
+    """Read, check (size, sha256, structure) and decode one graph, then build its rows.
+
+    Raises :class:`~foundry.errors.FoundryError` for a damaged graph; the caller shows it."""
+    ir = archive.graph(rank, entry, deep=False)
+    claims = classify(ir, registry)
+    unresolved = sorted({o.node for o in ir.operands.unresolved()})
+    loaded = LoadedGraph(rank, entry, ir, claims, unresolved)
+    loaded.rows = node_table_rows(loaded)
+    return loaded
+
+
+def dims(value: tuple[int, int, int]) -> str:
+    """Grid or block dimensions without trailing ones: ``(128, 1, 1)`` -> ``128``."""
+    parts = list(value)
+    while len(parts) > 1 and parts[-1] == 1:
+        parts.pop()
+    return ",".join(map(str, parts))
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def node_summary(node: Node) -> str:
+    """One line saying what a node does: the kernel's short name, or the kind and its detail."""
+    if isinstance(node, KernelNode):
+        return node.kernel.short_name
+    if isinstance(node, MemcpyNode):
+        width, height, depth = node.extent
+        return f"memcpy {node.src_type}->{node.dst_type} {width * height * depth} B"
+    if isinstance(node, MemsetNode):
+        return f"memset {node.value:#x} x{node.width * node.height} ({node.element_size} B)"
+    if isinstance(node, UnsupportedNode):
+        return f"{node.node_type} (unsupported)" + (f": {node.detail}" if node.detail else "")
+    event = getattr(node, "event", None)
+    return f"{node.kind} {event}" if event is not None else str(node.kind)
+
+
+class Cell:
+    """A node-table cell: one line of text in one style.
+
+    DataTable measures every cell of every row it is given, through rich's
+    measurement protocol, and parses plain strings as markup; a 2,000-row graph
+    then spends most of its time there. The node table's columns have fixed
+    widths, so its cells need no measurement: this renderable has none (the
+    table takes the default) and renders as a :class:`~rich.text.Text` only
+    when its row scrolls into view."""
+
+    __slots__ = ("justify", "style", "text")
+
+    def __init__(self, text: str, style: str = "", justify: JustifyMethod | None = None) -> None:
+        self.text, self.style, self.justify = text, style, justify
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield Text(self.text, style=self.style, justify=self.justify, no_wrap=True, overflow="ellipsis")
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def node_table_rows(loaded: LoadedGraph) -> list[tuple[Cell, ...]]:
+    """The node table, one tuple per node in capture order (built in the worker)."""
+    ir = loaded.ir
+    unresolved = set(loaded.unresolved)
+    counts: dict[int, int] = {}
+    for row in ir.operands.rows():  # one pass over the manifest instead of a lookup per node
+        counts[row[0]] = counts.get(row[0], 0) + 1
+    empty = Cell("")
+    rows = []
+    for node in ir.nodes():
+        notes = []
+        claim = loaded.claims.get(node.id)
+        if claim is not None:
+            notes.append(claim.kind)
+        if node.id in unresolved:
+            notes.append("unresolved")
+        if isinstance(node, UnsupportedNode):
+            notes.append("unsupported")
+        style = "bold red" if len(notes) > (claim is not None) else "bold cyan"
+        if isinstance(node, KernelNode):
+            launch = node.launch
+            cells = (Cell(dims(launch.grid)), Cell(dims(launch.block)), Cell(str(launch.shared_mem), justify="right"))
+        else:
+            cells = (empty, empty, empty)
+        pointers = counts.get(node.id, 0)
+        rows.append(
+            (
+                Cell(str(node.id), justify="right"),
+                Cell(_clip(node_summary(node), KERNEL_COLUMN)),
+                *cells,
+                Cell(str(pointers), justify="right") if pointers else empty,
+                Cell(" ".join(notes), style) if notes else empty,
+            )
+        )
+    return rows
+
+
+# -- search and jumps ---------------------------------------------------------------
+
+
+def kernel_matches(node: Node, query: str) -> bool:
+    """Whether a node's kernel name (mangled, demangled or short) contains ``query``, ignoring case."""
+    if not isinstance(node, KernelNode):
+        return False
+    needle = query.casefold()
+    kernel = node.kernel
+    return needle in kernel.name.casefold() or needle in kernel.demangled.casefold()
+
+
+def search_nodes(ir: GraphIR, query: str) -> list[int]:
+    """Ids of the nodes whose kernel name contains ``query``."""
+    return [node.id for node in ir.nodes() if kernel_matches(node, query)]
+
+
+def next_id(ids: Sequence[int], current: int | None, *, backward: bool = False, wrap: bool = True) -> int | None:
+    """The first id after ``current`` (before it with ``backward``) in sorted ``ids``,
+    wrapping around unless ``wrap`` is false; ``None`` when there is none."""
+    if not ids:
+        return None
+    if current is None:
+        return ids[-1] if backward else ids[0]
+    if backward:
+        at = bisect.bisect_left(ids, current) - 1
+        if at >= 0:
+            return ids[at]
+        return ids[-1] if wrap else None
+    at = bisect.bisect_right(ids, current)
+    if at < len(ids):
+        return ids[at]
+    return ids[0] if wrap else None
+
+
+def graphs_with(summary: ArchiveSummary, what: str) -> list[tuple[int, str]]:
+    """``(rank, graph)`` of the graphs the summary says hold ``collectives`` or ``unresolved`` operands."""
+    if what == "collectives":
+        return [(g.rank, g.name) for g in summary.graphs if sum(g.collectives.values())]
+    return [(g.rank, g.name) for g in summary.graphs if g.unresolved]
+
+
+def next_graph(order: Sequence[tuple[int, str]], candidates: Sequence[tuple[int, str]], current: tuple[int, str]):
+    """The first of ``candidates`` after ``current`` in archive ``order`` (wrapping), or ``None``."""
+    if not candidates:
+        return None
+    position = {key: i for i, key in enumerate(order)}
+    here = position.get(current, -1)
+    ranked = sorted(candidates, key=lambda key: position.get(key, len(order)))
+    for key in ranked:
+        if position.get(key, len(order)) > here:
+            return key
+    return ranked[0]
+
+
+def finding_text(finding: Finding) -> str:
+    """A lint finding as one line, as ``foundry graph lint`` prints it."""
+    where = f"rank {finding.rank} {finding.graph}" + (f" node {finding.node}" if finding.node is not None else "")
+    return f"{finding.severity.value} {finding.rule}: {where}: {finding.message}"
+
+
+def findings_for(report: LintReport | None, rank: int, graph: str, node: int | None = None) -> list[Finding]:
+    """Findings of one graph, or of one node of it."""
+    if report is None:
+        return []
+    return [f for f in report.findings if f.rank == rank and f.graph == graph and (node is None or f.node == node)]

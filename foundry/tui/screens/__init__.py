@@ -1,0 +1,1 @@
+"""Screens of the Foundry TUI, one per file."""

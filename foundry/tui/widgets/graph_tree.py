@@ -1,0 +1,131 @@
+"""The archive's ranks and their graphs, as a tree. A rank's session is read
+when the rank is first expanded, so a large world opens at once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual.message import Message
+from textual.widgets import Tree
+from textual.widgets.tree import TreeNode
+
+from foundry.archive.reader import Archive
+from foundry.archive.schema import GraphEntry
+from foundry.errors import FoundryError
+
+
+@dataclass(frozen=True)
+class RankItem:
+    rank: int
+
+
+@dataclass(frozen=True)
+class GraphItem:
+    rank: int
+    entry: GraphEntry
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return (self.rank, self.entry.name)
+
+
+def graph_label(entry: GraphEntry) -> Text:
+    return Text.assemble(entry.name, (f" {entry.nodes}", "dim"))
+
+
+class GraphTree(Tree[RankItem | GraphItem]):
+    """Ranks -> graphs. Posts :class:`GraphTree.GraphChosen` when the cursor
+    reaches a graph, with ``opened`` set when it is selected (enter, click)."""
+
+    class GraphChosen(Message):
+        """The cursor is on a graph (``opened``: the user selected it)."""
+
+        def __init__(self, rank: int, entry: GraphEntry, *, opened: bool) -> None:
+            super().__init__()
+            self.rank = rank
+            self.entry = entry
+            self.opened = opened
+
+    def __init__(self, archive: Archive, **kwargs) -> None:
+        super().__init__("archive", **kwargs)
+        self.archive = archive
+        self.show_root = False
+        self.guide_depth = 2
+        self._filled: set[int] = set()
+        self._rank_nodes: dict[int, TreeNode[RankItem | GraphItem]] = {}
+        self._graph_nodes: dict[tuple[int, str], TreeNode[RankItem | GraphItem]] = {}
+
+    def on_mount(self) -> None:
+        for rank in self.archive.ranks:
+            label = Text.assemble(("rank ", "bold"), (str(rank), "bold"))
+            self._rank_nodes[rank] = self.root.add(label, data=RankItem(rank))
+        if self._rank_nodes:
+            first = self._rank_nodes[min(self._rank_nodes)]
+            self._fill(first)
+            first.expand()
+            target = first.children[0] if first.children else first
+            self.call_after_refresh(self.move_cursor, target)  # lines exist after the first refresh
+
+    def _fill(self, node: TreeNode[RankItem | GraphItem]) -> None:
+        item = node.data
+        if not isinstance(item, RankItem) or item.rank in self._filled:
+            return
+        self._filled.add(item.rank)
+        try:
+            entries = self.archive.entries(item.rank)
+        except FoundryError as err:  # a damaged session: say so in the tree, keep the rest usable
+            node.add_leaf(Text(f"unreadable: {err}", style="red"))
+            return
+        node.set_label(Text.assemble(("rank ", "bold"), (str(item.rank), "bold"), (f" {len(entries)} graphs", "dim")))
+        for entry in entries:
+            leaf = node.add_leaf(graph_label(entry), data=GraphItem(item.rank, entry))
+            self._graph_nodes[(item.rank, entry.name)] = leaf
+
+    def on_tree_node_expanded(self, event: Tree.NodeExpanded) -> None:
+        self._fill(event.node)
+
+    def on_tree_node_highlighted(self, event: Tree.NodeHighlighted) -> None:
+        event.stop()
+        item = event.node.data
+        if isinstance(item, GraphItem):
+            self.post_message(self.GraphChosen(item.rank, item.entry, opened=False))
+
+    def on_tree_node_selected(self, event: Tree.NodeSelected) -> None:
+        event.stop()
+        item = event.node.data
+        if isinstance(item, GraphItem):
+            self.post_message(self.GraphChosen(item.rank, item.entry, opened=True))
+
+    @property
+    def has_graphs(self) -> bool:
+        """Whether the ranks read so far list any graph."""
+        return bool(self._graph_nodes)
+
+    @property
+    def current(self) -> GraphItem | None:
+        node = self.cursor_node
+        return node.data if node is not None and isinstance(node.data, GraphItem) else None
+
+    def show_graph(self, rank: int, name: str) -> bool:
+        """Move the cursor to a graph (expanding its rank); ``False`` if there is none."""
+        rank_node = self._rank_nodes.get(rank)
+        if rank_node is None:
+            return False
+        self._fill(rank_node)
+        rank_node.expand()
+        leaf = self._graph_nodes.get((rank, name))
+        if leaf is None:
+            return False
+        self.call_after_refresh(self.move_cursor, leaf)  # after the expanded rank's lines are laid out
+        return True
+
+    def order(self) -> list[tuple[int, str]]:
+        """Every graph of the archive in tree order (reads sessions not yet read)."""
+        out = []
+        for rank in self.archive.ranks:
+            try:
+                out += [(rank, e.name) for e in self.archive.entries(rank)]
+            except FoundryError:
+                continue
+        return out
