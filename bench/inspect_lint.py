@@ -10,19 +10,17 @@ start-up included) and reports the median wall time. Results go to
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synthetic import build
+from synthetic import benchmark_parser, temporary_archive
 
 
 def timed(args: list[str], repeat: int) -> tuple[float, list[float], int]:
@@ -38,14 +36,8 @@ def timed(args: list[str], repeat: int) -> tuple[float, list[float], int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--graphs", type=int, default=50)
-    parser.add_argument("--nodes", type=int, default=2000)
-    parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        archive = build(Path(tmp) / "synthetic", graphs=args.graphs, nodes=args.nodes)
-        size = sum(f.stat().st_size for f in archive.rglob("*") if f.is_file())
+    args = benchmark_parser(__doc__.splitlines()[0]).parse_args(argv)
+    with temporary_archive(args.graphs, args.nodes) as (archive, size):
         inspect = timed(["archive", "inspect", str(archive)], args.repeat)
         lint = timed(["graph", "lint", str(archive), "--expect", f"kernel={args.nodes}"], args.repeat)
     result = {

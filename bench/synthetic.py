@@ -11,7 +11,10 @@ operands are real; graph ``i`` cycles through the fixture's batch sizes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -55,6 +58,23 @@ def build(out: Path, *, graphs: int = 50, nodes: int = 2000, fixture: Path = FIX
         rank.add_graph(tile(template, f"decode.g{i:03d}", nodes), shape_key=i + 1, runner="decode")
     rank.seal()
     return writer.commit()
+
+
+@contextlib.contextmanager
+def temporary_archive(graphs: int, nodes: int) -> Iterator[tuple[Path, int]]:
+    """A synthetic archive in a temporary directory, with its size in bytes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = build(Path(tmp) / "synthetic", graphs=graphs, nodes=nodes)
+        yield archive, sum(f.stat().st_size for f in archive.rglob("*") if f.is_file())
+
+
+def benchmark_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments every benchmark over a synthetic archive takes."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--graphs", type=int, default=50)
+    parser.add_argument("--nodes", type=int, default=2000)
+    parser.add_argument("--repeat", type=int, default=5)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,19 +18,17 @@ Results go to ``bench/out/tui_first_paint.json``. Target: first paint under 1 s.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synthetic import build
+from synthetic import benchmark_parser, temporary_archive
 
 from foundry.tui.app import FoundryApp, open_archives
 
@@ -93,14 +91,8 @@ def in_terminal(archive: Path, first_graph: str, nodes: int) -> tuple[float, flo
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--graphs", type=int, default=50)
-    parser.add_argument("--nodes", type=int, default=2000)
-    parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        archive = build(Path(tmp) / "synthetic", graphs=args.graphs, nodes=args.nodes)
-        size = sum(f.stat().st_size for f in archive.rglob("*") if f.is_file())
+    args = benchmark_parser(__doc__.splitlines()[0]).parse_args(argv)
+    with temporary_archive(args.graphs, args.nodes) as (archive, size):
         inproc = [in_process(archive) for _ in range(args.repeat)]
         try:
             pty = [in_terminal(archive, "decode.g000", args.nodes) for _ in range(args.repeat)]

@@ -61,6 +61,7 @@ def test_one_changed_kernel_parameter_is_exactly_that_change(archive_copy):
     change = node.changes[0]
     assert change.field == f"param[{target['index']}] bytes {target['start']}..{target['end']}"
     assert (change.a, change.b) == (target["old"], target["new"])
+    assert change.subject == f"param[{target['index']}]"
     assert not graph.edges_only_a and not graph.edges_only_b
 
 

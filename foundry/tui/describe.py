@@ -8,7 +8,6 @@ way (the same semantic view the fingerprint and the diff pass use).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 from rich.console import Group, RenderableType
@@ -20,6 +19,7 @@ from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import LaunchAttribute
 from foundry.graphir.nodes import EmptyNode, KernelNode, MemcpyNode, MemsetNode, Node, UnsupportedNode
 from foundry.graphir.operands import WORD, Operand, OperandSite
+from foundry.graphir.passes.diff import FieldChange
 from foundry.graphir.passes.lint import Finding, Severity
 from foundry.render import human_bytes
 
@@ -296,23 +296,16 @@ def _struct_items(node: Node) -> list[tuple[str, object]]:
     return [(name, getattr(node, name)) for name in node.__struct_fields__ if name != "id"]
 
 
-_PARAM_BYTES = re.compile(r"^(param\[\d+\]) bytes ")
-_OPERAND_PARAM = re.compile(r"^operand (param\[\d+\])\+\d+$")
-_OPERAND_SITE = {
-    "operand memcpy.src": "src",
-    "operand memcpy.dst": "dst",
-    "operand memset.dst": "dst",
-    "operand attr.access_policy_window": "attributes",
+_SUBJECT_ROWS = {
+    "memcpy.src": "src",
+    "memcpy.dst": "dst",
+    "memset.dst": "dst",
+    "attr.access_policy_window": "attributes",
+    "params": "layout",
 }
 
 
-def change_key(field: str) -> str:
+def change_key(change: FieldChange) -> str:
     """The side-by-side row a diff :class:`~foundry.graphir.passes.diff.FieldChange` belongs to
     (``param[3] bytes 12..15`` and ``operand param[3]+8`` both belong to ``param[3]``)."""
-    for pattern in (_PARAM_BYTES, _OPERAND_PARAM):
-        found = pattern.match(field)
-        if found:
-            return found.group(1)
-    if field.startswith("params bytes "):
-        return "layout"
-    return _OPERAND_SITE.get(field, field)
+    return _SUBJECT_ROWS.get(change.subject, change.subject)

@@ -33,9 +33,19 @@ class Status(StrEnum):
 
 @dataclass(frozen=True)
 class FieldChange:
+    """One difference: ``field`` as people read it (``param[3] bytes 12..15``),
+    the two values, and ``subject``, the item it belongs to, for tools that
+    group changes: ``param[i]`` for a parameter's bytes or pointer words, the
+    operand site (``memcpy.dst``, ...) for other pointers, else the field name."""
+
     field: str
     a: str
     b: str
+    subject: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.subject:
+            object.__setattr__(self, "subject", self.field)
 
 
 @dataclass
@@ -112,12 +122,14 @@ def _align_key(node: Node) -> tuple[str, str]:
     return (str(node.kind), node.kernel.name if isinstance(node, KernelNode) else "")
 
 
-def _targets(operands: tuple[Operand, ...]) -> dict[str, str]:
+def _targets(operands: tuple[Operand, ...]) -> dict[str, tuple[str, str]]:
+    """``where -> (subject, target)`` for every pointer word of a node."""
     out = {}
     for o in operands:
-        where = f"param[{o.param}]+{o.offset}" if o.param >= 0 else o.site.value
+        subject = f"param[{o.param}]" if o.param >= 0 else str(o.site)
+        where = f"{subject}+{o.offset}" if o.param >= 0 else subject
         region, offset = operand_target(o)
-        out[where] = f"{region}+0x{offset:x}"
+        out[where] = (subject, f"{region}+0x{offset:x}")
     return out
 
 
@@ -141,7 +153,8 @@ def _param_changes(na: KernelNode, oa: tuple[Operand, ...], nb: KernelNode, ob: 
     for start, end in _byte_runs(sa, sb):
         index = na.layout.slot_at(start)
         param = f"param[{index}]" if index is not None else "params"
-        changes.append(FieldChange(f"{param} bytes {start}..{end - 1}", sa[start:end].hex(), sb[start:end].hex()))
+        a, b = sa[start:end].hex(), sb[start:end].hex()
+        changes.append(FieldChange(f"{param} bytes {start}..{end - 1}", a, b, param))
     return changes
 
 
@@ -174,7 +187,10 @@ def compare_nodes(na: Node, oa: tuple[Operand, ...], nb: Node, ob: tuple[Operand
                 check(key, fa[key], fb[key])
     ta, tb = _targets(oa), _targets(ob)
     for where in sorted(ta.keys() | tb.keys()):
-        check(f"operand {where}", ta.get(where, "(scalar)"), tb.get(where, "(scalar)"))
+        subject = (ta.get(where) or tb[where])[0]
+        a, b = ta.get(where, (subject, "(scalar)"))[1], tb.get(where, (subject, "(scalar)"))[1]
+        if a != b:
+            changes.append(FieldChange(f"operand {where}", a, b, subject))
     return changes
 
 

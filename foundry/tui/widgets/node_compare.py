@@ -38,7 +38,7 @@ class CompareRow:
 
 def compare_rows(node: NodeDiff, ir_a: GraphIR | None, ir_b: GraphIR | None) -> list[CompareRow]:
     """Every field of both nodes, aligned by field, marked where the diff says they differ."""
-    changed = {change_key(c.field) for c in node.changes}
+    changed = {change_key(c) for c in node.changes}
     fields_a = compare_fields(ir_a, ir_a.node(node.a)) if ir_a is not None and node.a is not None else []
     fields_b = compare_fields(ir_b, ir_b.node(node.b)) if ir_b is not None and node.b is not None else []
     order: list[tuple[str, str]] = []

@@ -21,7 +21,7 @@ def changed_fields(node: NodeDiff) -> str:
         return "only in B"
     keys: list[str] = []
     for change in node.changes:
-        key = change_key(change.field)
+        key = change_key(change)
         if key not in keys:
             keys.append(key)
     return ", ".join(keys)
