@@ -57,3 +57,27 @@ def test_a_base_the_driver_will_not_give_is_refused_by_name():
     report = probe(FOUNDRY_MODE="save", FOUNDRY_REGION_BASE=hex(0x10000000000))
     assert "error" in report  # torch sees the allocation fail
     assert any("region reserve" in e and "landed at" in e for e in report["events"]), report["events"]
+
+
+REGISTRY_PROBE = Path(__file__).resolve().parent / "registry_probe.py"
+
+
+def test_registry_names_the_image_of_every_kernel(tmp_path):
+    """Under the hook, lowering finds the module image of every kernel of the fixture
+    programs (cudart's libraries, cuBLAS, Triton's cubins); the archive stores each
+    used image once, and its bytes hash to the recorded sha256."""
+    lib = library_path()
+    if lib is None:
+        pytest.skip("libfoundry_hook.so is not built (make -C native)")
+    env = {**os.environ, "LD_PRELOAD": str(lib), "FOUNDRY_MODE": "save", "FOUNDRY_REGION_BASE": hex(BASE)}
+    proc = subprocess.run([sys.executable, str(REGISTRY_PROBE), str(tmp_path), "qwen3,compiled"], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(json.dumps(report, indent=1))
+    assert not report["errors"], report["errors"]
+    for key, program in report["programs"].items():
+        assert program["with_image"] == program["kernels"], (key, program["without_image"])
+        assert program["images"] and all(i["bytes_match"] for i in program["images"])
+        assert program["module_state"] == "complete" and program["blobs"] == len(program["images"])
+    assert any(i["copied"] for i in report["programs"]["compiled"]["images"])  # Triton's cubin is heap memory

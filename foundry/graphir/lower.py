@@ -43,6 +43,12 @@ from foundry.graphir.regions import UNRESOLVED, Region, RegionKind, RegionMap
 log = logging.getLogger(__name__)
 
 
+class ImageSource(Protocol):
+    """Says which module image (sha256) holds a kernel, given its handles."""
+
+    def image_of(self, func: int, kern: int) -> str | None: ...
+
+
 class FunctionSink(Protocol):
     """Collects the live ``CUfunction`` of every kernel met while lowering."""
 
@@ -110,10 +116,11 @@ class AddressResolver:
 class _Lowering:
     """State of one lowering: node ids, event numbering, operands, attribute defaults."""
 
-    def __init__(self, resolver: AddressResolver, functions: FunctionSink | None) -> None:
+    def __init__(self, resolver: AddressResolver, functions: FunctionSink | None, images: ImageSource | None) -> None:
         self.drv = driver()
         self.resolver = resolver
         self.functions = functions
+        self.images = images
         self.operands: list[Operand] = []
         self.events: dict[int, int] = {}
         self.param_layouts: dict[int, ParamLayout] = {}
@@ -234,7 +241,8 @@ class _Lowering:
             else:
                 raw = cu("cuKernelGetName", self.drv.CUkernel(kern))
             name = raw.decode() if isinstance(raw, bytes) else str(raw)
-            self.names[key] = KernelIdentity(name=name)
+            image = self.images.image_of(func, kern) if self.images is not None else None
+            self.names[key] = KernelIdentity(name=name, image=image)
         return self.names[key]
 
     def _layout(self, func: int, kern: int) -> ParamLayout:
@@ -414,6 +422,7 @@ def lower(
     meta: dict[str, MetaValue] | None = None,
     resolver: AddressResolver | None = None,
     functions: FunctionSink | None = None,
+    images: ImageSource | None = None,
 ) -> GraphIR:
     """Lower a live graph to IR.
 
@@ -422,14 +431,16 @@ def lower(
     them, plus the discovered allocations its operands use. Pass a shared
     ``resolver`` to number discovered allocations consistently across graphs,
     and ``functions`` (e.g. :class:`foundry.graphir.build.LiveFunctions`) to
-    collect this process's function handles for rebuilding in-process.
+    collect this process's function handles for rebuilding in-process;
+    ``images`` (e.g. :class:`foundry.runtime.images.HookImages`) fills in each
+    kernel's module image.
     """
     resolver = resolver or AddressResolver(regions)
     handle = graph_handle(graph)
     count = cu("cuGraphGetNodes", handle, 0)[1]
     handles = cu("cuGraphGetNodes", handle, count)[0][:count]
     index = {handle_value(h): i for i, h in enumerate(handles)}
-    state = _Lowering(resolver, functions)
+    state = _Lowering(resolver, functions, images)
     nodes = [state.node(i, h) for i, h in enumerate(handles)]
     edges = _edges(handle, index)
     used = {o.region for o in state.operands}

@@ -16,7 +16,7 @@ from foundry.errors import HookError
 
 ABI = 1
 LIBRARY = "libfoundry_hook.so"
-COUNTERS = ("stream_captures", "graph_instantiates", "allocations", "refused")
+COUNTERS = ("stream_captures", "graph_instantiates", "allocations", "refused", "images")
 
 
 class _Alloc(ctypes.Structure):
@@ -40,6 +40,38 @@ class _RegionInfo(ctypes.Structure):
         ("mode", ctypes.c_int32),
         ("reserved", ctypes.c_int32),
     ]
+
+
+class _Image(ctypes.Structure):
+    _fields_ = [
+        ("handle", ctypes.c_uint64),
+        ("size", ctypes.c_uint64),
+        ("kind", ctypes.c_int32),
+        ("format", ctypes.c_int32),
+        ("copied", ctypes.c_int32),
+        ("unloaded", ctypes.c_int32),
+        ("hashed", ctypes.c_int32),
+        ("pad", ctypes.c_int32),
+        ("sha256", ctypes.c_uint8 * 32),
+    ]
+
+
+IMAGE_KINDS = {1: "module", 2: "library"}
+IMAGE_FORMATS = {0: "unknown", 1: "cubin", 2: "fatbin", 3: "ptx"}
+
+
+@dataclass(frozen=True)
+class Image:
+    """A code image the process loaded, as the hook's registry recorded it."""
+
+    index: int
+    handle: int
+    size: int
+    kind: str
+    format: str
+    copied: bool
+    unloaded: bool
+    sha256: str | None
 
 
 @dataclass(frozen=True)
@@ -117,6 +149,35 @@ class Hook:
 
     def counters(self) -> dict[str, int]:
         return {name: self.counter(name) for name in COUNTERS}
+
+    def image_count(self) -> int:
+        count = ctypes.c_size_t()
+        self._check(self.lib.foundry_registry_count(ctypes.byref(count)), "foundry_registry_count")
+        return count.value
+
+    def image(self, index: int, *, hash: bool = False) -> Image:
+        raw = _Image()
+        self._check(self.lib.foundry_registry_entry(ctypes.c_size_t(index), int(hash), ctypes.byref(raw)),
+                    "foundry_registry_entry")  # fmt: skip
+        sha = bytes(raw.sha256).hex() if raw.hashed else None
+        return Image(index, raw.handle, raw.size, IMAGE_KINDS.get(raw.kind, str(raw.kind)),
+                     IMAGE_FORMATS.get(raw.format, "unknown"), bool(raw.copied), bool(raw.unloaded), sha)  # fmt: skip
+
+    def images(self) -> list[Image]:
+        return [self.image(i) for i in range(self.image_count())]
+
+    def find_image(self, handle: int, kind: str) -> Image | None:
+        """The loaded image behind a ``CUmodule`` (kind ``module``) or ``CUlibrary`` handle."""
+        index = ctypes.c_size_t()
+        code = {"module": 1, "library": 2}[kind]
+        status = self.lib.foundry_registry_find(ctypes.c_uint64(handle), code, ctypes.byref(index))
+        return None if status < 0 else self.image(index.value, hash=True)
+
+    def image_bytes(self, image: Image) -> bytes:
+        buf = ctypes.create_string_buffer(image.size)
+        self._check(self.lib.foundry_registry_copy(ctypes.c_size_t(image.index), buf, image.size),
+                    "foundry_registry_copy")  # fmt: skip
+        return buf.raw
 
     def events(self) -> list[str]:
         needed = ctypes.c_size_t()

@@ -48,6 +48,22 @@ typedef struct foundry_region_info {
     int32_t reserved;     /* 1 once the range is reserved */
 } foundry_region_info_t;
 
+enum foundry_image_kind { FOUNDRY_IMAGE_MODULE = 1, FOUNDRY_IMAGE_LIBRARY = 2 };
+enum foundry_image_format { FOUNDRY_IMAGE_UNKNOWN = 0, FOUNDRY_IMAGE_CUBIN = 1, FOUNDRY_IMAGE_FATBIN = 2, FOUNDRY_IMAGE_PTX = 3 };
+
+/* One loaded code image (module or library), in load order. */
+typedef struct foundry_image {
+    uint64_t handle;     /* CUmodule or CUlibrary */
+    uint64_t size;       /* bytes of the image */
+    int32_t kind;        /* enum foundry_image_kind */
+    int32_t format;      /* enum foundry_image_format */
+    int32_t copied;      /* 1 when the hook keeps its own copy (the caller's memory may go) */
+    int32_t unloaded;    /* 1 once unloaded */
+    int32_t hashed;      /* 1 once sha256 is filled in */
+    int32_t pad;
+    uint8_t sha256[32];
+} foundry_image_t;
+
 /* ABI version of this library (FOUNDRY_HOOK_ABI). */
 int foundry_hook_abi(void);
 /* 1 once the driver's entry points have been interposed. */
@@ -55,10 +71,18 @@ int foundry_hook_active(void);
 int foundry_region_info(foundry_region_info_t *out);
 /* Copies up to max entries; *count receives the total. FOUNDRY_ETRUNC when max < total. */
 int foundry_region_trace(foundry_alloc_t *out, size_t max, size_t *count);
-/* Counters by name: "stream_captures", "graph_instantiates", "allocations", "refused". */
+/* Counters by name: "stream_captures", "graph_instantiates", "allocations", "refused", "images". */
 int foundry_counter(const char *name, uint64_t *value);
 /* Newline-separated event lines (errors and notable calls), NUL-terminated. */
 int foundry_events(char *buf, size_t len, size_t *needed);
+
+/* The module registry. Entries are never removed; `hash` computes the sha256 on first request. */
+int foundry_registry_count(size_t *count);
+int foundry_registry_entry(size_t index, int hash, foundry_image_t *out);
+/* The newest loaded entry for a CUmodule or CUlibrary handle; FOUNDRY_ESTATE when none. */
+int foundry_registry_find(uint64_t handle, int32_t kind, size_t *index);
+/* Copies the image bytes; len must be at least the entry's size. */
+int foundry_registry_copy(size_t index, void *buf, size_t len);
 
 #ifdef __cplusplus
 }

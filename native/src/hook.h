@@ -18,4 +18,17 @@ CUresult fh_mem_alloc(CUdeviceptr *dptr, size_t bytesize);
 CUresult fh_mem_free(CUdeviceptr dptr);
 int fh_region_mode(void);
 
+/* registry.c: module and library loads, recorded. */
+CUresult fh_module_load(CUmodule *module, const char *fname);
+CUresult fh_module_load_data(CUmodule *module, const void *image);
+CUresult fh_module_load_data_ex(CUmodule *module, const void *image, unsigned int n, CUjit_option *options,
+                                void **values);
+CUresult fh_module_load_fat_binary(CUmodule *module, const void *fat_cubin);
+CUresult fh_library_load_data(CUlibrary *library, const void *code, CUjit_option *jit, void **jit_values,
+                              unsigned int n_jit, CUlibraryOption *options, void **values, unsigned int n);
+CUresult fh_library_load_from_file(CUlibrary *library, const char *path, CUjit_option *jit, void **jit_values,
+                                   unsigned int n_jit, CUlibraryOption *options, void **values, unsigned int n);
+CUresult fh_module_unload(CUmodule module);
+CUresult fh_library_unload(CUlibrary library);
+
 #endif

@@ -1,0 +1,39 @@
+"""Which module image holds a kernel: the hook's registry, asked through the driver.
+
+A kernel node names its code by ``CUkernel`` (cudart's library-managed kernels)
+or ``CUfunction`` (modules loaded directly, as Triton does). The driver says
+which library or module that is; the registry says which image it came from.
+"""
+
+from __future__ import annotations
+
+from foundry.cuda import cu, driver, handle_value
+from foundry.runtime.hook import Hook, Image
+
+
+class HookImages:
+    """Resolve kernels to the sha256 of their image, caching per handle."""
+
+    def __init__(self, hook: Hook) -> None:
+        self.hook = hook
+        self.used: dict[str, Image] = {}
+        self._cache: dict[tuple[int, int], str | None] = {}
+
+    def image_of(self, func: int, kern: int) -> str | None:
+        key = (func, kern)
+        if key not in self._cache:
+            self._cache[key] = self._lookup(func, kern)
+        return self._cache[key]
+
+    def _lookup(self, func: int, kern: int) -> str | None:
+        drv = driver()
+        if kern:
+            library = handle_value(cu("cuKernelGetLibrary", drv.CUkernel(kern)))
+            image = self.hook.find_image(library, "library")
+        else:
+            module = handle_value(cu("cuFuncGetModule", drv.CUfunction(func)))
+            image = self.hook.find_image(module, "module")
+        if image is None or image.sha256 is None:
+            return None
+        self.used[image.sha256] = image
+        return image.sha256
