@@ -81,3 +81,49 @@ def test_registry_names_the_image_of_every_kernel(tmp_path):
         assert program["images"] and all(i["bytes_match"] for i in program["images"])
         assert program["module_state"] == "complete" and program["blobs"] == len(program["images"])
     assert any(i["copied"] for i in report["programs"]["compiled"]["images"])  # Triton's cubin is heap memory
+
+
+SAVELOAD_PROBE = Path(__file__).resolve().parent / "saveload_probe.py"
+
+
+def run_probe(mode: str, directory: Path) -> dict:
+    lib = library_path()
+    if lib is None:
+        pytest.skip("libfoundry_hook.so is not built (make -C native)")
+    env = {**os.environ, "LD_PRELOAD": str(lib), "FOUNDRY_MODE": mode, "FOUNDRY_REGION_BASE": hex(BASE)}
+    proc = subprocess.run([sys.executable, str(SAVELOAD_PROBE), mode, str(directory)], env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_fresh_process_load_replays_byte_identical_without_capturing(tmp_path):
+    """SAVE captures a cuBLAS + elementwise + reduction graph; a fresh LOAD process
+    makes the same input allocations, maps the rest of SAVE's region, binds every
+    kernel (live image or archived), rebuilds, launches, and gets SAVE's output
+    bytes, without a single stream capture. A LOAD of the archive with one scalar
+    parameter changed (re-sealed) gets different bytes: the comparison can fail."""
+    import struct
+
+    import msgspec
+
+    from .archive_tools import edit_graph
+
+    saved = run_probe("save", tmp_path)
+    loaded = run_probe("load", tmp_path)
+    print(json.dumps({"save": saved, "load": loaded}, indent=1))
+    assert loaded["output_sha256"] == saved["output_sha256"]
+    assert loaded["counters"]["stream_captures"] == 0 and saved["counters"]["stream_captures"] == 1
+    assert loaded["bound_live"] + loaded["loaded"] == saved["images"]
+    assert loaded["reserve"] and loaded["reserve"][0]["request"] == 0
+
+    half, quarter = struct.pack("<f", 0.5), struct.pack("<f", 0.25)
+
+    def halve_the_scale(ir):  # the `* 0.5`: an elementwise multiply by a scalar, safe to change
+        node = next(n for n in ir.kernels() if "MulFunctor" in n.kernel.demangled and half in n.params)
+        at = node.params.index(half)
+        ir.replace_node(msgspec.structs.replace(node, params=node.params[:at] + quarter + node.params[at + 4 :]))
+
+    edit_graph(tmp_path / "archive", "step", halve_the_scale)
+    tampered = run_probe("load", tmp_path)
+    assert tampered["output_sha256"] != saved["output_sha256"]

@@ -36,7 +36,7 @@ def test_builds_with_warnings_as_errors_and_exports_only_its_api(built):
     assert exported(built) == {
         "dlsym", "cuMemAlloc_v2", "cuMemFree_v2", "cuGetProcAddress_v2", "foundry_hook_abi", "foundry_hook_active",
         "foundry_region_info", "foundry_region_trace", "foundry_counter", "foundry_events", "foundry_registry_count",
-        "foundry_registry_entry", "foundry_registry_find", "foundry_registry_copy",
+        "foundry_registry_entry", "foundry_registry_find", "foundry_registry_copy", "foundry_region_map_to",
     }  # fmt: skip
 
 

@@ -26,7 +26,7 @@ class _Alloc(ctypes.Structure):
         ("size", ctypes.c_uint64),
         ("request", ctypes.c_uint64),
         ("freed", ctypes.c_int32),
-        ("pad", ctypes.c_int32),
+        ("reserve", ctypes.c_int32),
     ]
 
 
@@ -81,6 +81,7 @@ class Allocation:
     size: int
     request: int
     freed: bool
+    reserve: bool = False
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,18 @@ class Hook:
         self.lib.foundry_region_trace(None, 0, ctypes.byref(count))
         buf = (_Alloc * max(count.value, 1))()
         self._check(self.lib.foundry_region_trace(buf, count.value, ctypes.byref(count)), "foundry_region_trace")
-        return [Allocation(a.order, a.offset, a.size, a.request, bool(a.freed)) for a in buf[: count.value]]
+        return [
+            Allocation(a.order, a.offset, a.size, a.request, bool(a.freed), bool(a.reserve)) for a in buf[: count.value]
+        ]
+
+    def map_to(self, offset: int) -> None:
+        """LOAD: map the region up to SAVE's final offset, so every address its graphs use exists."""
+        if self.lib.foundry_region_map_to(ctypes.c_uint64(offset)) < 0:
+            raise HookError(
+                "cannot map the region up to SAVE's final offset",
+                found=offset,
+                expected=f"see the hook's events: {self.events()[-3:]}",
+            )
 
     def counter(self, name: str) -> int:
         value = ctypes.c_uint64()

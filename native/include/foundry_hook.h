@@ -35,7 +35,7 @@ typedef struct foundry_alloc {
     uint64_t size;    /* bytes mapped (rounded up to the granularity) */
     uint64_t request; /* bytes the caller asked for */
     int32_t freed;    /* 1 once released */
-    int32_t pad;
+    int32_t reserve;  /* 1 for a LOAD's mapping of SAVE's remaining range (foundry_region_map_to) */
 } foundry_alloc_t;
 
 typedef struct foundry_region_info {
@@ -69,6 +69,9 @@ int foundry_hook_abi(void);
 /* 1 once the driver's entry points have been interposed. */
 int foundry_hook_active(void);
 int foundry_region_info(foundry_region_info_t *out);
+/* LOAD: map the region from the cursor up to `offset` (SAVE's final offset) in one
+ * allocation, so every address SAVE's graphs use exists. Needs a current context. */
+int foundry_region_map_to(uint64_t offset);
 /* Copies up to max entries; *count receives the total. FOUNDRY_ETRUNC when max < total. */
 int foundry_region_trace(foundry_alloc_t *out, size_t max, size_t *count);
 /* Counters by name: "stream_captures", "graph_instantiates", "allocations", "refused", "images". */

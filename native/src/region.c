@@ -171,6 +171,30 @@ CUresult fh_mem_free(CUdeviceptr dptr) {
     return rc;
 }
 
+int foundry_region_map_to(uint64_t offset) {
+    if (fh_region_mode() == FOUNDRY_MODE_OFF) return FOUNDRY_ESTATE;
+    pthread_mutex_lock(&lock);
+    CUresult rc = region.reserved ? CUDA_SUCCESS : reserve();
+    int status = FOUNDRY_OK;
+    if (rc != CUDA_SUCCESS) {
+        status = FOUNDRY_ESTATE;
+    } else if (offset > region.cursor) {
+        size_t request = offset - region.cursor;
+        CUdeviceptr at;
+        rc = map_at_cursor(&at, request);
+        if (rc == CUDA_SUCCESS) {
+            region.trace[region.count - 1].request = 0; /* marks the entry as a reserve, not an allocation */
+            region.trace[region.count - 1].reserve = 1;
+            fh_event("region: mapped 0x%llx + %zu up to SAVE's final offset", (unsigned long long)at, request);
+        } else {
+            fh_event("error: cannot map the region up to offset %llu (status %d)", (unsigned long long)offset, (int)rc);
+            status = FOUNDRY_ESTATE;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return status;
+}
+
 int foundry_region_info(foundry_region_info_t *out) {
     if (out == NULL) return FOUNDRY_EINVAL;
     fh_region_mode();

@@ -1,0 +1,73 @@
+"""Binding archived kernels to functions in a LOAD process.
+
+A kernel names its code as ``(image sha256, entry name)``. When the live
+process loaded that same image itself (the hook's registry has it), the kernel
+binds to the live copy: its module globals are the ones the application set
+up. Otherwise the archived image is loaded once and the kernel binds to it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from foundry.archive.reader import Archive
+from foundry.cuda import cu, driver, handle_value
+from foundry.errors import HookError
+from foundry.graphir.kernel import KernelIdentity
+from foundry.runtime.hook import Hook, Image
+
+
+class ArchiveFunctions:
+    """A :class:`foundry.graphir.build.FunctionResolver` over live and archived images."""
+
+    def __init__(self, hook: Hook, archive: Archive) -> None:
+        self.hook = hook
+        self.archive = archive
+        self._images: dict[str, tuple[str, int]] = {}  # sha256 -> (kind, CUmodule/CUlibrary)
+        self._functions: dict[tuple[str, str], int] = {}
+        self.bound_live: set[str] = set()
+        self.loaded: set[str] = set()
+
+    def function(self, kernel: KernelIdentity) -> int:
+        if kernel.image is None:
+            raise HookError("kernel has no module image identity; the archive cannot be loaded", kernel=kernel.name)
+        key = (kernel.image, kernel.name)
+        if key not in self._functions:
+            kind, handle = self._image(kernel.image)
+            self._functions[key] = self._lookup(kind, handle, kernel)
+        return self._functions[key]
+
+    def _image(self, sha256: str) -> tuple[str, int]:
+        if sha256 not in self._images:
+            live = self._live_copy(sha256)
+            if live is not None:
+                self._images[sha256] = (live.kind, live.handle)
+                self.bound_live.add(sha256)
+            else:
+                data = ctypes.create_string_buffer(self.archive.module(sha256))  # checked against its sha256
+                # the driver keeps its own copy of the image (no CU_LIBRARY_BINARY_IS_PRESERVED)
+                library = cu("cuLibraryLoadData", ctypes.addressof(data), None, None, 0, None, None, 0)
+                self._images[sha256] = ("library", handle_value(library))
+                self.loaded.add(sha256)
+        return self._images[sha256]
+
+    def _live_copy(self, sha256: str) -> Image | None:
+        blob = next((b for b in self.archive.catalog.modules.blobs if b.sha256 == sha256), None)
+        if blob is None:
+            return None
+        for image in self.hook.images():  # hash only images of the right size
+            if image.size == blob.size and not image.unloaded:
+                hashed = self.hook.image(image.index, hash=True)
+                if hashed.sha256 == sha256:
+                    return hashed
+        return None
+
+    @staticmethod
+    def _lookup(kind: str, handle: int, kernel: KernelIdentity) -> int:
+        drv = driver()
+        name = kernel.name.encode()
+        if kind == "library":
+            kern = cu("cuLibraryGetKernel", drv.CUlibrary(handle), name)
+            return handle_value(cu("cuKernelGetFunction", kern))
+        return handle_value(cu("cuModuleGetFunction", drv.CUmodule(handle), name))
+
