@@ -70,4 +70,3 @@ class ArchiveFunctions:
             kern = cu("cuLibraryGetKernel", drv.CUlibrary(handle), name)
             return handle_value(cu("cuKernelGetFunction", kern))
         return handle_value(cu("cuModuleGetFunction", drv.CUmodule(handle), name))
-
