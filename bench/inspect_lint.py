@@ -10,9 +10,6 @@ start-up included) and reports the median wall time. Results go to
 
 from __future__ import annotations
 
-import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -20,7 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synthetic import benchmark_parser, temporary_archive
+from synthetic import benchmark_parser, machine, report, temporary_archive
 
 
 def timed(args: list[str], repeat: int) -> tuple[float, list[float], int]:
@@ -48,15 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         "lint_median_s": round(lint[0], 3),
         "inspect_plus_lint_s": round(inspect[0] + lint[0], 3),
         "runs_s": {"inspect": [round(t, 3) for t in inspect[1]], "lint": [round(t, 3) for t in lint[1]]},
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "machine": machine(),
     }
-    out = Path(__file__).resolve().parent / "out"
-    out.mkdir(exist_ok=True)
-    (out / "inspect_lint.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(
-        f"{args.graphs} graphs x {args.nodes} nodes ({size / 2**20:.0f} MiB), {os.cpu_count()} CPUs, "
-        f"median of {args.repeat}:"
-    )
+    report("inspect_lint", result, args, size)
     print(f"  foundry archive inspect  {inspect[0]:.2f} s")
     print(f"  foundry graph lint       {lint[0]:.2f} s")
     print(f"  inspect + lint           {inspect[0] + lint[0]:.2f} s")

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import os
+import platform
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -75,6 +78,22 @@ def benchmark_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--nodes", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=5)
     return parser
+
+
+def machine() -> dict[str, object]:
+    """What ran a benchmark, recorded beside its figures."""
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+
+
+def report(name: str, result: dict, args: argparse.Namespace, size: int) -> None:
+    """Write ``bench/out/<name>.json`` and print the run's heading."""
+    out = Path(__file__).resolve().parent / "out"
+    out.mkdir(exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(
+        f"{args.graphs} graphs x {args.nodes} nodes ({size / 2**20:.0f} MiB), {os.cpu_count()} CPUs, "
+        f"median of {args.repeat}:"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,16 +19,14 @@ Results go to ``bench/out/tui_first_paint.json``. Target: first paint under 1 s.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synthetic import benchmark_parser, temporary_archive
+from synthetic import benchmark_parser, machine, report, temporary_archive
 
 from foundry.tui.app import FoundryApp, open_archives
 
@@ -116,15 +114,9 @@ def main(argv: list[str] | None = None) -> int:
             "in_process": [[round(a, 3), round(b, 3)] for a, b in inproc],
             "terminal": [[round(a, 3), round(b, 3)] for a, b in pty],
         },
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "machine": machine(),
     }
-    out = Path(__file__).resolve().parent / "out"
-    out.mkdir(exist_ok=True)
-    (out / "tui_first_paint.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(
-        f"{args.graphs} graphs x {args.nodes} nodes ({size / 2**20:.0f} MiB), {os.cpu_count()} CPUs, "
-        f"median of {args.repeat}:"
-    )
+    report("tui_first_paint", result, args, size)
     print(f"  in process:  first paint {result['in_process_first_paint_s']:.3f} s, "
           f"first graph's nodes {result['in_process_first_graph_s']:.3f} s")  # fmt: skip
     if pty:
