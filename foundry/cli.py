@@ -131,6 +131,23 @@ def archive_diff(a: str, b: str, as_json: bool) -> int:
     return EXIT_OK if result.identical else EXIT_FINDINGS
 
 
+@archive.command("strip")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--keep-warmup", is_flag=True, help="keep the warm-up bytes a LOAD --warmup restore needs")
+@json_option
+@guarded
+def archive_strip(path: Path, keep_warmup: bool, as_json: bool) -> int:
+    """Drop module images (and warm-up bytes) to make PATH small; it then inspects but no longer LOADs."""
+    from foundry.archive.strip import strip
+
+    removed = strip(Archive.open(path), keep_warmup=keep_warmup)
+    if as_json:
+        _emit_json({"ok": True, **removed})
+    else:
+        click.echo(f"stripped {path}: {removed['files']} files, {removed['bytes'] / 2**20:.1f} MiB removed")
+    return EXIT_OK
+
+
 @archive.command("verify")
 @click.argument("path", metavar="ARCHIVE")
 @json_option
@@ -302,6 +319,43 @@ def backends_list(as_json: bool) -> int:
             table.add_row(str(row["name"]), "[red]broken[/red]", "-", "-", f"{row['origin']}: {row['reason']}")
     _stdout().print(table)
     return EXIT_OK
+
+
+def _address(text: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not an address (e.g. 0x600000000000)") from None
+
+
+@main.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--mode", type=click.Choice(["save", "load"]), required=True, help="capture and write, or restore")
+@click.option("--archive", type=click.Path(path_type=Path), required=True, help="the archive directory")
+@click.option("--region-base", callback=lambda c, p, v: None if v is None else _address(v), default=None,
+              help="SAVE: base address of the deterministic region (LOAD takes SAVE's)")  # fmt: skip
+@click.option("--region-size", type=click.IntRange(min=1 << 30), default=None, help="bytes to reserve (>= 1 GiB)")
+@click.option("--warmup", type=click.Choice(["replay", "restore"]), default="replay",
+              help="LOAD: repeat the program's warm-up, or skip it and restore the bytes it left")  # fmt: skip
+@click.option("--rank", type=click.IntRange(min=0), default=0, help="this process's rank")
+@click.option("--keep-aslr", is_flag=True, help="SAVE: keep address-space randomisation (fingerprints may differ)")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@guarded
+def run(mode: str, archive: Path, region_base: int | None, region_size: int | None, warmup: str, rank: int,
+        keep_aslr: bool, command: tuple[str, ...]) -> int:  # fmt: skip
+    """Run COMMAND (after --) with the native hook and a SAVE or LOAD session.
+
+    The program opens the session with foundry.runtime.open_session(); the exit
+    code is the program's."""
+    import subprocess
+
+    from foundry.runtime.launcher import RunConfig, environment, preexec
+
+    config = RunConfig(mode, archive, region_base, region_size, warmup, rank, fixed_layout=not keep_aslr)
+    env = environment(config)
+    try:
+        return subprocess.run(list(command), env=env, preexec_fn=preexec(config)).returncode
+    except FileNotFoundError:
+        raise FoundryError("command not found", found=command[0]) from None
 
 
 if __name__ == "__main__":  # pragma: no cover

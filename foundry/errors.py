@@ -81,3 +81,11 @@ class DriverError(FoundryError):
 
 class HookError(FoundryError):
     """The native hook is absent, inactive, or reports a loss of determinism."""
+
+
+class CaptureError(FoundryError):
+    """A SAVE cannot record a step deterministically."""
+
+
+class DriftError(FoundryError):
+    """The live process differs from what the archive recorded; LOAD refuses before any replay."""

@@ -37,6 +37,8 @@ def test_builds_with_warnings_as_errors_and_exports_only_its_api(built):
         "dlsym", "cuMemAlloc_v2", "cuMemFree_v2", "cuGetProcAddress_v2", "foundry_hook_abi", "foundry_hook_active",
         "foundry_region_info", "foundry_region_trace", "foundry_counter", "foundry_events", "foundry_registry_count",
         "foundry_registry_entry", "foundry_registry_find", "foundry_registry_copy", "foundry_region_map_to",
+        "foundry_region_reserve", "foundry_region_set_owner", "foundry_region_expect", "foundry_trace_diverges",
+        "foundry_call_shifted",
     }  # fmt: skip
 
 
@@ -69,3 +71,63 @@ def test_bad_settings_are_reported_not_fatal(built):
     report = _query(built, FOUNDRY_MODE="load", FOUNDRY_REGION_BASE="not-a-number")
     assert report["region"]["mode"] == "load"
     assert report["events"][0] == "error: FOUNDRY_REGION_BASE=not-a-number is not a number; using 0x600000000000"
+
+
+def _trace(*requests: int, granularity: int = 2 << 20) -> list:
+    from foundry.runtime.hook import Allocation
+
+    out, offset = [], 0
+    for order, request in enumerate(requests):
+        size = -(-request // granularity) * granularity
+        out.append(Allocation(order, offset, size, request, False))
+        offset += size
+    return out
+
+
+def test_trace_divergence_names_the_first_differing_allocation(built):
+    from foundry.runtime.hook import Hook
+
+    hook = Hook.open_library(built)
+    save = _trace(4096, 1 << 21, 123, 1 << 30)
+    assert hook.trace_diverges(save, save) is None
+    assert hook.trace_diverges(save, save[:2]) is None  # a LOAD still in its warm-up
+    assert hook.trace_diverges(save, _trace(4096, 1 << 21, 124, 1 << 30)) == 2  # same mapped size, other request
+    assert hook.trace_diverges(save, _trace(4096, 1 << 22, 123)) == 1  # offsets shift from here on
+    assert hook.trace_diverges(save, _trace(4096, 1 << 21, 123, 1 << 30, 8)) == 4  # one allocation too many
+    assert hook.trace_diverges([], _trace(1)) == 0
+
+
+def test_load_expectations_are_refused_outside_load_mode(built):
+    code = (
+        "from foundry.runtime.hook import Hook, Allocation\n"
+        "h = Hook.attach()\n"
+        "try:\n"
+        "    h.expect([Allocation(0, 0, 2097152, 100, False)])\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, e)\n"
+    )
+    for mode, expected in (("save", "HookError"), ("off", "HookError")):
+        env = {**os.environ, "LD_PRELOAD": str(built), "FOUNDRY_MODE": mode}
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith(expected), proc.stdout
+
+
+def test_call_shifted_runs_the_callback_and_propagates_its_errors(built):
+    from foundry.errors import HookError
+    from foundry.runtime.hook import Hook
+
+    hook = Hook.open_library(built)
+    calls = []
+    hook.call_shifted(lambda: calls.append("ran"), shift=65_536, poison=1 << 20)
+    assert calls == ["ran"]
+
+    def fails() -> None:
+        raise ValueError("from the callback")
+
+    with pytest.raises(ValueError, match="from the callback"):
+        hook.call_shifted(fails)
+    for bad in ({"shift": 0}, {"shift": 2 << 20}, {"poison": 8 << 20}):
+        with pytest.raises(HookError):
+            hook.call_shifted(lambda: calls.append("bad"), **bad)
+    assert calls == ["ran"]

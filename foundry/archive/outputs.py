@@ -125,3 +125,17 @@ def describe(value: Any, tensor: Callable[[Any], TensorSpec | None], *, depth: i
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
         return DictValue({k: describe(v, tensor, depth=depth + 1) for k, v in value.items()})
     raise ArchiveError(f"outputs of type {type(value).__name__} cannot be described", field="outputs")
+
+
+def rebuild(value: OutputValue, tensor: Callable[[TensorSpec], Any]) -> Any:
+    """The Python value a description stands for; ``tensor`` makes each tensor."""
+    if isinstance(value, TensorSpec):
+        return tensor(value)
+    if isinstance(value, IntValue | FloatValue | BoolValue):
+        return value.value
+    if isinstance(value, NoneValue):
+        return None
+    if isinstance(value, SeqValue):
+        items = [rebuild(v, tensor) for v in value.items]
+        return tuple(items) if value.container == "tuple" else items
+    return {k: rebuild(v, tensor) for k, v in value.items.items()}

@@ -289,3 +289,15 @@ class Archive:
 
     def module_present(self, sha256: str) -> bool:
         return (self.root / "modules" / f"{sha256}.bin").is_file()
+
+    # -- rank blobs ---------------------------------------------------------------
+
+    def rank_blob(self, rank: int, relative: str, *, sha256: str, size: int, what: str) -> bytes:
+        """A rank-level file (e.g. the warm-up bytes) of exactly ``size`` bytes with this sha256."""
+        session_path = self.session_path(rank)
+        path = contained_path(session_path.parent, relative, field=what, source=session_path)
+        data = read_bounded(path, size, what=what)
+        if len(data) != size or sha256_hex(data) != sha256:
+            raise ArchiveError(f"{what} does not match its record", path=str(path), expected=sha256,
+                               found=sha256_hex(data))  # fmt: skip
+        return data

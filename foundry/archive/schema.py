@@ -70,6 +70,28 @@ class Catalog(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     model: dict[str, str] = {}
 
 
+class AllocationRecord(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    """One region allocation: call order, offset, mapped size, bytes asked for, phase."""
+
+    order: int
+    offset: int
+    size: int
+    request: int
+    phase: str  # warmup, capture, late
+
+
+class WarmupBytes(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The region bytes the warm-up left, dumped before the first capture so a LOAD
+    may restore them instead of repeating the warm-up (``rank<N>/<file>``)."""
+
+    file: str
+    sha256: str
+    offset: int  # region offset of the first byte (the cursor when the warm-up began)
+    size: int
+    allocations: int  # allocations made before the warm-up began
+    generator_offset: int  # the default generator's philox offset when the first capture began
+
+
 class RegionRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The deterministic region of one rank as the native hook left it."""
 
@@ -78,6 +100,37 @@ class RegionRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     final_offset: int
     allocations: int
     trace_sha256: str
+    warmup_allocations: int = 0  # allocations before the first capture: what a LOAD repeats
+    warmup_offset: int = 0  # the cursor when the first capture began
+    trace: tuple[AllocationRecord, ...] = ()
+    warmup_bytes: WarmupBytes | None = None
+
+
+class GlobalRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A device global of a module image, as SAVE found it."""
+
+    name: str
+    size: int
+    written: bool  # differs from the image's initial value: the application set it
+    sha256: str  # of SAVE's bytes
+    value: bytes | None = None  # SAVE's bytes, kept when written
+
+
+class ImageRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What SAVE knows of one module image its graphs use."""
+
+    sha256: str
+    globals_known: bool  # False: the image's globals could not be listed (e.g. compressed fatbin)
+    globals: tuple[GlobalRecord, ...] = ()
+
+
+class RngRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A graph that draws philox random numbers: where its seed and offset cells
+    are and how far one replay advances the generator's offset."""
+
+    seed_offset: int  # region offsets of the int64 cells
+    offset_offset: int
+    increment: int
 
 
 class GraphEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -92,6 +145,8 @@ class GraphEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     shape_key: int | None = None
     runner: str | None = None
     outputs: OutputValue | None = None
+    topology: str | None = None  # graphs with the same key share a LOAD template
+    rng: RngRecord | None = None
 
 
 StateValue = str | int | float | bool | None | list[str | int]
@@ -114,3 +169,4 @@ class Session(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     graphs: tuple[GraphEntry, ...]
     region: RegionRecord | None = None
     backends: tuple[BackendState, ...] = ()
+    images: tuple[ImageRecord, ...] = ()

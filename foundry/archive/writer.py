@@ -23,16 +23,18 @@ from foundry.archive.schema import (
     Catalog,
     Environment,
     GraphEntry,
+    ImageRecord,
     ModuleBlob,
     ModuleIndex,
     ModuleState,
     RankEntry,
     RegionRecord,
+    RngRecord,
     Session,
 )
 from foundry.errors import ArchiveError
 from foundry.graphir.codec import GRAPH_SUFFIX, encode_graph
-from foundry.graphir.fingerprint import fingerprint
+from foundry.graphir.fingerprint import fingerprint, topology_key
 from foundry.graphir.graph import GraphIR
 
 GRAPH_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -55,6 +57,7 @@ class RankWriter:
         self.graphs: list[GraphEntry] = []
         self.backends: list[BackendState] = []
         self.region: RegionRecord | None = None
+        self.images: list[ImageRecord] = []
         self.sealed: RankEntry | None = None
 
     def add_graph(
@@ -64,6 +67,7 @@ class RankWriter:
         shape_key: int | None = None,
         runner: str | None = None,
         outputs: OutputValue | None = None,
+        rng: RngRecord | None = None,
     ) -> GraphEntry:
         """Check, encode and write one graph; return its session entry."""
         self._check_open()
@@ -89,6 +93,8 @@ class RankWriter:
             shape_key=shape_key,
             runner=runner,
             outputs=outputs,
+            topology=topology_key(ir),
+            rng=rng,
         )
         self.graphs.append(entry)
         return entry
@@ -103,6 +109,16 @@ class RankWriter:
         self._check_open()
         self.region = region
 
+    def add_images(self, images: list[ImageRecord]) -> None:
+        self._check_open()
+        self.images.extend(images)
+
+    def add_file(self, name: str, data: bytes) -> str:
+        """Write a rank-level blob (e.g. the warm-up bytes); return its sha256."""
+        self._check_open()
+        atomic_write(self.dir / name, data)
+        return sha256_hex(data)
+
     def seal(self) -> RankEntry:
         """Write ``session.json``; the rank takes no more graphs afterwards."""
         self._check_open()
@@ -113,6 +129,7 @@ class RankWriter:
             graphs=tuple(self.graphs),
             region=self.region,
             backends=tuple(sorted(self.backends, key=lambda b: b.backend)),
+            images=tuple(sorted(self.images, key=lambda i: i.sha256)),
         )
         data = encode_record(session)
         atomic_write(self.dir / "session.json", data)

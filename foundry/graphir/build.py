@@ -67,6 +67,8 @@ class BuiltGraph:
     graph: Any
     exec: Any
     events: list[Any]
+    ir: GraphIR | None = None
+    handles: list[Any] | None = None  # node handles in IR order, for members built from this one
 
     def launch(self, stream: int = 0) -> None:
         cu("cuGraphLaunch", self.exec, driver().CUstream(stream))
@@ -108,6 +110,30 @@ class _Builder:
         self.events: dict[int, Any] = {}
         self.applied: set[int] = set()
 
+    def kernel_params(self, node: KernelNode, operands: tuple[Operand, ...]) -> tuple[Any, list[Any]]:
+        """``CUDA_KERNEL_NODE_PARAMS`` for a node and the buffers it points into (kept alive by the caller)."""
+        func = self.functions.function(node.kernel)
+        self.apply_func_attrs(node, func)
+        params = _relocated_params(node, operands, self.relocate)
+        p = self.drv.CUDA_KERNEL_NODE_PARAMS()
+        raw = KernelNodeParamsLayout.from_address(p.getPtr())
+        raw.func = func
+        raw.grid[:] = node.launch.grid
+        raw.block[:] = node.launch.block
+        raw.sharedMemBytes = node.launch.shared_mem
+        buffer = ctypes.create_string_buffer(params, max(len(params), 1))
+        base = ctypes.addressof(buffer)
+        if node.arg_mode == "extra":
+            size = ctypes.c_size_t(len(params))
+            extra = (ctypes.c_void_p * 5)(1, base, 2, ctypes.addressof(size), 0)
+            raw.extra = ctypes.cast(extra, ctypes.POINTER(ctypes.c_void_p))
+            return p, [buffer, size, extra]
+        pointers = (ctypes.c_void_p * max(len(node.layout.offsets), 1))(
+            *[base + offset for offset in node.layout.offsets]
+        )
+        raw.kernelParams = ctypes.cast(pointers, ctypes.POINTER(ctypes.c_void_p))
+        return p, [buffer, pointers]
+
     def add(self, node: Node) -> Any:
         operands = self.ir.operands.of(node.id)
         if isinstance(node, KernelNode):
@@ -131,26 +157,7 @@ class _Builder:
         return self.events[number]
 
     def kernel(self, node: KernelNode, operands: tuple[Operand, ...]) -> Any:
-        func = self.functions.function(node.kernel)
-        self.apply_func_attrs(node, func)
-        params = _relocated_params(node, operands, self.relocate)
-        p = self.drv.CUDA_KERNEL_NODE_PARAMS()
-        raw = KernelNodeParamsLayout.from_address(p.getPtr())
-        raw.func = func
-        raw.grid[:] = node.launch.grid
-        raw.block[:] = node.launch.block
-        raw.sharedMemBytes = node.launch.shared_mem
-        buffer = ctypes.create_string_buffer(params, max(len(params), 1))
-        base = ctypes.addressof(buffer)
-        if node.arg_mode == "extra":
-            size = ctypes.c_size_t(len(params))
-            extra = (ctypes.c_void_p * 5)(1, base, 2, ctypes.addressof(size), 0)
-            raw.extra = ctypes.cast(extra, ctypes.POINTER(ctypes.c_void_p))
-        else:
-            pointers = (ctypes.c_void_p * max(len(node.layout.offsets), 1))(
-                *[base + offset for offset in node.layout.offsets]
-            )
-            raw.kernelParams = ctypes.cast(pointers, ctypes.POINTER(ctypes.c_void_p))
+        p, _keep = self.kernel_params(node, operands)
         handle = cu("cuGraphAddKernelNode", self.graph, None, 0, p)  # the driver copies the arguments
         for attr in node.launch.attributes:
             self.set_attribute(handle, attr.name, attr.value, operands)
@@ -193,6 +200,9 @@ class _Builder:
         cu("cuGraphKernelNodeSetAttribute", handle, attr, v)
 
     def memcpy(self, node: MemcpyNode, operands: tuple[Operand, ...]) -> Any:
+        return cu("cuGraphAddMemcpyNode", self.graph, None, 0, self.memcpy_params(node, operands), self.ctx)
+
+    def memcpy_params(self, node: MemcpyNode, operands: tuple[Operand, ...]) -> Any:
         p = self.drv.CUDA_MEMCPY3D()
         src = _address(node.src, operands, OperandSite.MEMCPY_SRC, self.relocate)
         dst = _address(node.dst, operands, OperandSite.MEMCPY_DST, self.relocate)
@@ -214,15 +224,18 @@ class _Builder:
             node.dst_height,
         )
         p.WidthInBytes, p.Height, p.Depth = node.extent
-        return cu("cuGraphAddMemcpyNode", self.graph, None, 0, p, self.ctx)
+        return p
 
     def memset(self, node: MemsetNode, operands: tuple[Operand, ...]) -> Any:
+        return cu("cuGraphAddMemsetNode", self.graph, None, 0, self.memset_params(node, operands), self.ctx)
+
+    def memset_params(self, node: MemsetNode, operands: tuple[Operand, ...]) -> Any:
         p = self.drv.CUDA_MEMSET_NODE_PARAMS()
         p.dst = _address(node.dst, operands, OperandSite.MEMSET_DST, self.relocate)
         p.value, p.elementSize, p.width, p.height, p.pitch = (
             node.value, node.element_size, node.width, node.height, node.pitch,
         )  # fmt: skip
-        return cu("cuGraphAddMemsetNode", self.graph, None, 0, p, self.ctx)
+        return p
 
     def edges(self, handles: list[Any]) -> None:
         edges = self.ir.edges()
@@ -264,4 +277,40 @@ def build(ir: GraphIR, functions: FunctionResolver, *, relocate: Relocation | No
     handles = [builder.add(node) for node in ir.nodes()]
     builder.edges(handles)
     graph_exec = cu("cuGraphInstantiate", builder.graph, 0)
-    return BuiltGraph(builder.graph, graph_exec, list(builder.events.values()))
+    return BuiltGraph(builder.graph, graph_exec, list(builder.events.values()), ir, handles)
+
+
+def _attributes_differ(a: GraphIR, b: GraphIR) -> bool:
+    return any(x.launch.attributes != y.launch.attributes for x, y in zip(a.kernels(), b.kernels(), strict=True))
+
+
+def build_member(
+    template: BuiltGraph, ir: GraphIR, functions: FunctionResolver, *, relocate: Relocation | None = None
+) -> BuiltGraph:
+    """Build ``ir`` from a graph of the same topology (see
+    :func:`foundry.graphir.fingerprint.topology_key`): clone the template and
+    update only the nodes whose parameters differ, then instantiate."""
+    if template.ir is None or template.handles is None or template.events:
+        raise IRError("this graph cannot serve as a template (no IR kept, or it records events)")
+    if _attributes_differ(template.ir, ir):  # a launch attribute cannot be unset on a clone
+        return build(ir, functions, relocate=relocate)
+    builder = _Builder(ir, functions, relocate)
+    cu("cuGraphDestroy", builder.graph)
+    builder.graph = cu("cuGraphClone", template.graph)
+    for node, original in zip(ir.nodes(), template.handles, strict=True):
+        before = template.ir.node(node.id)
+        if node == before and ir.operands.of(node.id) == template.ir.operands.of(node.id):
+            continue
+        handle = cu("cuGraphNodeFindInClone", original, builder.graph)
+        operands = ir.operands.of(node.id)
+        if isinstance(node, KernelNode):
+            p, _keep = builder.kernel_params(node, operands)
+            cu("cuGraphKernelNodeSetParams", handle, p)
+            for attr in node.launch.attributes:  # access-policy windows hold addresses
+                builder.set_attribute(handle, attr.name, attr.value, operands)
+        elif isinstance(node, MemcpyNode):
+            cu("cuGraphMemcpyNodeSetParams", handle, builder.memcpy_params(node, operands))
+        elif isinstance(node, MemsetNode):
+            cu("cuGraphMemsetNodeSetParams", handle, builder.memset_params(node, operands))
+    graph_exec = cu("cuGraphInstantiate", builder.graph, 0)
+    return BuiltGraph(builder.graph, graph_exec, [], ir, None)

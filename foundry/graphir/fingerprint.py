@@ -23,8 +23,10 @@ FINGERPRINT_SCHEME = "fp1"
 
 
 def scalar_bytes(node: KernelNode, operands: tuple[Operand, ...]) -> bytes:
-    """The parameter buffer with every pointer word zeroed."""
+    """The parameter buffer with every pointer word and undefined byte zeroed."""
     buf = bytearray(node.params)
+    for offset, length in node.undefined:
+        buf[offset : offset + length] = bytes(length)
     for operand in operands:
         if operand.site is OperandSite.PARAM:
             buf[operand.offset : operand.offset + WORD] = bytes(WORD)
@@ -84,3 +86,17 @@ def fingerprint(ir: GraphIR) -> str:
     for edge in ir.edges():
         digest.update(encode((edge.src, edge.dst, edge.data.from_port, edge.data.to_port, edge.data.type)))
     return f"{FINGERPRINT_SCHEME}:{digest.hexdigest()}"
+
+
+def topology_key(ir: GraphIR) -> str:
+    """``top1:<sha256>`` over node kinds, kernel identities and edges: graphs with
+    the same key differ only in what a parameter update can change, so LOAD builds
+    them from one template."""
+    digest = hashlib.sha256()
+    encode = msgspec.msgpack.Encoder().encode
+    for node in ir.nodes():
+        identity = (node.kernel.name, node.kernel.image) if isinstance(node, KernelNode) else None
+        digest.update(encode((str(node.kind), identity)))
+    for edge in ir.edges():
+        digest.update(encode((edge.src, edge.dst, edge.data.from_port, edge.data.to_port, edge.data.type)))
+    return f"top1:{digest.hexdigest()}"

@@ -54,15 +54,9 @@ def _without_arguments(demangled: str) -> str:
     return text
 
 
-def template_args(demangled: str) -> list[str]:
-    """Top-level template arguments of the kernel itself
-    (``['c10::BFloat16', '16', '2', 'true', 'false']``), or ``[]``."""
-    text = _without_arguments(demangled)
-    start = _opening(text, ">", "<") if text.endswith(">") else None
-    if start is None:
-        return []
+def _split_top_level(inner: str) -> list[str]:
     args, depth, current = [], 0, []
-    for ch in text[start + 1 : -1]:
+    for ch in inner:
         if ch in "<(":
             depth += 1
         elif ch in ">)":
@@ -74,6 +68,26 @@ def template_args(demangled: str) -> list[str]:
             current.append(ch)
     args.append("".join(current).strip())
     return args
+
+
+def template_args(demangled: str) -> list[str]:
+    """Top-level template arguments of the kernel itself
+    (``['c10::BFloat16', '16', '2', 'true', 'false']``), or ``[]``."""
+    text = _without_arguments(demangled)
+    start = _opening(text, ">", "<") if text.endswith(">") else None
+    return [] if start is None else _split_top_level(text[start + 1 : -1])
+
+
+def parameter_types(demangled: str) -> list[str] | None:
+    """The kernel's parameter types from its demangled signature
+    (``['long', 'at::PhiloxCudaState', ...]``); None when the name carries none
+    (``extern "C"`` kernels such as Triton's)."""
+    text = demangled.strip()
+    start = _opening(text, ")", "(") if text.endswith(")") else None
+    if start is None:
+        return None
+    inner = text[start + 1 : -1].strip()
+    return [] if inner in ("", "void") else _split_top_level(inner)
 
 
 @functools.cache

@@ -30,6 +30,9 @@ class KernelNode(msgspec.Struct, frozen=True, gc=False, tag="kernel", forbid_unk
     params: bytes
     arg_mode: str = "params"
     func_attrs: tuple[FuncAttribute, ...] = ()
+    # (offset, length) runs of ``params`` the launcher left uninitialised: they
+    # differed between two captures of the same step (see foundry.runtime.definedness)
+    undefined: tuple[tuple[int, int], ...] = ()
 
     kind: ClassVar[NodeKind] = NodeKind.KERNEL
 

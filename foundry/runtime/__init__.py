@@ -2,3 +2,7 @@
 
 Everything here imports torch and cuda-bindings lazily, inside functions.
 """
+
+from foundry.runtime.session import LoadSession, SaveSession, Session, open_session
+
+__all__ = ["LoadSession", "SaveSession", "Session", "open_session"]

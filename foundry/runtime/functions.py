@@ -4,6 +4,8 @@ A kernel names its code as ``(image sha256, entry name)``. When the live
 process loaded that same image itself (the hook's registry has it), the kernel
 binds to the live copy: its module globals are the ones the application set
 up. Otherwise the archived image is loaded once and the kernel binds to it.
+Either way the image's device globals are checked or restored first
+(:mod:`foundry.runtime.module_globals`).
 """
 
 from __future__ import annotations
@@ -11,22 +13,26 @@ from __future__ import annotations
 import ctypes
 
 from foundry.archive.reader import Archive
+from foundry.archive.schema import ImageRecord
 from foundry.cuda import cu, driver, handle_value
 from foundry.errors import HookError
 from foundry.graphir.kernel import KernelIdentity
 from foundry.runtime.hook import Hook, Image
+from foundry.runtime.module_globals import check_live, restore_fresh
 
 
 class ArchiveFunctions:
     """A :class:`foundry.graphir.build.FunctionResolver` over live and archived images."""
 
-    def __init__(self, hook: Hook, archive: Archive) -> None:
+    def __init__(self, hook: Hook, archive: Archive, records: dict[str, ImageRecord] | None = None) -> None:
         self.hook = hook
         self.archive = archive
+        self.records = records  # None: an archive without image records; globals are not checked
         self._images: dict[str, tuple[str, int]] = {}  # sha256 -> (kind, CUmodule/CUlibrary)
         self._functions: dict[tuple[str, str], int] = {}
         self.bound_live: set[str] = set()
         self.loaded: set[str] = set()
+        self.restored_globals: list[str] = []
 
     def function(self, kernel: KernelIdentity) -> int:
         if kernel.image is None:
@@ -41,13 +47,17 @@ class ArchiveFunctions:
         if sha256 not in self._images:
             live = self._live_copy(sha256)
             if live is not None:
+                if self.records is not None and sha256 in self.records:
+                    check_live(self.records[sha256], live.kind, live.handle)
                 self._images[sha256] = (live.kind, live.handle)
                 self.bound_live.add(sha256)
             else:
                 data = ctypes.create_string_buffer(self.archive.module(sha256))  # checked against its sha256
                 # the driver keeps its own copy of the image (no CU_LIBRARY_BINARY_IS_PRESERVED)
-                library = cu("cuLibraryLoadData", ctypes.addressof(data), None, None, 0, None, None, 0)
-                self._images[sha256] = ("library", handle_value(library))
+                library = handle_value(cu("cuLibraryLoadData", ctypes.addressof(data), None, None, 0, None, None, 0))
+                if self.records is not None:
+                    self.restored_globals += restore_fresh(self.records.get(sha256), sha256, library)
+                self._images[sha256] = ("library", library)
                 self.loaded.add(sha256)
         return self._images[sha256]
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from foundry.errors import HookError
 
-ABI = 1
+ABI = 2
 LIBRARY = "libfoundry_hook.so"
 COUNTERS = ("stream_captures", "graph_instantiates", "allocations", "refused", "images")
 
@@ -27,6 +28,8 @@ class _Alloc(ctypes.Structure):
         ("request", ctypes.c_uint64),
         ("freed", ctypes.c_int32),
         ("reserve", ctypes.c_int32),
+        ("phase", ctypes.c_int32),
+        ("pad", ctypes.c_int32),
     ]
 
 
@@ -56,6 +59,8 @@ class _Image(ctypes.Structure):
     ]
 
 
+_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+PHASES = ("warmup", "capture", "late", "restored")  # enum foundry_phase
 IMAGE_KINDS = {1: "module", 2: "library"}
 IMAGE_FORMATS = {0: "unknown", 1: "cubin", 2: "fatbin", 3: "ptx"}
 
@@ -82,6 +87,11 @@ class Allocation:
     request: int
     freed: bool
     reserve: bool = False
+    phase: str = "warmup"  # warmup, capture, late (a SAVE error) or restored (after a LOAD)
+
+    def raw(self) -> _Alloc:
+        return _Alloc(self.order, self.offset, self.size, self.request, int(self.freed), int(self.reserve),
+                      PHASES.index(self.phase), 0)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,11 @@ class RegionInfo:
     granularity: int
     mode: str
     reserved: bool
+
+
+def _allocation(a: _Alloc) -> Allocation:
+    phase = PHASES[a.phase] if 0 <= a.phase < len(PHASES) else str(a.phase)
+    return Allocation(a.order, a.offset, a.size, a.request, bool(a.freed), bool(a.reserve), phase)
 
 
 def library_path() -> Path | None:
@@ -125,6 +140,11 @@ class Hook:
             raise HookError("the loaded native hook speaks another ABI", expected=ABI, found=abi)
         return cls(lib)
 
+    @classmethod
+    def open_library(cls, path: Path) -> Hook:
+        """The library loaded without LD_PRELOAD: only its pure functions are meaningful."""
+        return cls(ctypes.CDLL(str(path)))
+
     def active(self) -> bool:
         """Whether the driver's entry points have been interposed (after CUDA initialised)."""
         return bool(self.lib.foundry_hook_active())
@@ -141,9 +161,49 @@ class Hook:
         self.lib.foundry_region_trace(None, 0, ctypes.byref(count))
         buf = (_Alloc * max(count.value, 1))()
         self._check(self.lib.foundry_region_trace(buf, count.value, ctypes.byref(count)), "foundry_region_trace")
-        return [
-            Allocation(a.order, a.offset, a.size, a.request, bool(a.freed), bool(a.reserve)) for a in buf[: count.value]
-        ]
+        return [_allocation(a) for a in buf[: count.value]]
+
+    def reserve(self) -> None:
+        """Reserve the region now (a context must be current), so a taken base is refused up front."""
+        if self.lib.foundry_region_reserve() < 0:
+            raise HookError("cannot reserve the deterministic region", found=self._last_error())
+
+    def set_owner(self) -> None:
+        """Make the calling thread the one allowed to allocate in the region."""
+        self._check(self.lib.foundry_region_set_owner(), "foundry_region_set_owner")
+
+    def expect(self, warmup: list[Allocation]) -> None:
+        """LOAD: every allocation until :meth:`map_to` must repeat SAVE's warm-up, in order."""
+        raw = (_Alloc * max(len(warmup), 1))(*(a.raw() for a in warmup))
+        if self.lib.foundry_region_expect(raw, len(warmup)) < 0:
+            raise HookError("the allocations made before LOAD began already differ from SAVE's warm-up")
+
+    def call_shifted(
+        self, fn: Callable[[], None], *, shift: int = 40_976, poison: int = 1 << 20, pattern: int = 0xA5
+    ) -> None:
+        """Run ``fn`` with its frames ``shift`` bytes lower on this thread's stack, over
+        ``poison`` bytes of ``pattern`` (see native/src/stack.c). Exceptions propagate."""
+        failure: list[BaseException] = []
+
+        def trampoline(_: int | None) -> None:
+            try:
+                fn()
+            except BaseException as err:  # noqa: BLE001 - re-raised below, outside the C frames
+                failure.append(err)
+
+        callback = _CALLBACK(trampoline)
+        status = self.lib.foundry_call_shifted(ctypes.c_size_t(shift), ctypes.c_size_t(poison), pattern, callback, None)
+        self._check(status, "foundry_call_shifted")
+        if failure:
+            raise failure[0]
+
+    def errors(self) -> list[str]:
+        """The hook's error events, oldest first."""
+        return [line.removeprefix("error: ") for line in self.events() if line.startswith("error:")]
+
+    def _last_error(self) -> str | None:
+        errors = [line for line in self.events() if line.startswith("error:")]
+        return errors[-1].removeprefix("error: ") if errors else None
 
     def map_to(self, offset: int) -> None:
         """LOAD: map the region up to SAVE's final offset, so every address its graphs use exists."""
@@ -197,6 +257,15 @@ class Hook:
         buf = ctypes.create_string_buffer(needed.value)
         self.lib.foundry_events(buf, needed.value, ctypes.byref(needed))
         return [line for line in buf.value.decode(errors="replace").splitlines() if line]
+
+    def trace_diverges(self, expected: list[Allocation], actual: list[Allocation]) -> int | None:
+        """The first index where ``actual`` leaves ``expected`` (None: a prefix of it)."""
+        fn = self.lib.foundry_trace_diverges
+        fn.restype = ctypes.c_longlong
+        raw_e = (_Alloc * max(len(expected), 1))(*(a.raw() for a in expected))
+        raw_a = (_Alloc * max(len(actual), 1))(*(a.raw() for a in actual))
+        index = fn(raw_e, ctypes.c_size_t(len(expected)), raw_a, ctypes.c_size_t(len(actual)))
+        return None if index < 0 else index
 
     @staticmethod
     def _check(status: int, call: str) -> None:

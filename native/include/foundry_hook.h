@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#define FOUNDRY_HOOK_ABI 1
+#define FOUNDRY_HOOK_ABI 2
 
 enum foundry_status {
     FOUNDRY_OK = 0,
@@ -28,6 +28,10 @@ enum foundry_status {
 
 enum foundry_mode { FOUNDRY_MODE_OFF = 0, FOUNDRY_MODE_SAVE = 1, FOUNDRY_MODE_LOAD = 2 };
 
+/* When an allocation was made: before the first capture, inside a capture, outside a
+ * capture after capturing began (a SAVE error), or after a LOAD restored the region. */
+enum foundry_phase { FOUNDRY_PHASE_WARMUP = 0, FOUNDRY_PHASE_CAPTURE = 1, FOUNDRY_PHASE_LATE = 2, FOUNDRY_PHASE_RESTORED = 3 };
+
 /* One allocation of the region, in call order. */
 typedef struct foundry_alloc {
     uint64_t order;   /* 0-based call order among region allocations */
@@ -36,6 +40,8 @@ typedef struct foundry_alloc {
     uint64_t request; /* bytes the caller asked for */
     int32_t freed;    /* 1 once released */
     int32_t reserve;  /* 1 for a LOAD's mapping of SAVE's remaining range (foundry_region_map_to) */
+    int32_t phase;    /* enum foundry_phase */
+    int32_t pad;
 } foundry_alloc_t;
 
 typedef struct foundry_region_info {
@@ -72,6 +78,22 @@ int foundry_region_info(foundry_region_info_t *out);
 /* LOAD: map the region from the cursor up to `offset` (SAVE's final offset) in one
  * allocation, so every address SAVE's graphs use exists. Needs a current context. */
 int foundry_region_map_to(uint64_t offset);
+/* Reserve the region now (needs a current context), so a taken base is reported before
+ * the application allocates. */
+int foundry_region_reserve(void);
+/* Make the calling thread the one allowed to allocate (the previous owner must be idle). */
+int foundry_region_set_owner(void);
+/* LOAD: the warm-up allocations SAVE made, in order; each later allocation before
+ * foundry_region_map_to must repeat its entry (request and offset): the first that
+ * does not is logged as an error (the session then refuses the LOAD).
+ * FOUNDRY_ESTATE when the allocations already made do not match. */
+int foundry_region_expect(const foundry_alloc_t *trace, size_t count);
+/* The index of the first allocation where `actual` differs from `expected` (request,
+ * offset or size), n when `actual` goes beyond `expected`, -1 when it is a prefix. */
+long long foundry_trace_diverges(const foundry_alloc_t *expected, size_t n, const foundry_alloc_t *actual, size_t m);
+/* Call fn(arg) with its frames `shift` bytes (<= 1 MiB) lower on this thread's stack,
+ * over `poison` bytes (<= 4 MiB) filled with `pattern`. */
+int foundry_call_shifted(size_t shift, size_t poison, int pattern, void (*fn)(void *), void *arg);
 /* Copies up to max entries; *count receives the total. FOUNDRY_ETRUNC when max < total. */
 int foundry_region_trace(foundry_alloc_t *out, size_t max, size_t *count);
 /* Counters by name: "stream_captures", "graph_instantiates", "allocations", "refused", "images". */

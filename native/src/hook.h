@@ -17,6 +17,8 @@ void *fh_real(const char *exported);
 CUresult fh_mem_alloc(CUdeviceptr *dptr, size_t bytesize);
 CUresult fh_mem_free(CUdeviceptr dptr);
 int fh_region_mode(void);
+void fh_capture_begin(void);
+void fh_capture_end(void);
 
 /* registry.c: module and library loads, recorded. */
 CUresult fh_module_load(CUmodule *module, const char *fname);

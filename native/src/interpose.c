@@ -53,9 +53,37 @@ static CUresult hook_mem_alloc_managed(CUdeviceptr *dptr, size_t bytesize, unsig
     return ((CUresult(*)(CUdeviceptr *, size_t, unsigned int))fh_real("cuMemAllocManaged"))(dptr, bytesize, flags);
 }
 
-static CUresult hook_begin_capture(CUstream stream, CUstreamCaptureMode mode) {
+static CUresult hook_mem_alloc_pitch(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height, unsigned int bytes) {
+    if (fh_region_mode() != FOUNDRY_MODE_OFF) return refuse("cuMemAllocPitch");
+    typedef CUresult (*fn)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
+    return ((fn)fh_real("cuMemAllocPitch_v2"))(dptr, pitch, width, height, bytes);
+}
+
+static CUresult hook_mem_alloc_from_pool_async(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) {
+    if (fh_region_mode() != FOUNDRY_MODE_OFF) return refuse("cuMemAllocFromPoolAsync");
+    typedef CUresult (*fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+    return ((fn)fh_real("cuMemAllocFromPoolAsync"))(dptr, bytesize, pool, stream);
+}
+
+static CUresult begun(CUresult rc) {
     fh_count("stream_captures");
-    return ((CUresult(*)(CUstream, CUstreamCaptureMode))fh_real("cuStreamBeginCapture_v2"))(stream, mode);
+    if (rc == CUDA_SUCCESS) fh_capture_begin();
+    return rc;
+}
+
+static CUresult hook_begin_capture(CUstream stream, CUstreamCaptureMode mode) {
+    return begun(((CUresult(*)(CUstream, CUstreamCaptureMode))fh_real("cuStreamBeginCapture_v2"))(stream, mode));
+}
+
+/* CUDA 10.0's signature, still exported and still handed out for old version requests. */
+static CUresult hook_begin_capture_v1(CUstream stream) {
+    return begun(((CUresult(*)(CUstream))fh_real("cuStreamBeginCapture"))(stream));
+}
+
+static CUresult hook_end_capture(CUstream stream, CUgraph *graph) {
+    CUresult rc = ((CUresult(*)(CUstream, CUgraph *))fh_real("cuStreamEndCapture"))(stream, graph);
+    fh_capture_end(); /* the capture is over whether or not it produced a graph */
+    return rc;
 }
 
 static CUresult hook_instantiate(CUgraphExec *exec, CUgraph graph, unsigned long long flags) {
@@ -90,7 +118,11 @@ static struct hook {
     {"cuMemFree", 3020, "cuMemFree_v2", (void *)hook_mem_free, NULL},
     {"cuMemAllocAsync", 11020, "cuMemAllocAsync", (void *)hook_mem_alloc_async, NULL},
     {"cuMemAllocManaged", 6000, "cuMemAllocManaged", (void *)hook_mem_alloc_managed, NULL},
+    {"cuMemAllocPitch", 3020, "cuMemAllocPitch_v2", (void *)hook_mem_alloc_pitch, NULL},
+    {"cuMemAllocFromPoolAsync", 11020, "cuMemAllocFromPoolAsync", (void *)hook_mem_alloc_from_pool_async, NULL},
+    {"cuStreamBeginCapture", 10000, "cuStreamBeginCapture", (void *)hook_begin_capture_v1, NULL},
     {"cuStreamBeginCapture", 10010, "cuStreamBeginCapture_v2", (void *)hook_begin_capture, NULL},
+    {"cuStreamEndCapture", 10000, "cuStreamEndCapture", (void *)hook_end_capture, NULL},
     {"cuGraphInstantiateWithFlags", 11040, "cuGraphInstantiateWithFlags", (void *)hook_instantiate, NULL},
     {"cuGraphInstantiateWithParams", 12000, "cuGraphInstantiateWithParams", (void *)hook_instantiate_params, NULL},
     {"cuModuleLoad", 2000, "cuModuleLoad", (void *)fh_module_load, NULL},
@@ -112,10 +144,18 @@ static struct hook *find_exported(const char *symbol) {
     return NULL;
 }
 
-static struct hook *find_base(const char *symbol) {
-    for (size_t i = 0; i < HOOK_COUNT; i++)
-        if (hooks[i].base && strcmp(hooks[i].base, symbol) == 0) return &hooks[i];
-    return NULL;
+/* The entry for a base name at a CUDA version: the newest signature not newer than
+ * the version asked for. NULL when the name is not hooked or only newer ones are. */
+static struct hook *find_base(const char *symbol, int version, int *known) {
+    struct hook *best = NULL;
+    *known = 0;
+    for (size_t i = 0; i < HOOK_COUNT; i++) {
+        if (hooks[i].base == NULL || strcmp(hooks[i].base, symbol) != 0) continue;
+        *known = 1;
+        if (hooks[i].min_version <= version && (best == NULL || hooks[i].min_version > best->min_version))
+            best = &hooks[i];
+    }
+    return best;
 }
 
 static void *libcuda(void) {
@@ -151,9 +191,10 @@ void *dlsym(void *handle, const char *symbol) {
 /* -- cuGetProcAddress ------------------------------------------------------------- */
 
 static void swap_in(const char *symbol, int version, void **pfn) {
-    struct hook *h = find_base(symbol);
-    if (h == NULL || pfn == NULL || *pfn == NULL) return;
-    if (version < h->min_version) {
+    int known;
+    struct hook *h = find_base(symbol, version, &known);
+    if (pfn == NULL || *pfn == NULL || !known) return;
+    if (h == NULL) {
         fh_event("not interposed: %s asked for with CUDA version %d", symbol, version);
         return;
     }

@@ -6,11 +6,17 @@
  * H200's driver honours fixed addresses for reservations of 1 GiB and more).
  * Allocations are mapped at a cursor that only moves forward, so the same
  * sequence of requests gives the same addresses in every process, and each one
- * is recorded (call order, offset, size). Any loss of determinism fails the
- * allocation and says why in the event log: a reserve that lands elsewhere, an
- * allocation that would leave the region.
+ * is recorded (call order, offset, size, phase). Any loss of determinism fails
+ * the allocation and says why in the event log: a reserve that lands elsewhere,
+ * an allocation that would leave the region, one from a thread other than the
+ * owner or from another context, and at LOAD one that diverges from SAVE's
+ * warm-up trace. An allocation outside a capture after the first capture began
+ * is let through but marked (phase LATE): SAVE refuses to commit over it.
  */
 #include <pthread.h>
+#include <stdatomic.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,7 +45,31 @@ static struct {
     foundry_alloc_t *trace;
     CUmemGenericAllocationHandle *handles;
     size_t count, capacity;
+    CUcontext context; /* the context the region was reserved in */
+    pid_t owner;       /* the thread allowed to allocate (0: the first one that does) */
+    foundry_alloc_t *expected; /* LOAD: SAVE's warm-up trace */
+    size_t expected_count;
+    int restored;      /* LOAD: foundry_region_map_to ran; later allocations are the application's own */
+    int diverged;      /* LOAD: an allocation left SAVE's trace (logged once) */
 } region;
+
+/* Capture state, from the stream-capture hooks: captures begun, captures open. */
+static atomic_int captures_begun, captures_open;
+
+void fh_capture_begin(void) {
+    atomic_fetch_add(&captures_begun, 1);
+    atomic_fetch_add(&captures_open, 1);
+}
+
+void fh_capture_end(void) { atomic_fetch_sub(&captures_open, 1); }
+
+static int phase_now(void) {
+    if (atomic_load(&captures_open) > 0) return FOUNDRY_PHASE_CAPTURE;
+    if (region.restored) return FOUNDRY_PHASE_RESTORED;
+    return atomic_load(&captures_begun) > 0 ? FOUNDRY_PHASE_LATE : FOUNDRY_PHASE_WARMUP;
+}
+
+static pid_t thread_id(void) { return (pid_t)syscall(SYS_gettid); }
 
 static unsigned long long env_u64(const char *name, unsigned long long fallback) {
     const char *text = getenv(name);
@@ -92,6 +122,7 @@ static CUresult reserve(void) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     region.reserved = 1;
+    DRIVER(cuCtxGetCurrent)(&region.context);
     fh_event("region: reserved 0x%llx + %zu, granularity %zu", (unsigned long long)got, region.size,
              region.granularity);
     return CUDA_SUCCESS;
@@ -107,7 +138,7 @@ static int record(size_t offset, size_t mapped, size_t request, CUmemGenericAllo
         if (trace == NULL || handles == NULL) return -1;
         region.capacity = capacity;
     }
-    region.trace[region.count] = (foundry_alloc_t){region.count, offset, mapped, request, 0, 0};
+    region.trace[region.count] = (foundry_alloc_t){region.count, offset, mapped, request, 0, 0, phase_now(), 0};
     region.handles[region.count] = handle;
     region.count++;
     return 0;
@@ -138,13 +169,60 @@ static CUresult map_at_cursor(CUdeviceptr *dptr, size_t bytesize) {
     return CUDA_SUCCESS;
 }
 
+/* The thread and context policy: one owner thread allocates at a time, in the
+ * context the region was reserved in. */
+static CUresult check_caller(size_t bytesize) {
+    pid_t tid = thread_id();
+    if (region.owner == 0) region.owner = tid;
+    if (tid != region.owner) {
+        fh_event("error: allocation #%zu of %zu bytes from thread %d; the region's owner is thread %d", region.count,
+                 bytesize, (int)tid, (int)region.owner);
+        return CUDA_ERROR_NOT_PERMITTED;
+    }
+    CUcontext current = NULL;
+    DRIVER(cuCtxGetCurrent)(&current);
+    if (current != region.context) {
+        fh_event("error: allocation #%zu of %zu bytes from context %p; the region belongs to context %p",
+                 region.count, bytesize, (void *)current, (void *)region.context);
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* LOAD: the warm-up must ask for exactly what SAVE's warm-up asked for, in order.
+ * The first divergence is logged and the allocation let through: the session
+ * refuses the LOAD before any replay, naming it (a refusal here would surface
+ * as an anonymous out-of-memory error in the application). */
+static void check_expected(size_t bytesize) {
+    if (region.mode != FOUNDRY_MODE_LOAD || region.expected == NULL || region.restored || region.diverged) return;
+    size_t i = region.count;
+    if (i >= region.expected_count) {
+        fh_event("error: allocation #%zu of %zu bytes diverges from SAVE's trace: SAVE's warm-up made only %zu "
+                 "allocations", i, bytesize, region.expected_count);
+        region.diverged = 1;
+        return;
+    }
+    const foundry_alloc_t *want = &region.expected[i];
+    if (want->request != bytesize || want->offset != region.cursor) {
+        fh_event("error: allocation #%zu of %zu bytes at offset %zu diverges from SAVE's trace (SAVE's #%zu: %llu "
+                 "bytes at offset %llu)", i, bytesize, region.cursor, i, (unsigned long long)want->request,
+                 (unsigned long long)want->offset);
+        region.diverged = 1;
+    }
+}
+
 CUresult fh_mem_alloc(CUdeviceptr *dptr, size_t bytesize) {
     if (fh_region_mode() == FOUNDRY_MODE_OFF) return ((alloc_fn)fh_real("cuMemAlloc_v2"))(dptr, bytesize);
     if (dptr == NULL) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     CUresult rc = region.failed ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
     if (rc == CUDA_SUCCESS && !region.reserved) rc = reserve();
+    if (rc == CUDA_SUCCESS) rc = check_caller(bytesize);
+    if (rc == CUDA_SUCCESS) check_expected(bytesize);
     if (rc == CUDA_SUCCESS) rc = map_at_cursor(dptr, bytesize);
+    if (rc == CUDA_SUCCESS && region.trace[region.count - 1].phase == FOUNDRY_PHASE_LATE)
+        fh_event("error: allocation #%zu of %zu bytes made outside a capture after capturing began", region.count - 1,
+                 bytesize);
     if (rc != CUDA_SUCCESS && !region.reserved) region.failed = 1;
     pthread_mutex_unlock(&lock);
     fh_count(rc == CUDA_SUCCESS ? "allocations" : "refused");
@@ -178,7 +256,9 @@ int foundry_region_map_to(uint64_t offset) {
     int status = FOUNDRY_OK;
     if (rc != CUDA_SUCCESS) {
         status = FOUNDRY_ESTATE;
-    } else if (offset > region.cursor) {
+    } else if (offset <= region.cursor) {
+        region.restored = 1;
+    } else {
         size_t request = offset - region.cursor;
         CUdeviceptr at;
         rc = map_at_cursor(&at, request);
@@ -186,6 +266,7 @@ int foundry_region_map_to(uint64_t offset) {
             region.trace[region.count - 1].request = 0; /* marks the entry as a reserve, not an allocation */
             region.trace[region.count - 1].reserve = 1;
             fh_event("region: mapped 0x%llx + %zu up to SAVE's final offset", (unsigned long long)at, request);
+            region.restored = 1;
         } else {
             fh_event("error: cannot map the region up to offset %llu (status %d)", (unsigned long long)offset, (int)rc);
             status = FOUNDRY_ESTATE;
@@ -213,4 +294,49 @@ int foundry_region_trace(foundry_alloc_t *out, size_t max, size_t *count) {
     if (n) memcpy(out, region.trace, n * sizeof *out);
     pthread_mutex_unlock(&lock);
     return n < *count ? FOUNDRY_ETRUNC : FOUNDRY_OK;
+}
+
+int foundry_region_reserve(void) {
+    if (fh_region_mode() == FOUNDRY_MODE_OFF) return FOUNDRY_ESTATE;
+    pthread_mutex_lock(&lock);
+    CUresult rc = region.reserved ? CUDA_SUCCESS : reserve();
+    if (rc != CUDA_SUCCESS) region.failed = 1;
+    pthread_mutex_unlock(&lock);
+    return rc == CUDA_SUCCESS ? FOUNDRY_OK : FOUNDRY_ESTATE;
+}
+
+int foundry_region_set_owner(void) {
+    pthread_mutex_lock(&lock);
+    region.owner = thread_id();
+    pthread_mutex_unlock(&lock);
+    return FOUNDRY_OK;
+}
+
+int foundry_region_expect(const foundry_alloc_t *trace, size_t count) {
+    if (trace == NULL && count) return FOUNDRY_EINVAL;
+    if (fh_region_mode() != FOUNDRY_MODE_LOAD) return FOUNDRY_ESTATE;
+    foundry_alloc_t *copy = count ? malloc(count * sizeof *copy) : NULL;
+    if (count && copy == NULL) return FOUNDRY_ESTATE;
+    if (count) memcpy(copy, trace, count * sizeof *copy);
+    pthread_mutex_lock(&lock);
+    int status = FOUNDRY_OK;
+    if (region.count > count || foundry_trace_diverges(trace, count, region.trace, region.count) >= 0) {
+        status = FOUNDRY_ESTATE; /* what was already allocated does not match */
+        free(copy);
+    } else {
+        free(region.expected);
+        region.expected = copy;
+        region.expected_count = count;
+    }
+    pthread_mutex_unlock(&lock);
+    return status;
+}
+
+long long foundry_trace_diverges(const foundry_alloc_t *expected, size_t n, const foundry_alloc_t *actual, size_t m) {
+    size_t common = n < m ? n : m;
+    for (size_t i = 0; i < common; i++)
+        if (expected[i].request != actual[i].request || expected[i].offset != actual[i].offset ||
+            expected[i].size != actual[i].size)
+            return (long long)i;
+    return m > n ? (long long)n : -1;
 }

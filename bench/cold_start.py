@@ -1,0 +1,104 @@
+"""Cold start on a GPU: warm-up + capture of every decode graph vs LOAD of the same graphs.
+
+    python bench/cold_start.py [--config qwen3-0.6b] [--batches 1,2,...] [--out DIR]
+
+Runs recipes/torch/run.py --bench four times in fresh processes: a plain capture
+(baseline), a SAVE, a LOAD that repeats the warm-up and a LOAD that restores the
+warm-up's bytes instead. Weights are allocated and filled before the timed part
+in every run, so they are excluded from both sides. Each run reports its
+warm-up time, the time to get its graphs (capture or restore), per-graph
+rebuild cost, and the median replay time of every graph in the same process.
+Writes bench/out/cold_start.json and prints a table. Pin the JIT caches
+(TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR) and run once before measuring: the
+cache state is reported with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = (("capture", None, ()), ("save", "save", ()), ("load-replay", "load", ("--warmup", "replay")),
+        ("load-restore", "load", ("--warmup", "restore")))  # fmt: skip
+
+
+def run(
+    name: str, mode: str | None, extra: tuple[str, ...], archive: Path, out: Path, args: argparse.Namespace
+) -> dict:
+    cmd = [sys.executable, str(ROOT / "recipes" / "torch" / "run.py"), "--bench", "--config", args.config,
+           "--out", str(out / f"{name}.json")]  # fmt: skip
+    if args.batches:
+        cmd += ["--batches", args.batches]
+    if mode:
+        cmd = [sys.executable, "-m", "foundry", "run", "--mode", mode, "--archive", str(archive), *extra, "--", *cmd]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"failed": proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]}
+    return json.loads((out / f"{name}.json").read_text())
+
+
+def summarize(results: dict) -> dict:
+    capture = results["capture"]
+    base_replay = capture["replay"]
+    rows = {}
+    for name, r in results.items():
+        if "failed" in r:
+            rows[name] = {"failed": r["failed"]}
+            continue
+        t, s = r["timing"], r["session"]
+        graphs = len(r["replay"])
+        row = {"warmup_s": t["warmup_s"], "graphs_s": t["graphs_s"], "total_s": t["warmup_s"] + t["graphs_s"],
+               "per_graph_ms": 1000 * t["graphs_s"] / graphs, "graphs": graphs}  # fmt: skip
+        ratios = [r["replay"][k] / base_replay[k] for k in base_replay if k in r["replay"]]
+        row["replay_ratio_median"] = statistics.median(ratios)
+        row["replay_ratio_max"] = max(ratios)
+        for key in ("templates", "build_s", "map_s", "bound_live", "loaded_images"):
+            if key in s:
+                row[key] = s[key]
+        rows[name] = row
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="qwen3-0.6b")
+    parser.add_argument("--batches", default=None)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = Path(tmp) / "archive"
+        for name, mode, extra in RUNS:
+            results[name] = run(name, mode, extra, archive, args.out, args)
+    if "failed" in results["capture"]:
+        print(f"the capture run failed: {results['capture']['failed']}", file=sys.stderr)
+        return 1
+    rows = summarize(results)
+    record = {
+        "config": args.config,
+        "rows": rows,
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "jit_cache": {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")},
+    }
+    (args.out / "cold_start.json").write_text(json.dumps(record, indent=1) + "\n")
+    print(f"{'run':14} {'warm-up s':>9} {'graphs s':>9} {'total s':>8} {'ms/graph':>9} {'replay x':>9}")
+    for name, row in rows.items():
+        if "failed" in row:
+            print(f"{name:14} failed: {row['failed']}")
+            continue
+        print(f"{name:14} {row['warmup_s']:9.3f} {row['graphs_s']:9.3f} {row['total_s']:8.3f} "
+              f"{row['per_graph_ms']:9.2f} {row['replay_ratio_median']:9.4f}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

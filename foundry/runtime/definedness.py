@@ -1,0 +1,135 @@
+"""Which parameter bytes of a captured graph mean something.
+
+torch's launchers pass structs whose unused slots (``TensorInfo`` sizes past
+``dims``, lambda padding, ``OffsetCalculator`` strides) hold whatever the host
+stack held: two processes capturing the same step disagree there, so the
+fingerprint could never be stable. SAVE therefore captures each step twice —
+the second time with the stack shifted down over bytes filled with a pattern — and
+:func:`mark_undefined` compares the two. Bytes that differ are recorded as
+``undefined`` on the kept graph: the fingerprint and ``diff`` ignore them and
+LOAD still writes them as captured (the kernels never read them). A word the
+first capture took for a pointer but the second did not is leftover stack data
+that happened to point into memory; it is dropped from the manifest.
+
+Leftovers that are the same in both captures of one process — return
+addresses into shared libraries, pointers to long-lived heap objects — are
+found by value instead (:func:`mark_host_words`): a parameter word holding an
+address mapped in the host process is not something a kernel can use.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import msgspec
+
+from foundry.errors import CaptureError
+from foundry.graphir.graph import GraphIR
+from foundry.graphir.nodes import KernelNode
+from foundry.graphir.operands import WORD, Operand, OperandSite
+
+
+def _runs(differs: list[bool]) -> tuple[tuple[int, int], ...]:
+    runs: list[tuple[int, int]] = []
+    start = None
+    for i, bad in enumerate([*differs, False]):
+        if bad and start is None:
+            start = i
+        elif not bad and start is not None:
+            runs.append((start, i - start))
+            start = None
+    return tuple(runs)
+
+
+def _param_words(operands: tuple[Operand, ...]) -> dict[int, Operand]:
+    return {o.offset: o for o in operands if o.site is OperandSite.PARAM}
+
+
+def _compare(
+    a: KernelNode, b: KernelNode, ops_a: dict[int, Operand], ops_b: dict[int, Operand]
+) -> tuple[list[bool], set[int]]:
+    """Per byte: does it differ outside words both captures call pointers; and
+    the offsets of A's one-sided pointer words."""
+    differs = [x != y for x, y in zip(a.params, b.params, strict=True)]
+    one_sided = set()
+    for offset, operand in ops_a.items():
+        other = ops_b.get(offset)
+        if other is not None and other.region == operand.region:
+            differs[offset : offset + WORD] = [False] * WORD
+        elif other is None and a.params[offset : offset + WORD] != b.params[offset : offset + WORD]:
+            one_sided.add(offset)
+    return differs, one_sided
+
+
+def mark_undefined(kept: GraphIR, probe: GraphIR) -> tuple[GraphIR, int]:
+    """Return ``kept`` with undefined bytes marked (added to those already marked)
+    and one-sided pointer words dropped, and the number of undefined bytes. Refuses when the two captures
+    are not the same step (node kinds, kernels or layouts differ)."""
+    if len(kept) != len(probe):
+        raise CaptureError("the two captures of a step differ in node count", path=kept.name)
+    dropped: set[tuple[int, int]] = set()
+    undefined_bytes = 0
+    for a in kept.nodes():
+        b = probe.node(a.id)
+        if type(a) is not type(b):
+            raise CaptureError("the two captures of a step differ in node kind", path=kept.name, node=a.id)
+        if not isinstance(a, KernelNode):
+            continue
+        if a.kernel.name != b.kernel.name or a.layout != b.layout or a.launch != b.launch:
+            raise CaptureError(
+                "the two captures of a step launch different kernels", path=kept.name, node=a.id, kernel=a.kernel.name
+            )
+        differs, one_sided = _compare(a, b, _param_words(kept.operands.of(a.id)), _param_words(probe.operands.of(a.id)))
+        for offset, length in a.undefined:  # marked by an earlier probe
+            differs[offset : offset + length] = [True] * length
+        dropped.update((a.id, offset) for offset in one_sided)
+        runs = _runs(differs)
+        undefined_bytes += sum(length for _, length in runs)
+        if runs != a.undefined:
+            kept.replace_node(msgspec.structs.replace(a, undefined=runs))
+    if dropped:
+        kept.set_operands(
+            o for o in kept.operands if not (o.site is OperandSite.PARAM and (o.node, o.offset) in dropped)
+        )
+    return kept, undefined_bytes
+
+
+def host_ranges(maps: str | None = None) -> list[tuple[int, int]]:
+    """The address ranges mapped in this process (``/proc/self/maps``), sorted."""
+    if maps is None:
+        with open("/proc/self/maps") as f:
+            maps = f.read()
+    ranges = []
+    for line in maps.splitlines():
+        start, _, end = line.partition(" ")[0].partition("-")
+        ranges.append((int(start, 16), int(end, 16)))
+    return sorted(ranges)
+
+
+def mark_host_words(ir: GraphIR, ranges: list[tuple[int, int]]) -> tuple[GraphIR, int]:
+    """Mark as undefined every 8-byte-aligned parameter word that is not an operand
+    and holds an address mapped in this (host) process: a return address or heap
+    pointer the launcher left behind. Kernels cannot use host addresses the driver
+    does not know; the ones it knows are operands already. Returns the words marked."""
+    starts = [start for start, _ in ranges]
+    marked = 0
+    for node in ir.kernels():
+        words = {o.offset for o in ir.operands.of(node.id) if o.site is OperandSite.PARAM}
+        undefined = set()
+        for offset, length in node.undefined:
+            undefined.update(range(offset, offset + length))
+        hits = []
+        for offset in range(0, len(node.params) - WORD + 1, WORD):
+            if offset in words or all(i in undefined for i in range(offset, offset + WORD)):
+                continue
+            value = int.from_bytes(node.params[offset : offset + WORD], "little")
+            i = bisect.bisect_right(starts, value) - 1
+            if value and i >= 0 and value < ranges[i][1]:
+                hits.append(offset)
+        if hits:
+            marked += len(hits)
+            for offset in hits:
+                undefined.update(range(offset, offset + WORD))
+            flags = [i in undefined for i in range(len(node.params))]
+            ir.replace_node(msgspec.structs.replace(node, undefined=_runs(flags)))
+    return ir, marked

@@ -1,0 +1,197 @@
+"""Device globals of module images: found at SAVE, checked or restored at LOAD.
+
+A kernel may read ``__device__``/``__constant__`` state its application set
+before capture (``cudaMemcpyToSymbol``, NVSHMEM and DeepEP device state). A
+graph restored against a freshly loaded copy of the image would see the
+image's initial values instead — right on the first token, wrong after. So
+SAVE lists the globals of every image its graphs use (from the cubin's ELF
+symbol table), records a hash of each one's bytes and keeps the bytes of those
+the application wrote. LOAD then:
+
+- bound to the live process's own copy: every global must hold SAVE's bytes;
+- bound to a freshly loaded archived copy: written globals are restored;
+- an image whose globals cannot be listed (PTX only, compressed fatbin) may be
+  bound live, but a fresh copy of it is refused.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import struct
+from collections.abc import Iterator
+
+from foundry.archive.schema import GlobalRecord, ImageRecord
+from foundry.cuda import cu, driver, handle_value
+from foundry.errors import DriftError
+
+ELF_MAGIC = b"\x7fELF"
+FATBIN_MAGIC = 0xBA55ED50
+SHT_SYMTAB = 2
+STT_OBJECT = 1
+# the sections user globals live in; .nv.constant0 holds kernel parameters
+GLOBAL_SECTIONS = (".nv.global", ".nv.constant")
+PARAM_SECTION = ".nv.constant0"
+
+
+def _elf_globals(elf: bytes) -> list[tuple[str, int]] | None:
+    """``(name, size)`` of the device globals in one cubin; None if it is not a well-formed ELF64."""
+    try:
+        if elf[:4] != ELF_MAGIC or elf[4] != 2 or elf[5] != 1:
+            return None
+        (shoff,) = struct.unpack_from("<Q", elf, 0x28)
+        shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
+        sections = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)]
+        names_at = sections[shstrndx][4]
+
+        def cstr(at: int) -> str:
+            return elf[at : elf.index(b"\0", at)].decode(errors="replace")
+
+        section_names = [cstr(names_at + s[0]) for s in sections]
+        found = []
+        for sh in sections:
+            if sh[1] != SHT_SYMTAB:
+                continue
+            strtab = sections[sh[6]][4]
+            for at in range(sh[4], sh[4] + sh[5], sh[9] or 24):
+                st_name, st_info, _, st_shndx, _, st_size = struct.unpack_from("<IBBHQQ", elf, at)
+                if st_info & 0xF != STT_OBJECT or st_size == 0 or st_shndx >= len(sections):
+                    continue
+                where = section_names[st_shndx]
+                if where.startswith(GLOBAL_SECTIONS) and not where.startswith(PARAM_SECTION):
+                    found.append((cstr(strtab + st_name), st_size))
+        return sorted(set(found))
+    except (struct.error, IndexError, ValueError):
+        return None
+
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def _fatbin_members(image: bytes) -> Iterator[bytes | None]:
+    """The payload of every fatbin entry, zstd-compressed ones decompressed;
+    None for an entry this reader cannot decode (e.g. another compression)."""
+    _, _, header_size, fat_size = struct.unpack_from("<IHHQ", image)
+    at, end = header_size, min(len(image), header_size + fat_size)
+    while at + 64 <= end:
+        entry_header, padded = struct.unpack_from("<IQ", image, at + 4)
+        (size,) = struct.unpack_from("<Q", image, at + 16)
+        (expanded,) = struct.unpack_from("<Q", image, at + 56)
+        payload = image[at + entry_header : at + entry_header + min(size or padded, padded)]
+        if payload[:4] == ZSTD_MAGIC:
+            yield _unzstd(payload, expanded)
+        elif payload[:4] == ELF_MAGIC or payload[:1] in (b".", b"/"):  # cubin, or PTX text
+            yield payload
+        else:
+            yield None
+        if entry_header == 0 or padded == 0:
+            break
+        at += entry_header + padded
+
+
+def _unzstd(payload: bytes, expanded: int) -> bytes | None:
+    try:
+        import zstandard
+    except ImportError:  # the gpu extra installs it; without it compressed images stay unknown
+        return None
+    try:
+        return zstandard.ZstdDecompressor().decompress(payload, max_output_size=max(expanded, 1))
+    except zstandard.ZstdError:
+        return None
+
+
+def global_names(image: bytes) -> list[tuple[str, int]] | None:
+    """``(name, size)`` of an image's device globals, or None when they cannot be listed
+    (PTX only, a member this reader cannot decode, a malformed image)."""
+    if image[:4] == ELF_MAGIC:
+        return _elf_globals(image)
+    if len(image) < 16 or struct.unpack_from("<I", image)[0] != FATBIN_MAGIC:
+        return None
+    try:
+        members = list(_fatbin_members(image))
+    except struct.error:
+        return None
+    cubins = [m for m in members if m is not None and m[:4] == ELF_MAGIC]
+    if not cubins or any(m is None for m in members):
+        return None
+    found = [_elf_globals(m) for m in cubins]
+    if any(g is None for g in found):
+        return None
+    return sorted({name for g in found for name in g})
+
+
+def _read_global(kind: str, handle: int, name: str) -> bytes | None:
+    drv = driver()
+    get = "cuLibraryGetGlobal" if kind == "library" else "cuModuleGetGlobal"
+    owner = drv.CUlibrary(handle) if kind == "library" else drv.CUmodule(handle)
+    err, dptr, size = getattr(drv, get)(owner, name.encode())
+    if err != drv.CUresult.CUDA_SUCCESS:
+        return None
+    buf = ctypes.create_string_buffer(size)
+    cu("cuMemcpyDtoH", ctypes.addressof(buf), dptr, size)
+    return buf.raw
+
+
+def _write_global(handle: int, name: str, value: bytes) -> None:
+    drv = driver()
+    dptr, size = cu("cuLibraryGetGlobal", drv.CUlibrary(handle), name.encode())
+    if size != len(value):
+        raise DriftError("a device global changed size", field=name, expected=len(value), found=size)
+    buf = ctypes.create_string_buffer(value, len(value))
+    cu("cuMemcpyHtoD", dptr, ctypes.addressof(buf), len(value))
+
+
+def record_image(sha256: str, image: bytes, kind: str, handle: int) -> ImageRecord:
+    """SAVE: the globals of one image as the application left them."""
+    names = global_names(image)
+    if names is None:
+        return ImageRecord(sha256, globals_known=False)
+    if not names:
+        return ImageRecord(sha256, globals_known=True)
+    data = ctypes.create_string_buffer(image, len(image))
+    fresh = cu("cuLibraryLoadData", ctypes.addressof(data), None, None, 0, None, None, 0)
+    try:
+        records = []
+        for name, _ in names:
+            live = _read_global(kind, handle, name)
+            initial = _read_global("library", handle_value(fresh), name)
+            if live is None and initial is None:
+                continue  # not reachable by name (internal linkage): no cudaMemcpyToSymbol can have set it
+            if live is None or initial is None:
+                return ImageRecord(sha256, globals_known=False)
+            written = live != initial
+            records.append(
+                GlobalRecord(name, len(live), written, hashlib.sha256(live).hexdigest(), live if written else None)
+            )
+        return ImageRecord(sha256, globals_known=True, globals=tuple(records))
+    finally:
+        cu("cuLibraryUnload", fresh)
+
+
+def check_live(record: ImageRecord, kind: str, handle: int) -> None:
+    """LOAD, bound to the application's own copy: its globals must hold SAVE's bytes."""
+    for g in record.globals:
+        live = _read_global(kind, handle, g.name)
+        if live is None or hashlib.sha256(live).hexdigest() != g.sha256:
+            raise DriftError(
+                "a device global of the live module differs from SAVE's",
+                field=g.name,
+                path=f"image {record.sha256[:12]}",
+            )
+
+
+def restore_fresh(record: ImageRecord | None, sha256: str, library: int) -> list[str]:
+    """LOAD, bound to a freshly loaded archived copy: restore what the application
+    wrote at SAVE; refuse images whose globals are unknown. Returns the names restored."""
+    if record is None or not record.globals_known:
+        raise DriftError(
+            "the device globals of this image are unknown, so a fresh copy could hold the wrong "
+            "state; load the image in the application before LOAD",
+            path=f"image {sha256[:12]}",
+        )
+    restored = []
+    for g in record.globals:
+        if g.written:
+            _write_global(library, g.name, g.value or b"")
+            restored.append(g.name)
+    return restored

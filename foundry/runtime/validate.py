@@ -1,0 +1,91 @@
+"""What a LOAD checks before it replays anything.
+
+Each check raises :class:`foundry.errors.DriftError` naming the field that
+differs, what the archive recorded and what the live process has. These run
+on the CPU too (the tests edit real archives and compare the messages).
+"""
+
+from __future__ import annotations
+
+from foundry.archive.reader import Archive
+from foundry.archive.schema import Environment, ModuleState, RegionRecord
+from foundry.errors import ArchiveError, DriftError
+from foundry.graphir.graph import GraphIR
+from foundry.graphir.operands import OperandSite
+
+# fields a LOAD must match; the GPU by model and capability, never by UUID
+ENVIRONMENT_FIELDS = ("gpu_name", "compute_capability", "driver_version", "cuda_version", "torch_version")
+REGION = "vmm"
+
+
+def check_environment(recorded: Environment, live: Environment) -> None:
+    for name in ENVIRONMENT_FIELDS:
+        want, have = getattr(recorded, name), getattr(live, name)
+        if want != have:
+            raise DriftError(
+                "the archive was saved in another environment", field=f"environment.{name}", expected=want, found=have
+            )
+
+
+def check_modules(archive: Archive) -> None:
+    """Every image a graph names is in the archive, whole and unaltered."""
+    state = archive.catalog.modules.state
+    if state is not ModuleState.COMPLETE:
+        raise DriftError(
+            f"the archive's module images are {state.value}; a LOAD needs them all",
+            field="modules.state",
+            expected=ModuleState.COMPLETE.value,
+            found=state.value,
+        )
+    for blob in archive.catalog.modules.blobs:
+        if not archive.module_present(blob.sha256):
+            raise DriftError("a module image is missing from the archive", field=f"modules/{blob.sha256}.bin")
+        try:
+            archive.module(blob.sha256)
+        except ArchiveError as err:
+            raise DriftError(
+                "a module image was altered", field=f"modules/{blob.sha256}.bin", expected=blob.sha256, found=err.found
+            ) from None
+
+
+def check_graph(ir: GraphIR, archive: Archive) -> None:
+    """A restorable graph names its images and points only into the region."""
+    known = {b.sha256 for b in archive.catalog.modules.blobs}
+    for node in ir.kernels():
+        if node.kernel.image is None or node.kernel.image not in known:
+            raise DriftError(
+                "a kernel's module image is not in the archive",
+                path=ir.name,
+                node=node.id,
+                kernel=node.kernel.name,
+                found=node.kernel.image,
+            )
+    for operand in ir.operands:
+        if operand.region != REGION:
+            site = f"param byte {operand.offset}" if operand.site is OperandSite.PARAM else operand.site.value
+            raise DriftError(
+                f"a pointer ({site}) lies outside the deterministic region, so LOAD cannot guarantee its target",
+                path=ir.name,
+                node=operand.node,
+                found=operand.location(),
+            )
+
+
+def check_region(record: RegionRecord | None, base: int, size: int) -> RegionRecord:
+    if record is None:
+        raise DriftError("the archive has no region record (it was not saved with the hook)", field="region")
+    if base != record.base:
+        raise DriftError(
+            "the live region is at another base than SAVE's",
+            field="region.base",
+            expected=hex(record.base),
+            found=hex(base),
+        )
+    if size < record.final_offset:
+        raise DriftError(
+            "the live region is smaller than SAVE's final offset",
+            field="region.size",
+            expected=record.final_offset,
+            found=size,
+        )
+    return record

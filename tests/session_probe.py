@@ -1,0 +1,84 @@
+"""Child program of the SAVE/LOAD session GPU tests (run under `foundry run`, not collected).
+
+    session_probe.py CUBIN [--scale N] [--skip-module] [--extra-alloc] [--take-base]
+
+A CUDA module built by the test holds ``__device__ int scale``; the program sets it
+before capture, then captures ``y = x * scale`` through a SAVE/LOAD session. Variants
+for LOAD: ``--skip-module`` does not load the module (the archived image is loaded
+and its global restored), ``--scale`` sets another value (the live copy then differs
+from SAVE's), ``--extra-alloc`` allocates 64 MiB more before the warm-up (the trace
+diverges), ``--take-base`` reserves the region's base address before the session
+starts. Prints one JSON line: the session report, the output and the hook counters;
+a Foundry error is printed as ``{"error": ...}`` with exit code 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import sys
+from pathlib import Path
+
+N = 1024
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("cubin", type=Path)
+    parser.add_argument("--scale", type=int, default=3)
+    parser.add_argument("--skip-module", action="store_true")
+    parser.add_argument("--extra-alloc", action="store_true")
+    parser.add_argument("--take-base", action="store_true")
+    args = parser.parse_args()
+
+    import torch
+
+    from foundry.cuda import cu, driver
+    from foundry.errors import FoundryError
+    from foundry.runtime.session import open_session
+
+    drv = driver()
+    try:
+        session = open_session()
+        if args.take_base:
+            cu("cuInit", 0)
+            cu("cuCtxSetCurrent", cu("cuDevicePrimaryCtxRetain", cu("cuDeviceGet", 0)))
+            cu("cuMemAddressReserve", 1 << 30, 0, 0x600000000000, 0)
+        session.start()
+        x = torch.arange(N, dtype=torch.float32, device="cuda")
+        y = torch.zeros_like(x)
+        if args.extra_alloc:
+            torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+        func = None
+        if not args.skip_module:
+            image = ctypes.create_string_buffer(args.cubin.read_bytes())
+            module = cu("cuModuleLoadData", ctypes.addressof(image))
+            dptr, size = cu("cuModuleGetGlobal", module, b"scale")
+            value = ctypes.c_int(args.scale)
+            cu("cuMemcpyHtoD", dptr, ctypes.addressof(value), size)
+            func = cu("cuModuleGetFunction", module, b"scaled")
+
+        def step():
+            stream = drv.CUstream(torch.cuda.current_stream().cuda_stream)
+            params = ((x.data_ptr(), y.data_ptr(), N), (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int))
+            cu("cuLaunchKernel", func, N // 256, 1, 1, 256, 1, 1, 0, stream, params, 0)
+            return y
+
+        session.warmup(step if func is not None else lambda: None)
+        graph = session.graph("scaled", step)
+        report = session.finish()
+        y.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        out = graph.outputs
+        seen = (out[5] / x[5]).item()
+        print(json.dumps({"report": report, "scale_seen": seen, "same_storage": out.data_ptr() == y.data_ptr()}))
+        return 0
+    except FoundryError as err:
+        print(json.dumps({"error": err.to_dict()}, default=str))
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""SAVE/LOAD sessions on a GPU: fresh processes under `foundry run`.
+
+A module built here with nvcc holds a ``__device__`` global the program sets
+before capture; the tests check that LOAD binds to the live copy, restores the
+global into a freshly loaded archived copy, or refuses by name — and that each
+kind of drift is refused before any replay, naming its field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .archive_tools import edit_json
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNEL = r"""
+__device__ int scale;
+extern "C" __global__ void scaled(const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] * scale;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def cubin(tmp_path_factory) -> Path:
+    import torch
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is needed to build the test module")
+    major, minor = torch.cuda.get_device_capability()
+    work = tmp_path_factory.mktemp("module")
+    (work / "scaled.cu").write_text(KERNEL)
+    out = work / "scaled.cubin"
+    subprocess.run(["nvcc", "-cubin", f"-arch=sm_{major}{minor}", "-o", str(out), str(work / "scaled.cu")], check=True)
+    return out
+
+
+def foundry_run(mode: str, archive: Path, cubin: Path, *args: str, extra: tuple[str, ...] = ()) -> dict:
+    cmd = [sys.executable, "-m", "foundry", "run", "--mode", mode, "--archive", str(archive), *extra, "--",
+           sys.executable, str(ROOT / "tests" / "session_probe.py"), str(cubin), *args]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert lines, f"rc {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    return json.loads(lines[-1])
+
+
+@pytest.fixture(scope="module")
+def saved(cubin, tmp_path_factory) -> Path:
+    archive = tmp_path_factory.mktemp("saved") / "archive"
+    result = foundry_run("save", archive, cubin)
+    assert result["scale_seen"] == 3.0, result
+    assert result["report"]["written_globals"] == ["scale"]
+    return archive
+
+
+def test_load_binds_to_the_live_module_and_does_not_capture(saved, cubin):
+    result = foundry_run("load", saved, cubin)
+    assert result["scale_seen"] == 3.0 and result["same_storage"], result
+    report = result["report"]
+    assert report["counters"]["stream_captures"] == 0
+    assert report["counters"]["graph_instantiates"] == report["graphs"] == 1
+    assert report["bound_live"] == 1 and report["loaded_images"] == 0
+
+
+def test_a_fresh_copy_of_the_image_gets_the_global_restored(saved, cubin):
+    result = foundry_run("load", saved, cubin, "--skip-module")
+    assert result["report"]["loaded_images"] == 1 and result["report"]["restored_globals"] == ["scale"]
+    assert result["scale_seen"] == 3.0  # never the image's initial 0
+
+
+def test_a_live_module_whose_global_differs_is_refused_by_name(saved, cubin):
+    result = foundry_run("load", saved, cubin, "--scale", "7")
+    assert result["error"]["field"] == "scale"
+    assert "differs from SAVE's" in result["error"]["message"]
+
+
+def test_a_changed_allocation_sequence_is_refused_naming_the_allocation(saved, cubin):
+    result = foundry_run("load", saved, cubin, "--extra-alloc")
+    assert result["error"]["field"] == "region.trace"
+    assert "diverges from SAVE's warm-up trace" in result["error"]["message"]
+
+
+def test_a_taken_region_base_is_refused(saved, cubin):
+    result = foundry_run("load", saved, cubin, "--take-base")
+    assert result["error"]["field"] == "region.base"
+
+
+def test_an_archive_from_another_gpu_is_refused(saved, cubin, tmp_path):
+    other = tmp_path / "other-gpu"
+    shutil.copytree(saved, other)
+    edit_json(other / "foundry-archive.json", lambda c: c["environment"].update(gpu_name="NVIDIA B200"), root=other)
+    result = foundry_run("load", other, cubin)
+    assert result["error"]["field"] == "environment.gpu_name"
+    assert result["error"]["expected"] == "NVIDIA B200"
+
+
+def test_save_and_save2_agree_and_diff_says_identical(saved, cubin, tmp_path):
+    again = tmp_path / "save2"
+    assert foundry_run("save", again, cubin)["scale_seen"] == 3.0
+    proc = subprocess.run([sys.executable, "-m", "foundry", "archive", "diff", str(saved), str(again)],
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_recipe_decodes_identically_after_load(tmp_path):
+    """The Qwen3-shaped recipe at two batch sizes: baseline vs SAVE vs fresh-process LOAD."""
+    recipe = [sys.executable, str(ROOT / "recipes" / "torch" / "run.py"), "--batches", "1,8"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    reports = []
+    for name, prefix in (("baseline", []), ("save", ["save"]), ("load", ["load"])):
+        out = tmp_path / f"{name}.json"
+        cmd = [*recipe, "--out", str(out)]
+        if prefix:
+            cmd = [sys.executable, "-m", "foundry", "run", "--mode", prefix[0], "--archive", str(tmp_path / "a"),
+                   "--", *cmd]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=400)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        reports.append(out)
+    proc = subprocess.run([sys.executable, str(ROOT / "recipes" / "torch" / "compare.py"), *map(str, reports)],
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout
+    assert "identical" in proc.stdout and "DIFFERENT" not in proc.stdout

@@ -1,0 +1,339 @@
+"""The SAVE/LOAD runtime's CPU side, on the SAVE/SAVE2 pair captured with the hook on
+the H200 (tests/fixtures/saveload-a and -b): definedness masks, philox cells,
+topology keys, LOAD's refusals, the launcher and archive stripping."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from foundry.archive import Archive, ArchiveWriter
+from foundry.archive.outputs import DictValue, IntValue, SeqValue, TensorSpec, rebuild
+from foundry.archive.schema import ModuleState
+from foundry.archive.strip import strip
+from foundry.errors import CaptureError, DriftError, FoundryError, HookError
+from foundry.graphir.fingerprint import fingerprint, topology_key
+from foundry.graphir.graph import Edge, EdgeData
+from foundry.graphir.kernel import parameter_types
+from foundry.graphir.operands import OperandSite
+from foundry.graphir.regions import Region, RegionKind
+from foundry.runtime import launcher
+from foundry.runtime.definedness import host_ranges, mark_host_words, mark_undefined
+from foundry.runtime.rng import philox_cells
+from foundry.runtime.session import LoadSession, Session, open_session
+from foundry.runtime.validate import check_environment, check_graph, check_modules, check_region
+
+from .archive_tools import edit_json
+from .conftest import FIXTURES
+
+SAVE_A, SAVE_B = FIXTURES / "saveload-a", FIXTURES / "saveload-b"
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[Archive, Archive]:
+    return Archive.open(SAVE_A), Archive.open(SAVE_B)
+
+
+# -- what two SAVEs agree on ------------------------------------------------------------
+
+
+def test_two_saves_made_the_same_allocations_and_graphs(pair):
+    a, b = pair
+    ra, rb = a.session(0).region, b.session(0).region
+    assert (ra.base, ra.final_offset, ra.trace) == (rb.base, rb.final_offset, rb.trace)
+    assert ra.warmup_allocations == 11 and ra.final_offset == 174_063_616
+    for entry in a.entries(0):
+        ga, gb = a.graph(0, entry), b.graph(0, entry.name)
+        assert entry.topology == b.entry(0, entry.name).topology == topology_key(ga)
+        assert [n.launch for n in ga.kernels()] == [n.launch for n in gb.kernels()]
+        assert [(o.key, o.region, o.region_offset) for o in ga.operands] == [
+            (o.key, o.region, o.region_offset) for o in gb.operands
+        ]
+
+
+def test_undefined_bytes_are_marked_and_left_out_of_the_fingerprint(pair):
+    a, _ = pair
+    ir = a.graph(0, "decode.bs1")
+    marked = [n for n in ir.kernels() if n.undefined]
+    assert marked, "the H200 SAVE marked no undefined bytes"
+    node = marked[0]
+    offset, _ = node.undefined[0]
+    flipped = bytearray(node.params)
+    flipped[offset] ^= 0xFF
+    before = fingerprint(ir)
+    ir.replace_node(msgspec.structs.replace(node, params=bytes(flipped)))
+    assert fingerprint(ir) == before  # an undefined byte does not count
+    defined = next(i for i in range(len(node.params)) if all(not o <= i < o + n for o, n in node.undefined))
+    flipped[defined] ^= 0xFF
+    ir.replace_node(msgspec.structs.replace(node, params=bytes(flipped)))
+    assert fingerprint(ir) != before  # a defined one does
+
+
+def test_mark_undefined_finds_differing_bytes_and_one_sided_pointers(pair):
+    a, _ = pair
+    kept, probe = a.graph(0, "sample.bs8"), a.graph(0, "sample.bs8")
+    for ir in (kept, probe):  # start from no marks
+        for n in ir.kernels():
+            ir.replace_node(msgspec.structs.replace(n, undefined=()))
+    node = kept.kernels()[0]
+    changed = bytearray(node.params)
+    words = {o.offset for o in probe.operands.of(node.id) if o.site is OperandSite.PARAM}
+    scalar = next(i for i in range(len(changed)) if all(not w <= i < w + 8 for w in words))
+    changed[scalar] ^= 0x5A
+    probe.replace_node(msgspec.structs.replace(probe.node(node.id), params=bytes(changed)))
+    pointer = next(iter(sorted(words)))  # the probe does not see this word as a pointer
+    probe.set_operands(o for o in probe.operands if not (o.node == node.id and o.offset == pointer))
+    raw = bytearray(changed)
+    raw[pointer] ^= 0x10
+    probe.replace_node(msgspec.structs.replace(probe.node(node.id), params=bytes(raw)))
+    marked, count = mark_undefined(kept, probe)
+    runs = marked.node(node.id).undefined
+    assert (scalar, 1) in runs and any(o <= pointer < o + n for o, n in runs) and count >= 2
+    assert all(o.offset != pointer for o in marked.operands.of(node.id) if o.site is OperandSite.PARAM)
+
+
+def test_mark_undefined_refuses_two_different_steps(pair):
+    a, _ = pair
+    with pytest.raises(CaptureError, match="node count"):
+        mark_undefined(a.graph(0, "decode.bs1"), a.graph(0, "sample.bs8"))
+
+
+def test_words_holding_host_addresses_are_undefined(pair):
+    a, _ = pair
+    ir = a.graph(0, "sample.bs8")
+    node = ir.kernels()[0]
+    operand_words = {o.offset for o in ir.operands.of(node.id) if o.site is OperandSite.PARAM}
+    free = next(w for w in range(0, len(node.params) - 7, 8) if w not in operand_words
+                and all(not o <= w < o + n for o, n in node.undefined))  # fmt: skip
+    raw = bytearray(node.params)
+    raw[free : free + 8] = (0x7F00_0000_1234).to_bytes(8, "little")
+    ir.replace_node(msgspec.structs.replace(node, params=bytes(raw)))
+    ranges = host_ranges("7f0000000000-7f0000100000 r-xp 00000000 00:00 0 /lib/libexample.so\n")
+    ir, words = mark_host_words(ir, ranges)
+    assert words == 1 and any(o <= free and free + 8 <= o + n for o, n in ir.node(node.id).undefined)
+    assert all(o.region == "vmm" for o in ir.operands.of(node.id))  # pointer words untouched
+
+
+# -- RNG and templates ----------------------------------------------------------------------
+
+
+def test_philox_cells_are_found_from_the_kernel_signature(pair):
+    a, _ = pair
+    entry = a.entry(0, "sample.bs8")
+    region, seed, offset = philox_cells(a.graph(0, entry))
+    assert region == "vmm" and (seed, offset) == (entry.rng.seed_offset, entry.rng.offset_offset)
+    assert entry.rng.increment > 0
+    assert philox_cells(a.graph(0, "decode.bs1")) is None
+
+
+def test_parameter_types_read_from_a_real_torch_name():
+    names = (FIXTURES / "kernel_names" / "torch.txt").read_text().split()
+    from foundry.graphir.kernel import KernelIdentity
+
+    mangled = next(n for n in names if "distribution_elementwise_grid_stride_kernel" in n)
+    types = parameter_types(KernelIdentity(mangled).demangled)
+    assert types is not None and "at::PhiloxCudaState" in types
+    assert parameter_types('extern "C" kernel') is None and parameter_types("void f()") == []
+
+
+def test_topology_keys_ignore_parameters_but_not_edges(pair):
+    a, _ = pair
+    ir = a.graph(0, "decode.bs1")
+    key = topology_key(ir)
+    node = ir.kernels()[3]
+    ir.replace_node(msgspec.structs.replace(node, params=bytes(len(node.params))))
+    assert topology_key(ir) == key
+    ir.add_edges([Edge(0, len(ir) - 1, EdgeData())])
+    assert topology_key(ir) != key
+
+
+# -- LOAD's refusals ------------------------------------------------------------------------
+
+
+def test_environment_drift_is_named_by_field(pair):
+    a, _ = pair
+    recorded = a.catalog.environment
+    check_environment(recorded, recorded)
+    for field, value in (("gpu_name", "NVIDIA B200"), ("driver_version", "590.1"), ("torch_version", "2.12.0"),
+                         ("cuda_version", "13.1"), ("compute_capability", "10.0")):  # fmt: skip
+        with pytest.raises(DriftError) as err:
+            check_environment(recorded, msgspec.structs.replace(recorded, **{field: value}))
+        assert err.value.field == f"environment.{field}" and err.value.found == value
+    # another machine of the same kind (UUID is not recorded) and another Python are fine
+    check_environment(recorded, msgspec.structs.replace(recorded, python_version="3.13.0"))
+
+
+def test_a_stripped_archive_is_refused(pair):
+    a, _ = pair
+    assert a.catalog.modules.state is ModuleState.STRIPPED
+    with pytest.raises(DriftError) as err:
+        check_modules(a)
+    assert err.value.field == "modules.state" and err.value.found == "stripped"
+
+
+def _archive_with_module(root: Path, blob: bytes) -> Archive:
+    source = Archive.open(SAVE_A)
+    writer = ArchiveWriter(root, environment=source.catalog.environment)
+    writer.add_module(blob, format="cubin")
+    rank = writer.rank(0)
+    rank.add_graph(source.graph(0, "sample.bs8"))
+    rank.seal()
+    writer.commit()
+    return Archive.open(root)
+
+
+def test_missing_and_altered_module_images_are_refused(tmp_path):
+    blob = b"\x7fELF" + bytes(60)
+    archive = _archive_with_module(tmp_path / "a", blob)
+    check_modules(archive)
+    path = next((tmp_path / "a" / "modules").iterdir())
+    path.write_bytes(blob[:-1] + b"\x01")
+    with pytest.raises(DriftError, match="altered") as err:
+        check_modules(Archive.open(tmp_path / "a"))
+    assert err.value.field == f"modules/{path.name}"
+    path.unlink()
+    with pytest.raises(DriftError, match="missing"):
+        check_modules(Archive.open(tmp_path / "a"))
+
+
+def test_graphs_must_name_archived_images_and_point_only_into_the_region(pair):
+    a, _ = pair
+    ir = a.graph(0, "decode.bs8")
+    check_graph(ir, a)
+    legacy = Archive.open(FIXTURES / "tiny-qwen3")  # saved before the hook: no module images
+    with pytest.raises(DriftError, match="module image is not in the archive"):
+        check_graph(legacy.graph(0, "decode.bs1"), legacy)
+    ir.regions["host.0"] = Region("host.0", RegionKind.HOST, 0x7F0000000000, 4096)
+    first = next(iter(ir.operands))
+    ir.set_operands(msgspec.structs.replace(o, region="host.0", region_offset=0) if o == first else o
+                    for o in ir.operands)  # fmt: skip
+    with pytest.raises(DriftError, match="outside the deterministic region") as err:
+        check_graph(ir, a)
+    assert err.value.node == first.node and err.value.found == "host.0+0x0"
+
+
+def test_region_checks(pair):
+    a, _ = pair
+    record = a.session(0).region
+    assert check_region(record, record.base, record.size) is record
+    with pytest.raises(DriftError) as err:
+        check_region(record, record.base + (16 << 30), record.size)
+    assert err.value.field == "region.base"
+    with pytest.raises(DriftError, match="smaller"):
+        check_region(record, record.base, record.final_offset - 1)
+    with pytest.raises(DriftError, match="no region record"):
+        check_region(None, record.base, record.size)
+
+
+def test_restoring_warmup_bytes_needs_them_in_the_archive():
+    with pytest.raises(DriftError) as err:
+        LoadSession(SAVE_A, warmup="restore")
+    assert err.value.field == "region.warmup_bytes"
+    with pytest.raises(FoundryError, match="unknown warm-up mode"):
+        LoadSession(SAVE_A, warmup="sometimes")
+
+
+def test_open_session_reads_the_launcher_environment(monkeypatch):
+    monkeypatch.delenv("FOUNDRY_MODE", raising=False)
+    assert type(open_session()) is Session
+    monkeypatch.setenv("FOUNDRY_MODE", "bogus")
+    with pytest.raises(FoundryError, match="unknown mode"):
+        open_session()
+    monkeypatch.setenv("FOUNDRY_MODE", "save")
+    monkeypatch.delenv("FOUNDRY_ARCHIVE", raising=False)
+    with pytest.raises(FoundryError, match="FOUNDRY_ARCHIVE"):
+        open_session()
+
+
+# -- the launcher ------------------------------------------------------------------------------
+
+
+def test_load_takes_the_region_saved_and_refuses_another_base(tmp_path):
+    record = Archive.open(SAVE_A).session(0).region
+    env = launcher.environment(launcher.RunConfig("load", SAVE_A), base_env={"LD_PRELOAD": "/x/other.so"})
+    assert env["FOUNDRY_REGION_BASE"] == hex(record.base) and env["FOUNDRY_REGION_SIZE"] == str(record.size)
+    assert env["LD_PRELOAD"].split(":")[0].endswith("libfoundry_hook.so") and "/x/other.so" in env["LD_PRELOAD"]
+    assert env["FOUNDRY_MODE"] == "load" and "PYTHONHASHSEED" not in env
+    with pytest.raises(DriftError) as err:
+        launcher.environment(launcher.RunConfig("load", SAVE_A, region_base=record.base + (16 << 30)), base_env={})
+    assert err.value.field == "region.base"
+    with pytest.raises(DriftError, match="no region record"):
+        launcher.environment(launcher.RunConfig("load", FIXTURES / "tiny-qwen3"), base_env={})
+
+
+def test_save_gets_a_fixed_layout_unless_asked_not_to(tmp_path):
+    config = launcher.RunConfig("save", tmp_path / "a")
+    assert launcher.environment(config, base_env={})["PYTHONHASHSEED"] == "0"
+    assert launcher.preexec(config) is not None
+    assert launcher.preexec(launcher.RunConfig("save", tmp_path / "a", fixed_layout=False)) is None
+    assert launcher.preexec(launcher.RunConfig("load", SAVE_A)) is None
+
+
+def test_the_launcher_refuses_without_a_built_hook(monkeypatch, tmp_path):
+    monkeypatch.setattr(launcher, "library_path", lambda: None)
+    with pytest.raises(HookError, match="not built"):
+        launcher.environment(launcher.RunConfig("save", tmp_path / "a"), base_env={})
+
+
+def test_foundry_run_on_the_command_line(tmp_path):
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "foundry", "run", *args], capture_output=True, text=True)
+
+    code = "import os; print(os.environ['FOUNDRY_MODE'], open('/proc/self/personality').read().strip())"
+    ok = run("--mode", "save", "--archive", str(tmp_path / "a"), "--", sys.executable, "-c", code)
+    assert ok.returncode == 0 and ok.stdout.split() == ["save", "00040000"], ok.stderr
+    failing = run("--mode", "save", "--archive", str(tmp_path / "a"), "--", sys.executable, "-c", "raise SystemExit(5)")
+    assert failing.returncode == 5  # the program's own exit code
+    missing = run("--mode", "load", "--archive", str(tmp_path / "nothing"), "--", "true")
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "no such archive" in missing.stderr
+    absent = run("--mode", "save", "--archive", str(tmp_path / "a"), "--", "no-such-program-here")
+    assert absent.returncode == 2 and "command not found" in absent.stderr
+    bad = run("--mode", "save", "--archive", str(tmp_path / "a"), "--region-base", "nowhere", "--", "true")
+    assert bad.returncode == 2 and "not an address" in bad.stderr
+
+
+# -- stripping and outputs ------------------------------------------------------------------------
+
+
+def test_strip_removes_images_and_warmup_bytes_and_says_so(tmp_path):
+    root = tmp_path / "a"
+    archive = _archive_with_module(root, b"\x7fELF" + bytes(200))
+    removed = strip(archive)
+    assert removed == {"files": 1, "bytes": 204}
+    reopened = Archive.open(root)
+    assert reopened.catalog.modules.state is ModuleState.STRIPPED and reopened.catalog.modules.blobs
+    assert reopened.graph(0, "sample.bs8") is not None  # still inspects
+    with pytest.raises(DriftError):
+        check_modules(reopened)
+    out = subprocess.run([sys.executable, "-m", "foundry", "archive", "strip", str(root), "--json"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 0 and json.loads(out.stdout)["files"] == 0
+
+
+def test_output_descriptions_rebuild_the_same_structure():
+    logits = TensorSpec("float32", (2, 3), (3, 1), 0, "vmm", 4096)
+    spec = DictValue(
+        {"logits": logits, "rest": SeqValue("tuple", (IntValue(7), TensorSpec("int64", (2,), (1,), 0, "vmm", 0)))}
+    )
+    made = rebuild(spec, lambda t: ("tensor", t.dtype, t.region_offset))
+    assert made == {"logits": ("tensor", "float32", 4096), "rest": (7, ("tensor", "int64", 0))}
+
+
+def test_edits_that_break_the_region_record_are_caught(tmp_path):
+    root = tmp_path / "a"
+    shutil.copytree(SAVE_A, root)
+    edit_json(root / "rank0" / "session.json", lambda s: s["region"].update(base=0x500000000000), root=root)
+    record = Archive.open(root).session(0).region
+    with pytest.raises(DriftError) as err:
+        check_region(record, 0x600000000000, 64 << 30)
+    assert err.value.expected == "0x500000000000"
+    env_before = dict(os.environ)
+    assert launcher.environment(launcher.RunConfig("load", root))["FOUNDRY_REGION_BASE"] == "0x500000000000"
+    assert dict(os.environ) == env_before  # the launcher never changes its own environment
