@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -45,3 +47,26 @@ def archive_copy(tmp_path: Path):
 @pytest.fixture(scope="session")
 def registry() -> BackendRegistry:
     return BackendRegistry.discover()
+
+
+NATIVE = Path(__file__).resolve().parent.parent / "native"
+CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+
+
+@pytest.fixture(scope="session")
+def hook_library(tmp_path_factory) -> Path:
+    """The native hook built from this checkout's sources (CUDA headers and a C compiler needed)."""
+    if not (CUDA_HOME / "include" / "cuda.h").is_file() or shutil.which("cc") is None:
+        pytest.skip(f"no CUDA headers under {CUDA_HOME} or no C compiler: the hook is not built here")
+    build = tmp_path_factory.mktemp("native-build")
+    proc = subprocess.run(["make", "-C", str(NATIVE), f"BUILD={build}", f"CUDA_HOME={CUDA_HOME}"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return build / "libfoundry_hook.so"
+
+
+@pytest.fixture
+def with_hook(hook_library, monkeypatch) -> Path:
+    """Point the launcher at the hook built for this test run."""
+    monkeypatch.setenv("FOUNDRY_HOOK_LIB", str(hook_library))
+    return hook_library

@@ -255,7 +255,7 @@ def test_open_session_reads_the_launcher_environment(monkeypatch):
 # -- the launcher ------------------------------------------------------------------------------
 
 
-def test_load_takes_the_region_saved_and_refuses_another_base(tmp_path):
+def test_load_takes_the_region_saved_and_refuses_another_base(tmp_path, with_hook):
     record = Archive.open(SAVE_A).session(0).region
     env = launcher.environment(launcher.RunConfig("load", SAVE_A), base_env={"LD_PRELOAD": "/x/other.so"})
     assert env["FOUNDRY_REGION_BASE"] == hex(record.base) and env["FOUNDRY_REGION_SIZE"] == str(record.size)
@@ -268,7 +268,7 @@ def test_load_takes_the_region_saved_and_refuses_another_base(tmp_path):
         launcher.environment(launcher.RunConfig("load", FIXTURES / "tiny-qwen3"), base_env={})
 
 
-def test_save_gets_a_fixed_layout_unless_asked_not_to(tmp_path):
+def test_save_gets_a_fixed_layout_unless_asked_not_to(tmp_path, with_hook):
     config = launcher.RunConfig("save", tmp_path / "a")
     assert launcher.environment(config, base_env={})["PYTHONHASHSEED"] == "0"
     assert launcher.preexec(config) is not None
@@ -282,7 +282,7 @@ def test_the_launcher_refuses_without_a_built_hook(monkeypatch, tmp_path):
         launcher.environment(launcher.RunConfig("save", tmp_path / "a"), base_env={})
 
 
-def test_foundry_run_on_the_command_line(tmp_path):
+def test_foundry_run_on_the_command_line(tmp_path, with_hook):
     def run(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "foundry", "run", *args], capture_output=True, text=True)
 
@@ -326,7 +326,7 @@ def test_output_descriptions_rebuild_the_same_structure():
     assert made == {"logits": ("tensor", "float32", 4096), "rest": (7, ("tensor", "int64", 0))}
 
 
-def test_edits_that_break_the_region_record_are_caught(tmp_path):
+def test_edits_that_break_the_region_record_are_caught(tmp_path, with_hook):
     root = tmp_path / "a"
     shutil.copytree(SAVE_A, root)
     edit_json(root / "rank0" / "session.json", lambda s: s["region"].update(base=0x500000000000), root=root)
