@@ -338,22 +338,22 @@ def _address(text: str) -> int:
               help="LOAD: repeat the program's warm-up, or skip it and restore the bytes it left")  # fmt: skip
 @click.option("--rank", type=click.IntRange(min=0), default=0, help="this process's rank")
 @click.option("--keep-aslr", is_flag=True, help="SAVE: keep address-space randomisation (fingerprints may differ)")
+@click.option("--save-runs", type=click.IntRange(min=1, max=8), default=2, show_default=True,
+              help="SAVE: run the program this many times, marking bytes the runs disagree on")  # fmt: skip
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @guarded
 def run(mode: str, archive: Path, region_base: int | None, region_size: int | None, warmup: str, rank: int,
-        keep_aslr: bool, command: tuple[str, ...]) -> int:  # fmt: skip
+        keep_aslr: bool, save_runs: int, command: tuple[str, ...]) -> int:  # fmt: skip
     """Run COMMAND (after --) with the native hook and a SAVE or LOAD session.
 
     The program opens the session with foundry.runtime.open_session(); the exit
-    code is the program's."""
-    import subprocess
+    code is the program's. A SAVE runs it --save-runs times (fresh processes) and
+    keeps the first run's archive, marked with the bytes the runs disagree on."""
+    from foundry.runtime import launcher
 
-    from foundry.runtime.launcher import RunConfig, environment, preexec
-
-    config = RunConfig(mode, archive, region_base, region_size, warmup, rank, fixed_layout=not keep_aslr)
-    env = environment(config)
+    config = launcher.RunConfig(mode, archive, region_base, region_size, warmup, rank, fixed_layout=not keep_aslr)
     try:
-        return subprocess.run(list(command), env=env, preexec_fn=preexec(config)).returncode
+        return launcher.run(config, list(command), save_runs=save_runs, log=lambda line: click.echo(line, err=True))
     except FileNotFoundError:
         raise FoundryError("command not found", found=command[0]) from None
 

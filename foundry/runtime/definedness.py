@@ -20,6 +20,7 @@ address mapped in the host process is not something a kernel can use.
 from __future__ import annotations
 
 import bisect
+from pathlib import Path
 
 import msgspec
 
@@ -80,7 +81,7 @@ def mark_undefined(kept: GraphIR, probe: GraphIR) -> tuple[GraphIR, int]:
                 "the two captures of a step launch different kernels", path=kept.name, node=a.id, kernel=a.kernel.name
             )
         differs, one_sided = _compare(a, b, _param_words(kept.operands.of(a.id)), _param_words(probe.operands.of(a.id)))
-        for offset, length in a.undefined:  # marked by an earlier probe
+        for offset, length in (*a.undefined, *b.undefined):  # what either capture already knew
             differs[offset : offset + length] = [True] * length
         dropped.update((a.id, offset) for offset in one_sided)
         runs = _runs(differs)
@@ -133,3 +134,35 @@ def mark_host_words(ir: GraphIR, ranges: list[tuple[int, int]]) -> tuple[GraphIR
             flags = [i in undefined for i in range(len(node.params))]
             ir.replace_node(msgspec.structs.replace(node, undefined=_runs(flags)))
     return ir, marked
+
+
+def merge_saves(primary: Path, other: Path) -> dict[str, int]:
+    """Mark in ``primary`` every parameter byte that differs from ``other``, an archive
+    of the same program saved by another process: leftovers that one process's
+    probes reproduce exactly (heap values of that process) differ between two.
+    Both archives must agree on ranks, graphs, topology and allocation trace."""
+    from foundry.archive.reader import Archive
+    from foundry.archive.rewrite import rewrite_graphs
+
+    a, b = Archive.open(primary), Archive.open(other)
+    if a.ranks != b.ranks:
+        raise CaptureError("the two SAVE runs wrote different ranks", expected=a.ranks, found=b.ranks)
+    for rank in a.ranks:
+        ra, rb = a.session(rank).region, b.session(rank).region
+        if ra is None or rb is None or (ra.base, ra.final_offset, ra.trace) != (rb.base, rb.final_offset, rb.trace):
+            raise CaptureError("the two SAVE runs allocated differently; the program is not deterministic",
+                               field=f"rank{rank}.region")  # fmt: skip
+        names_a, names_b = [e.name for e in a.entries(rank)], [e.name for e in b.entries(rank)]
+        if names_a != names_b:
+            raise CaptureError("the two SAVE runs captured different graphs", field=f"rank{rank}.graphs",
+                               expected=names_a[:8], found=names_b[:8])  # fmt: skip
+    stats = {"graphs": 0, "undefined_bytes": 0}
+
+    def merge(rank: int, ir: GraphIR) -> GraphIR:
+        merged, count = mark_undefined(ir, b.graph(rank, ir.name))
+        stats["graphs"] += 1
+        stats["undefined_bytes"] += count
+        return merged
+
+    rewrite_graphs(a, merge)
+    return stats

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from foundry.archive.reader import Archive
-from foundry.errors import DriftError, HookError
+from foundry.archive.schema import CATALOG_FILE
+from foundry.errors import DriftError, FoundryError, HookError
 from foundry.runtime.hook import LIBRARY, library_path
 
 
@@ -76,3 +77,38 @@ def environment(config: RunConfig, base_env: dict[str, str] | None = None) -> di
     if size is not None:
         env["FOUNDRY_REGION_SIZE"] = str(size)
     return env
+
+
+def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Callable[[str], None] = print) -> int:
+    """Run ``command`` under the hook; a SAVE runs it ``save_runs`` times in fresh
+    processes and marks in the archive every parameter byte the runs disagree on
+    (:func:`foundry.runtime.definedness.merge_saves`). Returns the exit code."""
+    import shutil
+    import subprocess
+
+    from foundry.runtime.definedness import merge_saves
+
+    code = subprocess.run(command, env=environment(config), preexec_fn=preexec(config)).returncode
+    if config.mode != "save" or code != 0:
+        return code
+    if not (config.archive / CATALOG_FILE).is_file():
+        raise FoundryError("the program finished but wrote no archive (does it open a session and call finish()?)",
+                           path=str(config.archive))  # fmt: skip
+    if save_runs < 2:
+        return code
+    for run_index in range(2, save_runs + 1):
+        extra = config.archive.parent / f".{config.archive.name}.run{run_index}"
+        log(f"foundry: SAVE run {run_index} of {save_runs} (a fresh process, to find bytes the runs disagree on)")
+        try:
+            again = RunConfig(**{**config.__dict__, "archive": extra})
+            code = subprocess.run(command, env=environment(again), preexec_fn=preexec(again)).returncode
+            if code != 0:
+                log(f"foundry: SAVE run {run_index} failed (exit {code}); {config.archive} holds the first run's "
+                    "archive without the cross-run marks")  # fmt: skip
+                return code
+            stats = merge_saves(config.archive, extra)
+            log(f"foundry: merged run {run_index}: {stats['undefined_bytes']} undefined parameter bytes "
+                f"in {stats['graphs']} graphs")  # fmt: skip
+        finally:
+            shutil.rmtree(extra, ignore_errors=True)
+    return 0
