@@ -2,10 +2,11 @@
 
     python bench/cold_start.py [--config qwen3-0.6b] [--batches 1,2,...] [--out DIR]
 
-Runs recipes/torch/run.py --bench four times in fresh processes: a plain capture
-(baseline), a SAVE, a LOAD that repeats the warm-up and a LOAD that restores the
-warm-up's bytes instead. Weights are allocated and filled before the timed part
-in every run, so they are excluded from both sides. Each run reports its
+Runs recipes/torch/run.py --bench in fresh processes: a plain capture
+(baseline), a SAVE, a LOAD that repeats the warm-up, a LOAD that restores the
+warm-up's bytes instead, and that LOAD again with the hook's native graph
+builder. Weights are allocated and filled before the timed part in every run,
+so they are excluded from both sides. Each run reports its
 warm-up time, the time to get its graphs (capture or restore), per-graph
 rebuild cost, and the median replay time of every graph in the same process.
 Writes bench/out/cold_start.json and prints a table. Pin the JIT caches
@@ -27,7 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = (("capture", None, ()), ("save", "save", ()), ("load-replay", "load", ("--warmup", "replay")),
-        ("load-restore", "load", ("--warmup", "restore")))  # fmt: skip
+        ("load-restore", "load", ("--warmup", "restore")),
+        ("load-restore-native", "load", ("--warmup", "restore", "--builder", "native")))  # fmt: skip
 
 
 def run(
@@ -60,7 +62,7 @@ def summarize(results: dict) -> dict:
         ratios = [r["replay"][k] / base_replay[k] for k in base_replay if k in r["replay"]]
         row["replay_ratio_median"] = statistics.median(ratios)
         row["replay_ratio_max"] = max(ratios)
-        for key in ("templates", "build_s", "map_s", "bound_live", "loaded_images"):
+        for key in ("builder", "templates", "build_s", "map_s", "bound_live", "loaded_images"):
             if key in s:
                 row[key] = s[key]
         rows[name] = row

@@ -73,6 +73,13 @@ def test_load_binds_to_the_live_module_and_does_not_capture(saved, cubin):
     assert report["bound_live"] == 1 and report["loaded_images"] == 0
 
 
+def test_the_native_builder_restores_the_same_graph(saved, cubin):
+    result = foundry_run("load", saved, cubin, extra=("--builder", "native"))
+    assert result["scale_seen"] == 3.0 and result["report"]["builder"] == "native", result
+    assert result["report"]["counters"]["graph_instantiates"] == 1
+    assert result["report"]["counters"]["stream_captures"] == 0
+
+
 def test_a_fresh_copy_of_the_image_gets_the_global_restored(saved, cubin):
     result = foundry_run("load", saved, cubin, "--skip-module")
     assert result["report"]["loaded_images"] == 1 and result["report"]["restored_globals"] == ["scale"]
@@ -114,16 +121,18 @@ def test_save_and_save2_agree_and_diff_says_identical(saved, cubin, tmp_path):
 
 
 def test_the_recipe_decodes_identically_after_load(tmp_path):
-    """The Qwen3-shaped recipe at two batch sizes: baseline vs SAVE vs fresh-process LOAD."""
+    """The Qwen3-shaped recipe at two batch sizes: baseline vs SAVE vs fresh-process LOAD
+    (graphs built through cuda-bindings, and through the native builder)."""
     recipe = [sys.executable, str(ROOT / "recipes" / "torch" / "run.py"), "--batches", "1,8"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     reports = []
-    for name, prefix in (("baseline", []), ("save", ["save"]), ("load", ["load"])):
+    runs = (("baseline", []), ("save", ["save"]), ("load", ["load"]), ("load-native", ["load", "--builder", "native"]))
+    for name, prefix in runs:
         out = tmp_path / f"{name}.json"
         cmd = [*recipe, "--out", str(out)]
         if prefix:
-            cmd = [sys.executable, "-m", "foundry", "run", "--mode", prefix[0], "--archive", str(tmp_path / "a"),
-                   "--", *cmd]  # fmt: skip
+            cmd = [sys.executable, "-m", "foundry", "run", "--mode", prefix[0], *prefix[1:], "--archive",
+                   str(tmp_path / "a"), "--", *cmd]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=400)
         assert proc.returncode == 0, proc.stderr[-3000:]
         reports.append(out)

@@ -30,7 +30,7 @@ from foundry.graphir.nodes import (
 )
 from foundry.graphir.operands import WORD, Operand, OperandSite
 
-_MEMORY_TYPES = {"host": 1, "device": 2, "array": 3, "unified": 4}
+MEMORY_TYPES = {"host": 1, "device": 2, "array": 3, "unified": 4}
 
 Relocation = Callable[[Operand], int]
 
@@ -80,7 +80,7 @@ class BuiltGraph:
             cu("cuEventDestroy", event)
 
 
-def _relocated_params(node: KernelNode, operands: tuple[Operand, ...], relocate: Relocation | None) -> bytes:
+def relocated_params(node: KernelNode, operands: tuple[Operand, ...], relocate: Relocation | None) -> bytes:
     if relocate is None:
         return node.params
     buf = bytearray(node.params)
@@ -90,13 +90,59 @@ def _relocated_params(node: KernelNode, operands: tuple[Operand, ...], relocate:
     return bytes(buf)
 
 
-def _address(node_value: int, operands: tuple[Operand, ...], site: OperandSite, relocate: Relocation | None) -> int:
+def operand_address(
+    node_value: int, operands: tuple[Operand, ...], site: OperandSite, relocate: Relocation | None
+) -> int:
     if relocate is None:
         return node_value
     for operand in operands:
         if operand.site == site:
             return relocate(operand)
     return node_value
+
+
+def apply_func_attrs(node: KernelNode, func: int, applied: set[int]) -> None:
+    """Set the function attributes SAVE recorded (dynamic shared memory, carveout), once per function."""
+    if func in applied or not node.func_attrs:
+        return
+    drv = driver()
+    fa = drv.CUfunction_attribute
+    ids = {
+        "max_dynamic_shared_size_bytes": fa.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        "preferred_shared_memory_carveout": fa.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+    }
+    for attr in node.func_attrs:
+        cu("cuFuncSetAttribute", drv.CUfunction(func), ids[attr.name], attr.value)
+    applied.add(func)
+
+
+def attribute_value(
+    name: str, value: Any, operands: tuple[Operand, ...], relocate: Relocation | None
+) -> tuple[Any, Any]:
+    """The ``(CUkernelNodeAttrID, CUkernelNodeAttrValue)`` for one recorded launch attribute."""
+    drv = driver()
+    ids = drv.CUkernelNodeAttrID
+    v = drv.CUkernelNodeAttrValue()
+    if name == "cluster_dim":
+        v.clusterDim.x, v.clusterDim.y, v.clusterDim.z = value
+        attr = ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    elif name == "mem_sync_domain_map":
+        v.memSyncDomainMap.default_, v.memSyncDomainMap.remote = value
+        attr = ids.CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP
+    elif name == "access_policy_window":
+        w = v.accessPolicyWindow
+        w.base_ptr = operand_address(int(value["base_ptr"]), operands, OperandSite.ACCESS_POLICY, relocate)
+        w.num_bytes, w.hitRatio = int(value["num_bytes"]), float(value["hit_ratio"])
+        w.hitProp, w.missProp = int(value["hit_prop"]), int(value["miss_prop"])
+        attr = ids.CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW
+    elif name == "device_updatable":
+        v.deviceUpdatableKernelNode.deviceUpdatable = value
+        attr = ids.CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE
+    else:
+        field_name, attr = _SCALAR_ATTRIBUTES[name]
+        setattr(v, field_name, value)
+        attr = getattr(ids, attr)
+    return attr, v
 
 
 class _Builder:
@@ -114,7 +160,7 @@ class _Builder:
         """``CUDA_KERNEL_NODE_PARAMS`` for a node and the buffers it points into (kept alive by the caller)."""
         func = self.functions.function(node.kernel)
         self.apply_func_attrs(node, func)
-        params = _relocated_params(node, operands, self.relocate)
+        params = relocated_params(node, operands, self.relocate)
         p = self.drv.CUDA_KERNEL_NODE_PARAMS()
         raw = KernelNodeParamsLayout.from_address(p.getPtr())
         raw.func = func
@@ -164,39 +210,10 @@ class _Builder:
         return handle
 
     def apply_func_attrs(self, node: KernelNode, func: int) -> None:
-        if func in self.applied or not node.func_attrs:
-            return
-        fa = self.drv.CUfunction_attribute
-        ids = {
-            "max_dynamic_shared_size_bytes": fa.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            "preferred_shared_memory_carveout": fa.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-        }
-        for attr in node.func_attrs:
-            cu("cuFuncSetAttribute", self.drv.CUfunction(func), ids[attr.name], attr.value)
-        self.applied.add(func)
+        apply_func_attrs(node, func, self.applied)
 
     def set_attribute(self, handle: Any, name: str, value: Any, operands: tuple[Operand, ...]) -> None:
-        ids = self.drv.CUkernelNodeAttrID
-        v = self.drv.CUkernelNodeAttrValue()
-        if name == "cluster_dim":
-            v.clusterDim.x, v.clusterDim.y, v.clusterDim.z = value
-            attr = ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        elif name == "mem_sync_domain_map":
-            v.memSyncDomainMap.default_, v.memSyncDomainMap.remote = value
-            attr = ids.CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP
-        elif name == "access_policy_window":
-            w = v.accessPolicyWindow
-            w.base_ptr = _address(int(value["base_ptr"]), operands, OperandSite.ACCESS_POLICY, self.relocate)
-            w.num_bytes, w.hitRatio = int(value["num_bytes"]), float(value["hit_ratio"])
-            w.hitProp, w.missProp = int(value["hit_prop"]), int(value["miss_prop"])
-            attr = ids.CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW
-        elif name == "device_updatable":
-            v.deviceUpdatableKernelNode.deviceUpdatable = value
-            attr = ids.CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE
-        else:
-            field_name, attr = _SCALAR_ATTRIBUTES[name]
-            setattr(v, field_name, value)
-            attr = getattr(ids, attr)
+        attr, v = attribute_value(name, value, operands, self.relocate)
         cu("cuGraphKernelNodeSetAttribute", handle, attr, v)
 
     def memcpy(self, node: MemcpyNode, operands: tuple[Operand, ...]) -> Any:
@@ -204,9 +221,9 @@ class _Builder:
 
     def memcpy_params(self, node: MemcpyNode, operands: tuple[Operand, ...]) -> Any:
         p = self.drv.CUDA_MEMCPY3D()
-        src = _address(node.src, operands, OperandSite.MEMCPY_SRC, self.relocate)
-        dst = _address(node.dst, operands, OperandSite.MEMCPY_DST, self.relocate)
-        p.srcMemoryType, p.dstMemoryType = _MEMORY_TYPES[node.src_type], _MEMORY_TYPES[node.dst_type]
+        src = operand_address(node.src, operands, OperandSite.MEMCPY_SRC, self.relocate)
+        dst = operand_address(node.dst, operands, OperandSite.MEMCPY_DST, self.relocate)
+        p.srcMemoryType, p.dstMemoryType = MEMORY_TYPES[node.src_type], MEMORY_TYPES[node.dst_type]
         if node.src_type == "host":
             p.srcHost = src
         else:
@@ -231,7 +248,7 @@ class _Builder:
 
     def memset_params(self, node: MemsetNode, operands: tuple[Operand, ...]) -> Any:
         p = self.drv.CUDA_MEMSET_NODE_PARAMS()
-        p.dst = _address(node.dst, operands, OperandSite.MEMSET_DST, self.relocate)
+        p.dst = operand_address(node.dst, operands, OperandSite.MEMSET_DST, self.relocate)
         p.value, p.elementSize, p.width, p.height, p.pitch = (
             node.value, node.element_size, node.width, node.height, node.pitch,
         )  # fmt: skip

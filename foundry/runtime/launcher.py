@@ -33,6 +33,7 @@ class RunConfig:
     warmup: str = "replay"
     rank: int = 0
     fixed_layout: bool = True  # SAVE: no address-space randomisation, fixed hash seed
+    builder: str = "python"  # LOAD: python (cuda-bindings) or native (the hook's builder)
 
 
 ADDR_NO_RANDOMIZE = 0x0040000
@@ -68,8 +69,14 @@ def environment(config: RunConfig, base_env: dict[str, str] | None = None) -> di
                              field="region.base", expected=hex(region.base), found=hex(base))  # fmt: skip
         base, size = region.base, size or region.size
     preload = [str(lib), *[p for p in env.get("LD_PRELOAD", "").split(":") if p and Path(p).name != LIBRARY]]
-    env.update(LD_PRELOAD=":".join(preload), FOUNDRY_MODE=config.mode, FOUNDRY_ARCHIVE=str(config.archive.resolve()),
-               FOUNDRY_LOAD_WARMUP=config.warmup, FOUNDRY_RANK=str(config.rank))  # fmt: skip
+    env.update(
+        LD_PRELOAD=":".join(preload),
+        FOUNDRY_MODE=config.mode,
+        FOUNDRY_ARCHIVE=str(config.archive.resolve()),
+        FOUNDRY_LOAD_WARMUP=config.warmup,
+        FOUNDRY_RANK=str(config.rank),
+        FOUNDRY_BUILDER=config.builder,
+    )
     if config.mode == "save" and config.fixed_layout:
         env.setdefault("PYTHONHASHSEED", "0")
     if base is not None:

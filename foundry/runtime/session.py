@@ -49,6 +49,7 @@ from foundry.runtime.hook import Allocation, Hook
 
 MODES = ("off", "save", "load")
 WARMUP_MODES = ("replay", "restore")
+BUILDERS = ("python", "native")  # native: foundry.runtime.native_build (not yet validated on a GPU)
 WARMUP_FILE = "warmup.bin"
 # (stack shift, fill pattern) of the extra captures that find undefined parameter bytes
 PROBES = ((40_976, 0xA5), (90_128, 0x5A))
@@ -349,6 +350,7 @@ class LoadSession(Session):
         rank: int = 0,
         warmup: str = "replay",
         progress: bool | None = None,
+        builder: str = "python",
     ) -> None:
         super().__init__(device=device)
         if warmup not in WARMUP_MODES:
@@ -360,6 +362,9 @@ class LoadSession(Session):
         if warmup == "restore" and (self.record.region is None or self.record.region.warmup_bytes is None):
             raise DriftError("the archive kept no warm-up bytes to restore", field="region.warmup_bytes")
         self.progress = sys.stderr.isatty() if progress is None else progress
+        self.builder = builder
+        if builder not in BUILDERS:
+            raise FoundryError("unknown graph builder", field="builder", expected=BUILDERS, found=builder)
         self.graphs: dict[str, RestoredGraph] | None = None
         self.report: dict[str, Any] = {"mode": "load", "archive": str(archive), "warmup": warmup}
 
@@ -471,12 +476,14 @@ class LoadSession(Session):
 
     def _build_all(self, region: RegionRecord) -> dict[str, RestoredGraph]:
         from foundry.graphir.build import build, build_member
+        from foundry.runtime import native_build
         from foundry.runtime.functions import ArchiveFunctions
         from foundry.runtime.rng import PhiloxReplay
         from foundry.runtime.tensors import outputs_at
         from foundry.runtime.validate import check_graph
 
         records = {r.sha256: r for r in self.record.images}
+        applied: set[int] = set()  # functions whose attributes the native builder set
         functions = ArchiveFunctions(self.hook, self.archive, records)
         templates: dict[str, Any] = {}
         graphs: dict[str, RestoredGraph] = {}
@@ -485,10 +492,13 @@ class LoadSession(Session):
             for entry in entries:
                 ir = self.archive.graph(self.rank, entry)
                 check_graph(ir, self.archive)
-                template = templates.get(entry.topology) if entry.topology else None
-                built = build_member(template, ir, functions) if template else build(ir, functions)
-                if entry.topology and template is None and built.handles is not None and not built.events:
-                    templates[entry.topology] = built
+                if self.builder == "native" and native_build.supported(ir):
+                    built = native_build.build_native(self.hook.lib, ir, functions, applied=applied)
+                else:
+                    template = templates.get(entry.topology) if entry.topology else None
+                    built = build_member(template, ir, functions) if template else build(ir, functions)
+                    if entry.topology and template is None and built.handles is not None and not built.events:
+                        templates[entry.topology] = built
                 graphs[entry.name] = RestoredGraph(
                     built,
                     self._outputs(entry, region, outputs_at),
@@ -496,6 +506,7 @@ class LoadSession(Session):
                 )
                 advance()
         self.report.update(
+            builder=self.builder,
             templates=len(templates),
             bound_live=len(functions.bound_live),
             loaded_images=len(functions.loaded),
@@ -532,7 +543,7 @@ class _Progress:
 
 def open_session(*, device: int = 0, model: dict[str, str] | None = None, **kwargs: Any) -> Session:
     """The session ``foundry run`` asked for (``FOUNDRY_MODE``, ``FOUNDRY_ARCHIVE``,
-    ``FOUNDRY_RANK``, ``FOUNDRY_LOAD_WARMUP``); mode ``off`` when none."""
+    ``FOUNDRY_RANK``, ``FOUNDRY_LOAD_WARMUP``, ``FOUNDRY_BUILDER``); mode ``off`` when none."""
     mode = os.environ.get("FOUNDRY_MODE", "off") or "off"
     if mode not in MODES:
         raise FoundryError("unknown mode", field="FOUNDRY_MODE", expected=MODES, found=mode)
@@ -544,6 +555,6 @@ def open_session(*, device: int = 0, model: dict[str, str] | None = None, **kwar
     rank = int(os.environ.get("FOUNDRY_RANK", "0"))
     if mode == "save":
         return SaveSession(archive, device=device, rank=rank, model=model, **kwargs)
-    return LoadSession(
-        archive, device=device, rank=rank, warmup=os.environ.get("FOUNDRY_LOAD_WARMUP", "replay"), **kwargs
-    )
+    warmup = os.environ.get("FOUNDRY_LOAD_WARMUP", "replay")
+    builder = os.environ.get("FOUNDRY_BUILDER", "python")
+    return LoadSession(archive, device=device, rank=rank, warmup=warmup, builder=builder, **kwargs)

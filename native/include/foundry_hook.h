@@ -94,6 +94,12 @@ long long foundry_trace_diverges(const foundry_alloc_t *expected, size_t n, cons
 /* Call fn(arg) with its frames `shift` bytes (<= 1 MiB) lower on this thread's stack,
  * over `poison` bytes (<= 4 MiB) filled with `pattern`. */
 int foundry_call_shifted(size_t shift, size_t poison, int pattern, void (*fn)(void *), void *arg);
+/* Build and instantiate a graph in the current context from a packed description
+ * (format in native/src/graph_build.c); handles are returned as integers. On failure
+ * `err` says why (a malformed description or the driver's status). */
+int foundry_graph_build(const void *desc, size_t len, uint64_t *graph, uint64_t *exec, char *err, size_t errlen);
+/* Parse a packed description without building it: node and edge counts, or why not. */
+int foundry_graph_check(const void *desc, size_t len, uint32_t *nodes, uint32_t *edges, char *err, size_t errlen);
 /* Copies up to max entries; *count receives the total. FOUNDRY_ETRUNC when max < total. */
 int foundry_region_trace(foundry_alloc_t *out, size_t max, size_t *count);
 /* Counters by name: "stream_captures", "graph_instantiates", "allocations", "refused", "images". */
