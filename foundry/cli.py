@@ -339,13 +339,14 @@ def _address(text: str) -> int:
 @click.option("--rank", type=click.IntRange(min=0), default=0, help="this process's rank")
 @click.option("--builder", type=click.Choice(["python", "native"]), default="python",
               help="LOAD: build graphs through cuda-bindings or the hook (native: not yet GPU-validated)")  # fmt: skip
+@click.option("--overwrite", is_flag=True, help="SAVE: replace an archive already at --archive")
 @click.option("--keep-aslr", is_flag=True, help="SAVE: keep address-space randomisation (fingerprints may differ)")
 @click.option("--save-runs", type=click.IntRange(min=1, max=8), default=2, show_default=True,
               help="SAVE: run the program this many times, marking bytes the runs disagree on")  # fmt: skip
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @guarded
 def run(mode: str, archive: Path, region_base: int | None, region_size: int | None, warmup: str, rank: int,
-        builder: str, keep_aslr: bool, save_runs: int, command: tuple[str, ...]) -> int:  # fmt: skip
+        builder: str, overwrite: bool, keep_aslr: bool, save_runs: int, command: tuple[str, ...]) -> int:  # fmt: skip
     """Run COMMAND (after --) with the native hook and a SAVE or LOAD session.
 
     The program opens the session with foundry.runtime.open_session(); the exit
@@ -354,7 +355,7 @@ def run(mode: str, archive: Path, region_base: int | None, region_size: int | No
     from foundry.runtime import launcher
 
     config = launcher.RunConfig(mode, archive, region_base, region_size, warmup, rank, fixed_layout=not keep_aslr,
-                                builder=builder)  # fmt: skip
+                                builder=builder, overwrite=overwrite)  # fmt: skip
     try:
         return launcher.run(config, list(command), save_runs=save_runs, log=lambda line: click.echo(line, err=True))
     except FileNotFoundError:

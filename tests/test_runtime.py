@@ -26,8 +26,9 @@ from foundry.graphir.operands import OperandSite
 from foundry.graphir.regions import Region, RegionKind
 from foundry.runtime import launcher
 from foundry.runtime.definedness import host_ranges, mark_host_words, mark_undefined
+from foundry.runtime.load import LoadSession
 from foundry.runtime.rng import philox_cells
-from foundry.runtime.session import LoadSession, Session, open_session
+from foundry.runtime.session import Session, open_session
 from foundry.runtime.validate import check_environment, check_graph, check_modules, check_region
 
 from .archive_tools import edit_json
@@ -296,6 +297,11 @@ def test_foundry_run_on_the_command_line(tmp_path, with_hook):
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "no such archive" in missing.stderr
     absent = run("--mode", "save", "--archive", str(tmp_path / "a"), "--", "no-such-program-here")
     assert absent.returncode == 2 and "command not found" in absent.stderr
+    existing = tmp_path / "existing"
+    shutil.copytree(SAVE_A, existing)
+    kept = run("--mode", "save", "--archive", str(existing), "--", sys.executable, "-c", "print('ran')")
+    assert kept.returncode == 2 and "already holds an archive" in kept.stderr and "ran" not in kept.stdout
+    assert Archive.open(existing).entries(0) == Archive.open(SAVE_A).entries(0)  # nothing already saved is lost
     bad = run("--mode", "save", "--archive", str(tmp_path / "a"), "--region-base", "nowhere", "--", "true")
     assert bad.returncode == 2 and "not an address" in bad.stderr
 

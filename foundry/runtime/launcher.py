@@ -34,6 +34,7 @@ class RunConfig:
     rank: int = 0
     fixed_layout: bool = True  # SAVE: no address-space randomisation, fixed hash seed
     builder: str = "python"  # LOAD: python (cuda-bindings) or native (the hook's builder)
+    overwrite: bool = False  # SAVE: replace an archive already at the path
 
 
 ADDR_NO_RANDOMIZE = 0x0040000
@@ -76,6 +77,7 @@ def environment(config: RunConfig, base_env: dict[str, str] | None = None) -> di
         FOUNDRY_LOAD_WARMUP=config.warmup,
         FOUNDRY_RANK=str(config.rank),
         FOUNDRY_BUILDER=config.builder,
+        FOUNDRY_OVERWRITE="1" if config.overwrite else "0",
     )
     if config.mode == "save" and config.fixed_layout:
         env.setdefault("PYTHONHASHSEED", "0")
@@ -95,6 +97,8 @@ def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Calla
 
     from foundry.runtime.definedness import merge_saves
 
+    if config.mode == "save" and (config.archive / CATALOG_FILE).exists() and not config.overwrite:
+        raise FoundryError("already holds an archive (pass --overwrite to replace it)", path=str(config.archive))
     code = subprocess.run(command, env=environment(config), preexec_fn=preexec(config)).returncode
     if config.mode != "save" or code != 0:
         return code
@@ -107,7 +111,7 @@ def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Calla
         extra = config.archive.parent / f".{config.archive.name}.run{run_index}"
         log(f"foundry: SAVE run {run_index} of {save_runs} (a fresh process, to find bytes the runs disagree on)")
         try:
-            again = RunConfig(**{**config.__dict__, "archive": extra})
+            again = RunConfig(**{**config.__dict__, "archive": extra, "overwrite": True})
             code = subprocess.run(command, env=environment(again), preexec_fn=preexec(again)).returncode
             if code != 0:
                 log(f"foundry: SAVE run {run_index} failed (exit {code}); {config.archive} holds the first run's "

@@ -1,0 +1,225 @@
+"""LOAD: restore an archive's graphs instead of capturing them, after checking
+everything that could make them wrong."""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from foundry.archive.reader import Archive
+from foundry.archive.schema import GraphEntry, RegionRecord
+from foundry.cuda import cu
+from foundry.errors import DriftError, FoundryError, HookError
+from foundry.runtime.hook import Allocation, Hook
+from foundry.runtime.session import RestoredGraph, Session, _anchor_generator, _check_active, _init_cuda
+
+WARMUP_MODES = ("replay", "restore")
+BUILDERS = ("python", "native")  # native: foundry.runtime.native_build (not yet validated on a GPU)
+
+
+class LoadSession(Session):
+    """Mode ``load``: restore the archive's graphs instead of capturing."""
+
+    mode = "load"
+
+    def __init__(
+        self,
+        archive: str | Path,
+        *,
+        device: int = 0,
+        rank: int = 0,
+        warmup: str = "replay",
+        progress: bool | None = None,
+        builder: str = "python",
+    ) -> None:
+        super().__init__(device=device)
+        if warmup not in WARMUP_MODES:
+            raise FoundryError("unknown warm-up mode", field="warmup", expected=WARMUP_MODES, found=warmup)
+        self.archive = Archive.open(archive)
+        self.rank = rank
+        self.record = self.archive.session(rank)
+        self.warmup_mode = warmup
+        if warmup == "restore" and (self.record.region is None or self.record.region.warmup_bytes is None):
+            raise DriftError("the archive kept no warm-up bytes to restore", field="region.warmup_bytes")
+        self.progress = sys.stderr.isatty() if progress is None else progress
+        self.builder = builder
+        if builder not in BUILDERS:
+            raise FoundryError("unknown graph builder", field="builder", expected=BUILDERS, found=builder)
+        self.graphs: dict[str, RestoredGraph] | None = None
+        self.report: dict[str, Any] = {"mode": "load", "archive": str(archive), "warmup": warmup}
+
+    def start(self) -> None:
+        from foundry.runtime.environment import current_environment
+        from foundry.runtime.validate import check_environment, check_modules, check_region
+
+        self.hook = Hook.attach()
+        if self.hook.region().mode != "load":
+            raise HookError("the hook is not in load mode (start the program with `foundry run --mode load`)")
+        check_modules(self.archive)
+        _init_cuda(self.device)
+        _check_active(self.hook)
+        check_environment(self.archive.catalog.environment, current_environment(self.device))
+        try:
+            self.hook.reserve()
+        except HookError as err:
+            raise DriftError(
+                "the region's base address is taken in this process", field="region.base", found=err.found
+            ) from None
+        info = self.hook.region()
+        region = check_region(self.record.region, info.base, info.size)
+        self.hook.set_owner()
+        self.expected = [
+            Allocation(a.order, a.offset, a.size, a.request, False, False, a.phase)
+            for a in region.trace[: self._expected_count(region)]
+        ]
+        self.hook.expect(self.expected)
+
+    def _expected_count(self, region: RegionRecord) -> int:
+        if self.warmup_mode == "restore":
+            return region.warmup_bytes.allocations if region.warmup_bytes else 0
+        return region.warmup_allocations
+
+    def warmup(self, fn: Callable[[], Any]) -> None:
+        if self.warmup_mode == "replay":
+            super().warmup(fn)
+
+    def graph(
+        self, name: str, fn: Callable[[], Any], *, shape_key: int | None = None, runner: str | None = None
+    ) -> RestoredGraph:
+        if self.graphs is None:
+            self.graphs = self._restore()
+        if name not in self.graphs:
+            raise DriftError(
+                "the archive has no graph of this name", field="graphs", found=name, expected=sorted(self.graphs)[:8]
+            )
+        return self.graphs[name]
+
+    def finish(self) -> dict[str, Any]:
+        self.report["counters"] = self.hook.counters()
+        return self.report
+
+    # -- restoring --------------------------------------------------------------
+
+    def _restore(self) -> dict[str, RestoredGraph]:
+        import torch
+
+        started = time.perf_counter()
+        if self.warmup_mode == "replay":  # SAVE allocated the generator's cells after its warm-up
+            self.anchor = _anchor_generator()
+        torch.cuda.synchronize()
+        region = self.record.region
+        assert region is not None  # checked in start()
+        self._check_trace()
+        self.hook.map_to(region.final_offset)
+        if self.warmup_mode == "restore":
+            self._restore_warmup_bytes(region)
+        mapped = time.perf_counter()
+        graphs = self._build_all(region)
+        torch.cuda.synchronize()
+        self.report.update(
+            map_s=mapped - started,
+            build_s=time.perf_counter() - mapped,
+            restore_s=time.perf_counter() - started,
+            graphs=len(graphs),
+        )
+        return graphs
+
+    def _check_trace(self) -> None:
+        actual = self.hook.trace()
+        index = self.hook.trace_diverges(self.expected, actual)
+        if index is not None:
+            got = actual[index]
+            want = self.expected[index] if index < len(self.expected) else None
+            raise DriftError(
+                f"allocation #{index} diverges from SAVE's warm-up trace",
+                field="region.trace",
+                expected=None if want is None else f"{want.request} bytes at offset {want.offset}",
+                found=f"{got.request} bytes at offset {got.offset}",
+            )
+        if len(actual) != len(self.expected):
+            raise DriftError(
+                "the warm-up made fewer allocations than SAVE's",
+                field="region.trace",
+                expected=len(self.expected),
+                found=len(actual),
+            )
+
+    def _restore_warmup_bytes(self, region: RegionRecord) -> None:
+        import torch
+
+        warm = region.warmup_bytes
+        assert warm is not None
+        data = self.archive.rank_blob(self.rank, warm.file, sha256=warm.sha256, size=warm.size, what="warm-up bytes")
+        buf = ctypes.create_string_buffer(data, len(data))
+        cu("cuMemcpyHtoD", region.base + warm.offset, ctypes.addressof(buf), len(data))
+        torch.cuda.default_generators[self.device].set_offset(warm.generator_offset)
+
+    def _build_all(self, region: RegionRecord) -> dict[str, RestoredGraph]:
+        from foundry.graphir.build import build, build_member
+        from foundry.runtime import native_build
+        from foundry.runtime.functions import ArchiveFunctions
+        from foundry.runtime.rng import PhiloxReplay
+        from foundry.runtime.tensors import outputs_at
+        from foundry.runtime.validate import check_graph
+
+        records = {r.sha256: r for r in self.record.images}
+        applied: set[int] = set()  # functions whose attributes the native builder set
+        functions = ArchiveFunctions(self.hook, self.archive, records)
+        templates: dict[str, Any] = {}
+        graphs: dict[str, RestoredGraph] = {}
+        entries = self.record.graphs
+        with _Progress(self.progress, len(entries)) as advance:
+            for entry in entries:
+                ir = self.archive.graph(self.rank, entry)
+                check_graph(ir, self.archive)
+                if self.builder == "native" and native_build.supported(ir):
+                    built = native_build.build_native(self.hook.lib, ir, functions, applied=applied)
+                else:
+                    template = templates.get(entry.topology) if entry.topology else None
+                    built = build_member(template, ir, functions) if template else build(ir, functions)
+                    if entry.topology and template is None and built.handles is not None and not built.events:
+                        templates[entry.topology] = built
+                graphs[entry.name] = RestoredGraph(
+                    built,
+                    self._outputs(entry, region, outputs_at),
+                    PhiloxReplay(entry.rng, region.base) if entry.rng else None,
+                )
+                advance()
+        self.report.update(
+            builder=self.builder,
+            templates=len(templates),
+            bound_live=len(functions.bound_live),
+            loaded_images=len(functions.loaded),
+            restored_globals=functions.restored_globals,
+        )
+        return graphs
+
+    @staticmethod
+    def _outputs(entry: GraphEntry, region: RegionRecord, outputs_at: Callable[..., Any]) -> Any:
+        return None if entry.outputs is None else outputs_at(entry.outputs, region.base)
+
+
+class _Progress:
+    """A progress bar on a terminal; nothing otherwise."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.enabled = enabled and total > 1
+        self.total = total
+
+    def __enter__(self) -> Callable[[], None]:
+        if not self.enabled:
+            return lambda: None
+        from rich.progress import Progress
+
+        self.bar = Progress(transient=True)
+        self.bar.start()
+        task = self.bar.add_task("restoring graphs", total=self.total)
+        return lambda: self.bar.advance(task)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self.bar.stop()

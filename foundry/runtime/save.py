@@ -1,0 +1,223 @@
+"""SAVE: capture each step, find its undefined bytes, lower it with the hook's exact
+region and write the archive with images, device globals and the allocation trace."""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from foundry.archive.schema import AllocationRecord, ImageRecord, RegionRecord, RngRecord, WarmupBytes
+from foundry.archive.writer import ArchiveWriter
+from foundry.cuda import cu
+from foundry.errors import CaptureError, FoundryError, HookError
+from foundry.graphir.graph import GraphIR
+from foundry.graphir.regions import Region, RegionKind
+from foundry.runtime.hook import Hook
+from foundry.runtime.session import CapturedGraph, Session, _anchor_generator, _check_active, _init_cuda
+
+WARMUP_FILE = "warmup.bin"
+# (stack shift, fill pattern) of the extra captures that find undefined parameter bytes
+PROBES = ((40_976, 0xA5), (90_128, 0x5A))
+
+
+class SaveSession(Session):
+    """Mode ``save``: capture, lower and write the archive at :meth:`finish`."""
+
+    mode = "save"
+
+    def __init__(
+        self,
+        archive: str | Path,
+        *,
+        device: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        model: dict[str, str] | None = None,
+        probes: int = len(PROBES),
+        keep_warmup_bytes: bool = True,
+        overwrite: bool = False,
+    ) -> None:
+        super().__init__(device=device)
+        self.path = Path(archive)
+        self.rank, self.world_size, self.model = rank, world_size, dict(model or {})
+        self.probes, self.keep_warmup_bytes, self.overwrite = probes, keep_warmup_bytes, overwrite
+        self.entries: list[tuple[GraphIR, dict[str, Any]]] = []
+        self.warmup_start: tuple[int, int] | None = None  # (allocations, cursor) when the warm-up began
+        self.warmup_end: tuple[int, int] | None = None
+        self.warmup_data: bytes | None = None
+        self.generator_offset: int | None = None
+        self.undefined_bytes = 0
+        self.timings: dict[str, float] = {"capture_s": 0.0, "probe_s": 0.0, "lower_s": 0.0}
+
+    def start(self) -> None:
+        from foundry.archive.schema import CATALOG_FILE
+        from foundry.runtime.environment import current_environment
+
+        if (self.path / CATALOG_FILE).exists() and not self.overwrite:  # refuse before any work
+            raise FoundryError("already holds an archive (pass --overwrite to replace it)", path=str(self.path))
+        self.hook = Hook.attach()
+        if self.hook.region().mode != "save":
+            raise HookError("the hook is not in save mode (start the program with `foundry run --mode save`)")
+        _init_cuda(self.device)
+        _check_active(self.hook)
+        self.hook.reserve()
+        self.hook.set_owner()
+        self.environment = current_environment(self.device)
+        info = self.hook.region()
+        self.region = Region("vmm", RegionKind.VMM, info.base, info.size)
+
+    def warmup(self, fn: Callable[[], Any]) -> None:
+        info = self.hook.region()
+        self.warmup_start = (info.allocations, info.cursor)
+        super().warmup(fn)
+
+    def graph(
+        self, name: str, fn: Callable[[], Any], *, shape_key: int | None = None, runner: str | None = None
+    ) -> CapturedGraph:
+        from foundry.runtime.capture import describe_outputs
+        from foundry.runtime.rng import measure_increment, philox_cells
+
+        if self.warmup_end is None:
+            self._begin_capturing()
+        started = time.perf_counter()
+        graph, outputs = self._capture(fn)
+        self.timings["capture_s"] += time.perf_counter() - started
+        ir = self._lower(graph, name)
+        if self.probes:
+            ir = self._mark_undefined(ir, name, fn)
+        rng = None
+        cells = philox_cells(ir)
+        if cells is not None:
+            rng = RngRecord(cells[1], cells[2], measure_increment(graph))
+        description = describe_outputs(outputs, self.resolver)
+        self.entries.append((ir, {"shape_key": shape_key, "runner": runner, "outputs": description, "rng": rng}))
+        return CapturedGraph(graph, outputs)
+
+    def _begin_capturing(self) -> None:
+        import torch
+
+        from foundry.graphir.lower import AddressResolver
+        from foundry.runtime.images import HookImages
+
+        self.anchor = _anchor_generator()
+        torch.cuda.synchronize()
+        info = self.hook.region()
+        self.warmup_end = (info.allocations, info.cursor)
+        generator = torch.cuda.default_generators[self.device]
+        self.generator_offset = generator.get_offset()
+        if self.keep_warmup_bytes and self.warmup_start is not None:
+            start = self.warmup_start[1]
+            buf = ctypes.create_string_buffer(info.cursor - start)
+            cu("cuMemcpyDtoH", ctypes.addressof(buf), info.base + start, info.cursor - start)
+            self.warmup_data = buf.raw
+        self.resolver = AddressResolver([self.region])
+        self.images = HookImages(self.hook)
+
+    def _lower(self, graph: Any, name: str) -> GraphIR:
+        from foundry.graphir.lower import lower
+
+        started = time.perf_counter()
+        ir = lower(graph, name, resolver=self.resolver, images=self.images)
+        self.timings["lower_s"] += time.perf_counter() - started
+        return ir
+
+    def _mark_undefined(self, ir: GraphIR, name: str, fn: Callable[[], Any]) -> GraphIR:
+        from foundry.graphir.operands import WORD
+        from foundry.runtime.definedness import host_ranges, mark_host_words, mark_undefined
+
+        started = time.perf_counter()
+        count = 0
+        for shift, pattern in PROBES[: self.probes]:
+            probe: list[GraphIR] = []
+
+            def capture_again(probe: list[GraphIR] = probe) -> None:
+                graph, _ = self._capture(fn)
+                probe.append(self._lower(graph, name))
+
+            self.hook.call_shifted(capture_again, shift=shift, pattern=pattern)
+            ir, count = mark_undefined(ir, probe[0])
+        ir, words = mark_host_words(ir, host_ranges())
+        self.undefined_bytes += count + WORD * words
+        self.timings["probe_s"] += time.perf_counter() - started
+        return ir
+
+    def finish(self) -> dict[str, Any]:
+        from foundry.runtime.module_globals import record_image
+
+        errors = self.hook.errors()
+        if errors:
+            raise CaptureError(
+                "the hook reported a loss of determinism during SAVE; nothing was written", found=errors[:3]
+            )
+        for ir, _ in self.entries:
+            for node in ir.kernels():
+                if node.kernel.image is None:
+                    raise CaptureError(
+                        "a kernel's module image was not recorded by the hook",
+                        path=ir.name,
+                        node=node.id,
+                        kernel=node.kernel.name,
+                    )
+        writer = ArchiveWriter(
+            self.path,
+            environment=self.environment,
+            world_size=self.world_size,
+            model=self.model,
+            overwrite=self.overwrite,
+        )
+        records: list[ImageRecord] = []
+        for sha256, image in sorted(self.images.used.items()):
+            blob = self.hook.image_bytes(image)
+            writer.add_module(blob, format=image.format)
+            records.append(record_image(sha256, blob, image.kind, image.handle))
+        rank = writer.rank(self.rank)
+        for ir, extra in self.entries:
+            rank.add_graph(ir, **extra)
+        rank.add_images(records)
+        rank.set_region(self._region_record(rank))
+        rank.seal()
+        writer.commit()
+        return {
+            "mode": "save",
+            "archive": str(self.path),
+            "graphs": len(self.entries),
+            "images": len(records),
+            "undefined_bytes": self.undefined_bytes,
+            "written_globals": [g.name for r in records for g in r.globals if g.written],
+            "counters": self.hook.counters(),
+            **self.timings,
+        }
+
+    def _region_record(self, rank: Any) -> RegionRecord:
+        import hashlib
+
+        import msgspec
+
+        info = self.hook.region()
+        trace = tuple(AllocationRecord(a.order, a.offset, a.size, a.request, a.phase) for a in self.hook.trace())
+        warm = None
+        if self.warmup_data is not None and self.warmup_start is not None:
+            sha = rank.add_file(WARMUP_FILE, self.warmup_data)
+            warm = WarmupBytes(
+                WARMUP_FILE,
+                sha,
+                self.warmup_start[1],
+                len(self.warmup_data),
+                self.warmup_start[0],
+                self.generator_offset or 0,
+            )
+        allocations, offset = self.warmup_end or (info.allocations, info.cursor)
+        return RegionRecord(
+            base=info.base,
+            size=info.size,
+            final_offset=info.cursor,
+            allocations=info.allocations,
+            trace_sha256=hashlib.sha256(msgspec.json.encode(trace)).hexdigest(),
+            warmup_allocations=allocations,
+            warmup_offset=offset,
+            trace=trace,
+            warmup_bytes=warm,
+        )
