@@ -114,21 +114,48 @@ def archive_inspect(path: str, rank: int | None, top: int, as_json: bool) -> int
 @archive.command("diff")
 @click.argument("a", metavar="A")
 @click.argument("b", metavar="B")
+@click.option("--relocations", is_flag=True,
+              help="A and B are SAVEs at different region bases: check every changed word is an operand "
+              "that moved by exactly its region's delta")  # fmt: skip
 @json_option
 @guarded
-def archive_diff(a: str, b: str, as_json: bool) -> int:
+def archive_diff(a: str, b: str, relocations: bool, as_json: bool) -> int:
     """Environment, graph set, fingerprints and node-level differences of two archives.
 
-    Exits 0 when identical, 1 when they differ."""
+    Exits 0 when identical (with --relocations: when every change is a relocation), 1 otherwise."""
     from foundry.graphir.passes.diff import diff_archives
     from foundry.render import render_diff
 
+    if relocations:
+        return _relocation_check(open_archive(a), open_archive(b), as_json)
     result = diff_archives(open_archive(a), open_archive(b))
     if as_json:
         _emit_json(result.to_dict())
     else:
         render_diff(_stdout(), result)
     return EXIT_OK if result.identical else EXIT_FINDINGS
+
+
+def _relocation_check(a: Archive, b: Archive, as_json: bool) -> int:
+    from foundry.graphir.passes.relocations import check_relocations
+
+    report = check_relocations(a, b)
+    if as_json:
+        _emit_json({"ok": not report.findings, **report.to_dict()})
+        return EXIT_FINDINGS if report.findings else EXIT_OK
+    out = _stdout()
+    moved = ", ".join(f"{name} by {delta:#x}" for name, delta in sorted(report.deltas.items())) or "nothing"
+    out.print(f"regions moved: {moved}")
+    out.print(f"{report.graphs} graph(s): {report.operands_moved} operands moved by their region's delta, "
+              f"{report.operands_fixed} in regions that stayed")  # fmt: skip
+    for f in report.findings[:50]:
+        where = f"rank {f.rank} {f.graph}" + (f" node {f.node}" if f.node is not None else "")
+        detail = f" ({f.a} -> {f.b})" if f.a or f.b else ""
+        out.print(f"finding: {where}: {f.what}{detail}", markup=False)
+    if len(report.findings) > 50:
+        out.print(f"... and {len(report.findings) - 50} more findings")
+    out.print("every change is a relocation" if not report.findings else f"{len(report.findings)} finding(s)")
+    return EXIT_FINDINGS if report.findings else EXIT_OK
 
 
 @archive.command("strip")
@@ -332,7 +359,7 @@ def _address(text: str) -> int:
 @click.option("--mode", type=click.Choice(["save", "load"]), required=True, help="capture and write, or restore")
 @click.option("--archive", type=click.Path(path_type=Path), required=True, help="the archive directory")
 @click.option("--region-base", callback=lambda c, p, v: None if v is None else _address(v), default=None,
-              help="SAVE: base address of the deterministic region (LOAD takes SAVE's)")  # fmt: skip
+              help="base address of the region; LOAD takes SAVE's unless given (then it relocates)")  # fmt: skip
 @click.option("--region-size", type=click.IntRange(min=1 << 30), default=None, help="bytes to reserve (>= 1 GiB)")
 @click.option("--warmup", type=click.Choice(["replay", "restore"]), default="replay",
               help="LOAD: repeat the program's warm-up, or skip it and restore the bytes it left")  # fmt: skip

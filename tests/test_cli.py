@@ -69,7 +69,10 @@ def test_backends_list():
     result = invoke("backends", "list", "--json")
     rows = {r["name"]: r for r in json.loads(result.stdout)}
     assert result.exit_code == 0 and rows["torch-symm-mem"]["status"] == "ok"
-    assert "symm-allreduce" in rows["torch-symm-mem"]["kinds"] and rows["vmm"]["implements"] == ["recognise"]
+    assert "symm-allreduce" in rows["torch-symm-mem"]["kinds"] and rows["vmm"]["implements"] == [
+        "recognise",
+        "relocate",
+    ]
     assert "nccl-ipc" in invoke("backends", "list").stdout
 
 

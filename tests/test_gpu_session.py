@@ -80,6 +80,13 @@ def test_the_native_builder_restores_the_same_graph(saved, cubin):
     assert result["report"]["counters"]["stream_captures"] == 0
 
 
+def test_a_load_at_a_base_16_gib_higher_relocates(saved, cubin):
+    shifted = hex(0x600000000000 + (16 << 30))
+    result = foundry_run("load", saved, cubin, extra=("--region-base", shifted))
+    assert result["report"]["relocated_by"] == 16 << 30, result
+    assert result["scale_seen"] == 3.0 and result["same_storage"]
+
+
 def test_a_fresh_copy_of_the_image_gets_the_global_restored(saved, cubin):
     result = foundry_run("load", saved, cubin, "--skip-module")
     assert result["report"]["loaded_images"] == 1 and result["report"]["restored_globals"] == ["scale"]
@@ -122,11 +129,14 @@ def test_save_and_save2_agree_and_diff_says_identical(saved, cubin, tmp_path):
 
 def test_the_recipe_decodes_identically_after_load(tmp_path):
     """The Qwen3-shaped recipe at two batch sizes: baseline vs SAVE vs fresh-process LOAD
-    (graphs built through cuda-bindings, and through the native builder)."""
+    (graphs built through cuda-bindings, through the native builder, and at a region
+    base 16 GiB higher)."""
     recipe = [sys.executable, str(ROOT / "recipes" / "torch" / "run.py"), "--batches", "1,8"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     reports = []
-    runs = (("baseline", []), ("save", ["save"]), ("load", ["load"]), ("load-native", ["load", "--builder", "native"]))
+    shifted = hex(0x600000000000 + (16 << 30))
+    runs = (("baseline", []), ("save", ["save"]), ("load", ["load"]), ("load-native", ["load", "--builder", "native"]),
+            ("load-shifted", ["load", "--region-base", shifted]))  # fmt: skip
     for name, prefix in runs:
         out = tmp_path / f"{name}.json"
         cmd = [*recipe, "--out", str(out)]

@@ -227,6 +227,7 @@ def test_region_checks(pair):
     with pytest.raises(DriftError) as err:
         check_region(record, record.base + (16 << 30), record.size)
     assert err.value.field == "region.base"
+    assert check_region(record, record.base + (16 << 30), record.size, relocate=True) is record
     with pytest.raises(DriftError, match="smaller"):
         check_region(record, record.base, record.final_offset - 1)
     with pytest.raises(DriftError, match="no region record"):
@@ -256,14 +257,17 @@ def test_open_session_reads_the_launcher_environment(monkeypatch):
 # -- the launcher ------------------------------------------------------------------------------
 
 
-def test_load_takes_the_region_saved_and_refuses_another_base(tmp_path, with_hook):
+def test_load_takes_the_region_saved_or_relocates_when_asked(tmp_path, with_hook):
     record = Archive.open(SAVE_A).session(0).region
     env = launcher.environment(launcher.RunConfig("load", SAVE_A), base_env={"LD_PRELOAD": "/x/other.so"})
     assert env["FOUNDRY_REGION_BASE"] == hex(record.base) and env["FOUNDRY_REGION_SIZE"] == str(record.size)
     assert env["LD_PRELOAD"].split(":")[0].endswith("libfoundry_hook.so") and "/x/other.so" in env["LD_PRELOAD"]
-    assert env["FOUNDRY_MODE"] == "load" and "PYTHONHASHSEED" not in env
-    with pytest.raises(DriftError) as err:
-        launcher.environment(launcher.RunConfig("load", SAVE_A, region_base=record.base + (16 << 30)), base_env={})
+    assert env["FOUNDRY_MODE"] == "load" and env["FOUNDRY_RELOCATE"] == "0" and "PYTHONHASHSEED" not in env
+    shifted = record.base + (16 << 30)
+    moved = launcher.environment(launcher.RunConfig("load", SAVE_A, region_base=shifted), base_env={})
+    assert moved["FOUNDRY_REGION_BASE"] == hex(shifted) and moved["FOUNDRY_RELOCATE"] == "1"
+    with pytest.raises(DriftError, match="needs --warmup replay") as err:
+        launcher.environment(launcher.RunConfig("load", SAVE_A, region_base=shifted, warmup="restore"), base_env={})
     assert err.value.field == "region.base"
     with pytest.raises(DriftError, match="no region record"):
         launcher.environment(launcher.RunConfig("load", FIXTURES / "tiny-qwen3"), base_env={})
@@ -381,3 +385,20 @@ def test_merging_refuses_runs_that_allocated_differently(tmp_path):
     assert [e.fingerprint for e in Archive.open(a).entries(0)] == [
         e.fingerprint for e in Archive.open(SAVE_A).entries(0)
     ]
+
+
+def test_a_relocating_load_refuses_restored_globals_that_point_into_the_old_region():
+    from foundry.archive.schema import GlobalRecord, ImageRecord
+    from foundry.runtime.module_globals import restore_fresh
+
+    base = 0x600000000000
+    pointer = GlobalRecord("table", 16, True, "0" * 64, (base + 0x1000).to_bytes(8, "little") + bytes(8))
+    record = ImageRecord("ab" * 32, globals_known=True, globals=(pointer,))
+    with pytest.raises(DriftError, match="moved") as err:
+        restore_fresh(record, record.sha256, 0, moved_from=(base, base + (1 << 30)))
+    assert err.value.field == "table"
+    with pytest.raises(DriftError, match="unknown"):
+        restore_fresh(ImageRecord("cd" * 32, globals_known=False), "cd" * 32, 0)
+    assert restore_fresh(ImageRecord("ef" * 32, globals_known=True), "ef" * 32, 0) == []
+    with pytest.raises(DriftError, match="relocating needs"):
+        LoadSession(FIXTURES / "saveload-a", relocate=True, warmup="restore")

@@ -1,14 +1,17 @@
 """``vmm``: the deterministic VMM region of the native hook.
 
-It claims no kernels; it owns the operands of region ``vmm``. Relocation
-(rebasing when a LOAD's region lands at another base) comes with the
-relocation work; until then a LOAD needs the region at SAVE's base.
+It claims no kernels; it owns the operands of region ``vmm``. When a LOAD's
+region lands at another base than SAVE's, every ``vmm`` operand (kernel
+parameter words, memcpy and memset addresses) moves by the same delta: the
+live value is the live base plus the operand's offset in the region.
 """
 
 from __future__ import annotations
 
-from foundry.backends.base import Backend, KernelMatch
+from foundry.backends.base import Backend, KernelMatch, LiveState
+from foundry.errors import BackendError
 from foundry.graphir.kernel import KernelIdentity
+from foundry.graphir.operands import Operand
 
 
 class VmmBackend(Backend):
@@ -18,3 +21,8 @@ class VmmBackend(Backend):
 
     def recognise(self, kernel: KernelIdentity) -> KernelMatch | None:
         return None
+
+    def relocate(self, operand: Operand, live: LiveState) -> int:
+        if operand.region != "vmm":
+            raise BackendError(f"backend 'vmm' does not own region {operand.region!r}", found=operand.location())
+        return int(live.backend_facts(self.name)["base"]) + operand.region_offset

@@ -24,10 +24,12 @@ from foundry.runtime.module_globals import check_live, restore_fresh
 class ArchiveFunctions:
     """A :class:`foundry.graphir.build.FunctionResolver` over live and archived images."""
 
-    def __init__(self, hook: Hook, archive: Archive, records: dict[str, ImageRecord] | None = None) -> None:
+    def __init__(self, hook: Hook, archive: Archive, records: dict[str, ImageRecord] | None = None, *,
+                 moved_from: tuple[int, int] | None = None) -> None:  # fmt: skip
         self.hook = hook
         self.archive = archive
         self.records = records  # None: an archive without image records; globals are not checked
+        self.moved_from = moved_from  # SAVE's region range when LOAD relocates: restored globals must not point there
         self._images: dict[str, tuple[str, int]] = {}  # sha256 -> (kind, CUmodule/CUlibrary)
         self._functions: dict[tuple[str, str], int] = {}
         self.bound_live: set[str] = set()
@@ -56,7 +58,7 @@ class ArchiveFunctions:
                 # the driver keeps its own copy of the image (no CU_LIBRARY_BINARY_IS_PRESERVED)
                 library = handle_value(cu("cuLibraryLoadData", ctypes.addressof(data), None, None, 0, None, None, 0))
                 if self.records is not None:
-                    self.restored_globals += restore_fresh(self.records.get(sha256), sha256, library)
+                    self.restored_globals += restore_fresh(self.records.get(sha256), sha256, library, self.moved_from)
                 self._images[sha256] = ("library", library)
                 self.loaded.add(sha256)
         return self._images[sha256]

@@ -65,10 +65,13 @@ def environment(config: RunConfig, base_env: dict[str, str] | None = None) -> di
         region = Archive.open(config.archive).session(config.rank).region
         if region is None:
             raise DriftError("the archive has no region record (it was not saved with the hook)", field="region")
-        if base is not None and base != region.base:
-            raise DriftError("LOAD at another region base than SAVE's needs relocation, which this version refuses",
-                             field="region.base", expected=hex(region.base), found=hex(base))  # fmt: skip
-        base, size = region.base, size or region.size
+        relocate = base is not None and base != region.base
+        if relocate and config.warmup == "restore":
+            raise DriftError("restored warm-up bytes can hold pointers into SAVE's region, so a LOAD at another "
+                             "base needs --warmup replay", field="region.base", expected=hex(region.base),
+                             found=hex(base))  # fmt: skip
+        env["FOUNDRY_RELOCATE"] = "1" if relocate else "0"
+        base, size = (base if relocate else region.base), size or region.size
     preload = [str(lib), *[p for p in env.get("LD_PRELOAD", "").split(":") if p and Path(p).name != LIBRARY]]
     env.update(
         LD_PRELOAD=":".join(preload),

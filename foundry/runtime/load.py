@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from foundry.archive.reader import Archive
-from foundry.archive.schema import GraphEntry, RegionRecord
+from foundry.archive.schema import RegionRecord
 from foundry.cuda import cu
 from foundry.errors import DriftError, FoundryError, HookError
 from foundry.runtime.hook import Allocation, Hook
@@ -35,6 +35,7 @@ class LoadSession(Session):
         warmup: str = "replay",
         progress: bool | None = None,
         builder: str = "python",
+        relocate: bool = False,
     ) -> None:
         super().__init__(device=device)
         if warmup not in WARMUP_MODES:
@@ -43,6 +44,10 @@ class LoadSession(Session):
         self.rank = rank
         self.record = self.archive.session(rank)
         self.warmup_mode = warmup
+        self.relocate = relocate  # a region at another base than SAVE's is rebased (not yet GPU-validated)
+        if relocate and warmup == "restore":
+            raise DriftError("restored warm-up bytes can hold pointers into SAVE's region; relocating needs "
+                             "--warmup replay", field="region.base")  # fmt: skip
         if warmup == "restore" and (self.record.region is None or self.record.region.warmup_bytes is None):
             raise DriftError("the archive kept no warm-up bytes to restore", field="region.warmup_bytes")
         self.progress = sys.stderr.isatty() if progress is None else progress
@@ -70,7 +75,9 @@ class LoadSession(Session):
                 "the region's base address is taken in this process", field="region.base", found=err.found
             ) from None
         info = self.hook.region()
-        region = check_region(self.record.region, info.base, info.size)
+        region = check_region(self.record.region, info.base, info.size, relocate=self.relocate)
+        self.live_base = info.base
+        self.report["relocated_by"] = info.base - region.base
         self.hook.set_owner()
         self.expected = [
             Allocation(a.order, a.offset, a.size, a.request, False, False, a.phase)
@@ -168,7 +175,9 @@ class LoadSession(Session):
 
         records = {r.sha256: r for r in self.record.images}
         applied: set[int] = set()  # functions whose attributes the native builder set
-        functions = ArchiveFunctions(self.hook, self.archive, records)
+        moved_from = None if self.live_base == region.base else (region.base, region.base + region.final_offset)
+        functions = ArchiveFunctions(self.hook, self.archive, records, moved_from=moved_from)
+        relocate = self._relocation() if moved_from else None
         templates: dict[str, Any] = {}
         graphs: dict[str, RestoredGraph] = {}
         entries = self.record.graphs
@@ -177,16 +186,19 @@ class LoadSession(Session):
                 ir = self.archive.graph(self.rank, entry)
                 check_graph(ir, self.archive)
                 if self.builder == "native" and native_build.supported(ir):
-                    built = native_build.build_native(self.hook.lib, ir, functions, applied=applied)
+                    built = native_build.build_native(self.hook.lib, ir, functions, relocate=relocate, applied=applied)
                 else:
                     template = templates.get(entry.topology) if entry.topology else None
-                    built = build_member(template, ir, functions) if template else build(ir, functions)
+                    if template:
+                        built = build_member(template, ir, functions, relocate=relocate)
+                    else:
+                        built = build(ir, functions, relocate=relocate)
                     if entry.topology and template is None and built.handles is not None and not built.events:
                         templates[entry.topology] = built
                 graphs[entry.name] = RestoredGraph(
                     built,
-                    self._outputs(entry, region, outputs_at),
-                    PhiloxReplay(entry.rng, region.base) if entry.rng else None,
+                    None if entry.outputs is None else outputs_at(entry.outputs, self.live_base),
+                    PhiloxReplay(entry.rng, self.live_base) if entry.rng else None,
                 )
                 advance()
         self.report.update(
@@ -198,9 +210,22 @@ class LoadSession(Session):
         )
         return graphs
 
-    @staticmethod
-    def _outputs(entry: GraphEntry, region: RegionRecord, outputs_at: Callable[..., Any]) -> Any:
-        return None if entry.outputs is None else outputs_at(entry.outputs, region.base)
+    def _relocation(self) -> Callable[[Any], int]:
+        """Every operand's live value, through the backend that owns its region (vmm only, so far)."""
+        from foundry.backends.vmm import VmmBackend
+
+        vmm, live = VmmBackend(), _LiveProcess(self.rank, 1, {"vmm": {"base": self.live_base}})
+        return lambda operand: vmm.relocate(operand, live)
+
+
+class _LiveProcess:
+    """What this LOAD process tells backends (:class:`foundry.backends.base.LiveState`)."""
+
+    def __init__(self, rank: int, world_size: int, facts: dict[str, dict[str, Any]]) -> None:
+        self.rank, self.world_size, self.facts = rank, world_size, facts
+
+    def backend_facts(self, backend: str) -> dict[str, Any]:
+        return self.facts.get(backend, {})
 
 
 class _Progress:

@@ -180,18 +180,28 @@ def check_live(record: ImageRecord, kind: str, handle: int) -> None:
             )
 
 
-def restore_fresh(record: ImageRecord | None, sha256: str, library: int) -> list[str]:
+def restore_fresh(record: ImageRecord | None, sha256: str, library: int,
+                  moved_from: tuple[int, int] | None = None) -> list[str]:  # fmt: skip
     """LOAD, bound to a freshly loaded archived copy: restore what the application
-    wrote at SAVE; refuse images whose globals are unknown. Returns the names restored."""
+    wrote at SAVE; refuse images whose globals are unknown, and, when the region
+    moved (``moved_from`` is SAVE's range), globals that hold an address in it.
+    Returns the names restored."""
     if record is None or not record.globals_known:
         raise DriftError(
             "the device globals of this image are unknown, so a fresh copy could hold the wrong "
             "state; load the image in the application before LOAD",
             path=f"image {sha256[:12]}",
         )
-    restored = []
-    for g in record.globals:
-        if g.written:
-            _write_global(library, g.name, g.value or b"")
-            restored.append(g.name)
-    return restored
+    written = [g for g in record.globals if g.written]
+    if moved_from is not None:
+        for g in written:
+            if any(moved_from[0] <= w < moved_from[1] for w in _words(g.value or b"")):
+                raise DriftError("a device global holds an address in SAVE's region, which this LOAD moved",
+                                 field=g.name, path=f"image {sha256[:12]}")  # fmt: skip
+    for g in written:
+        _write_global(library, g.name, g.value or b"")
+    return [g.name for g in written]
+
+
+def _words(value: bytes) -> list[int]:
+    return [int.from_bytes(value[i : i + 8], "little") for i in range(0, len(value) - 7, 8)]

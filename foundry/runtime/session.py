@@ -144,4 +144,5 @@ def open_session(*, device: int = 0, model: dict[str, str] | None = None, **kwar
 
     warmup = os.environ.get("FOUNDRY_LOAD_WARMUP", "replay")
     builder = os.environ.get("FOUNDRY_BUILDER", "python")
-    return LoadSession(archive, device=device, rank=rank, warmup=warmup, builder=builder, **kwargs)
+    relocate = os.environ.get("FOUNDRY_RELOCATE") == "1"
+    return LoadSession(archive, device=device, rank=rank, warmup=warmup, builder=builder, relocate=relocate, **kwargs)

@@ -71,10 +71,12 @@ def check_graph(ir: GraphIR, archive: Archive) -> None:
             )
 
 
-def check_region(record: RegionRecord | None, base: int, size: int) -> RegionRecord:
+def check_region(record: RegionRecord | None, base: int, size: int, *, relocate: bool = False) -> RegionRecord:
+    """The archive's region record, if the live region can stand in for it: at SAVE's
+    base, or (``relocate``) anywhere, its operands then rebased by the vmm backend."""
     if record is None:
         raise DriftError("the archive has no region record (it was not saved with the hook)", field="region")
-    if base != record.base:
+    if base != record.base and not relocate:
         raise DriftError(
             "the live region is at another base than SAVE's",
             field="region.base",
