@@ -104,3 +104,12 @@ def test_cli_exit_codes_and_json(archive_copy):
     assert result.exit_code == 0 and payload["ok"] is True
     assert payload["graphs"][0]["counts"]["symm-allreduce"] == 2
     assert payload["expectations"][0]["found"] == 2
+
+
+def test_collectives_whose_backend_cannot_relocate_are_flagged(registry):
+    report = lint(Archive.open(FIXTURES / "symm-mem-ws1"), registry)
+    flagged = [f for f in report.findings if f.rule == "unrelocatable-collective"]
+    assert [f.node for f in flagged] == [2, 3] and all(f.severity == "warning" for f in flagged)
+    assert "torch-symm-mem" in flagged[0].message and "one_shot_all_reduce" in (flagged[0].kernel or "")
+    quiet = lint(Archive.open(FIXTURES / "symm-mem-ws1"), registry, disabled={"unrelocatable-collective"})
+    assert not [f for f in quiet.findings if f.rule == "unrelocatable-collective"]

@@ -146,12 +146,30 @@ def _missing_module_image(ctx: GraphContext) -> Iterator[Finding]:
         )
 
 
+def _unrelocatable_collective(ctx: GraphContext) -> Iterator[Finding]:
+    for node_id, match in sorted(ctx.claims().items()):
+        if match.relocatable:
+            continue
+        node = ctx.ir.node(node_id)
+        needs = f" and needs {match.requires}" if match.requires else ""
+        yield Finding(
+            "unrelocatable-collective",
+            Severity.WARNING,
+            f"{match.kind}: backend {match.backend!r} cannot relocate it yet{needs}; LOAD will refuse this graph",
+            ctx.rank,
+            ctx.entry.name,
+            node_id,
+            getattr(getattr(node, "kernel", None), "name", None),
+        )
+
+
 RULES: dict[str, Rule] = {
     rule.name: rule
     for rule in (
         Rule("unresolved-pointer", "a pointer word lies in no known allocation", _unresolved_pointer),
         Rule("unsupported-node", "a node kind LOAD cannot rebuild (host, child graph, ...)", _unsupported_node),
         Rule("missing-module-image", "a kernel's module image is not in the archive", _missing_module_image),
+        Rule("unrelocatable-collective", "a collective whose backend cannot relocate it", _unrelocatable_collective),
     )
 }
 
