@@ -91,6 +91,7 @@ def render_summary(console: Console, s: ArchiveSummary, *, top: int = 15) -> Non
         regions.add_row(f"... {len(ordered) - top} more (--json lists all)", "", "", "", "")
     console.print(regions)
 
+    _render_restore(console, s)
     unresolved = s.unresolved
     if not unresolved:
         console.print("Unresolved pointers: none")
@@ -102,6 +103,30 @@ def render_summary(console: Console, s: ArchiveSummary, *, top: int = 15) -> Non
         where = f"param {u['param']}+{u['offset']}" if u["param"] >= 0 else u["site"]
         table.add_row(str(u["rank"]), u["graph"], str(u["node"]), where, u["value"])
     console.print(table)
+
+
+def _render_restore(console: Console, s: ArchiveSummary) -> None:
+    """What a LOAD relies on, per rank (archives saved without the hook have none of it)."""
+    for facts in s.restore:
+        region = facts["region"]
+        if region is None:
+            console.print(f"Restore, rank {facts['rank']}: no region record (saved without the hook: not loadable)")
+            continue
+        warm = "kept" if region["warmup_bytes"] is not None else "not kept"
+        console.print(
+            f"Restore, rank {facts['rank']}: region at {region['base']} up to {human_bytes(region['final_offset'])}, "
+            f"{region['allocations']} allocations ({region['warmup_allocations']} before the first capture, "
+            f"{region['late_allocations']} late); warm-up bytes {warm}; {facts['images']} images"
+        )
+        if facts["globals_written"]:
+            console.print("  device globals the application set: " + ", ".join(facts["globals_written"]))
+        if facts["globals_unknown"]:
+            console.print("  images whose globals are unknown: " + ", ".join(facts["globals_unknown"]))
+    rng = [g.name for g in s.graphs if g.rng]
+    undefined = sum(g.undefined_bytes for g in s.graphs)
+    if rng or undefined:
+        console.print(f"  graphs drawing random numbers: {', '.join(rng) or 'none'}; "
+                      f"undefined parameter bytes (ignored by fingerprints): {undefined}")  # fmt: skip
 
 
 def render_lint(console: Console, report: LintReport, *, strict: bool = False) -> None:

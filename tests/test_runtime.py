@@ -402,3 +402,14 @@ def test_a_relocating_load_refuses_restored_globals_that_point_into_the_old_regi
     assert restore_fresh(ImageRecord("ef" * 32, globals_known=True), "ef" * 32, 0) == []
     with pytest.raises(DriftError, match="relocating needs"):
         LoadSession(FIXTURES / "saveload-a", relocate=True, warmup="restore")
+
+
+def test_inspect_reports_what_a_load_relies_on():
+    out = subprocess.run([sys.executable, "-m", "foundry", "archive", "inspect", str(SAVE_A), "--json"],
+                         capture_output=True, text=True)  # fmt: skip
+    data = json.loads(out.stdout)
+    (facts,) = data["restore"]
+    assert facts["region"]["base"] == "0x600000000000" and facts["region"]["warmup_allocations"] == 11
+    assert facts["region"]["late_allocations"] == 0 and facts["images"] == 27 and facts["globals_unknown"] == []
+    assert [g["graph"] for g in data["graphs"] if g["rng"]] == ["sample.bs8"]
+    assert all(g["undefined_bytes"] > 0 for g in data["graphs"])

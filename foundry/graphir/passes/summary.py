@@ -29,6 +29,8 @@ class GraphSummary:
     collectives: Counter[str]
     operands: int
     unresolved: list[dict[str, Any]]
+    undefined_bytes: int = 0
+    rng: bool = False
 
 
 @dataclass
@@ -39,6 +41,7 @@ class ArchiveSummary:
     kernels: Counter[str] = field(default_factory=Counter)
     kernel_names: dict[str, str] = field(default_factory=dict)
     regions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    restore: list[dict[str, Any]] = field(default_factory=list)  # per rank: what a LOAD needs
 
     @property
     def kinds(self) -> Counter[str]:
@@ -68,6 +71,8 @@ class ArchiveSummary:
                     "collectives": dict(sorted(g.collectives.items())),
                     "operands": g.operands,
                     "unresolved": len(g.unresolved),
+                    "undefined_bytes": g.undefined_bytes,
+                    "rng": g.rng,
                 }
                 for g in self.graphs
             ],
@@ -80,6 +85,7 @@ class ArchiveSummary:
             "kernels": [{"name": n, "short": self.kernel_names[n], "count": c} for n, c in self.kernels.most_common()],
             "regions": [{"name": k, **v} for k, v in sorted(self.regions.items())],
             "unresolved": self.unresolved,
+            "restore": self.restore,
         }
 
 
@@ -107,6 +113,8 @@ def summarize_graph(ir: GraphIR, registry: BackendRegistry, *, rank: int, entry:
         collectives=collective_counts(ir, registry),
         operands=len(ir.operands),
         unresolved=unresolved,
+        undefined_bytes=sum(length for node in ir.kernels() for _, length in node.undefined),
+        rng=entry.rng is not None,
     )
 
 
@@ -123,6 +131,8 @@ def summarize(archive: Archive, registry: BackendRegistry, *, rank: int | None =
         "model": dict(cat.model),
     }
     summary = ArchiveSummary(str(archive.root), catalog)
+    ranks = archive.ranks if rank is None else [rank]
+    summary.restore = [restore_facts(archive, r) for r in ranks if r in archive.ranks]
     for r, entry in archive.select(rank=rank):
         ir = archive.graph(r, entry, deep=False)
         summary.graphs.append(summarize_graph(ir, registry, rank=r, entry=entry))
@@ -138,3 +148,23 @@ def summarize(archive: Archive, registry: BackendRegistry, *, rank: int | None =
             row["graphs"] += 1
             row["operands"] += used[region.name]
     return summary
+
+
+def restore_facts(archive: Archive, rank: int) -> dict[str, Any]:
+    """What a LOAD of ``rank`` relies on: the region, the warm-up, images and their globals."""
+    session = archive.session(rank)
+    region = session.region
+    facts: dict[str, Any] = {"rank": rank, "region": None}
+    if region is not None:
+        facts["region"] = {
+            "base": hex(region.base),
+            "final_offset": region.final_offset,
+            "allocations": region.allocations,
+            "warmup_allocations": region.warmup_allocations,
+            "late_allocations": sum(1 for a in region.trace if a.phase == "late"),
+            "warmup_bytes": region.warmup_bytes.size if region.warmup_bytes else None,
+        }
+    facts["images"] = len(session.images)
+    facts["globals_unknown"] = [i.sha256[:12] for i in session.images if not i.globals_known]
+    facts["globals_written"] = sorted({g.name for i in session.images for g in i.globals if g.written})
+    return facts
