@@ -149,7 +149,8 @@ def _relocation_check(a: Archive, b: Archive, as_json: bool) -> int:
     out.print(f"{report.graphs} graph(s): {report.operands_moved} operands moved by their region's delta, "
               f"{report.operands_fixed} in regions that stayed")  # fmt: skip
     for f in report.findings[:50]:
-        where = f"rank {f.rank} {f.graph}" + (f" node {f.node}" if f.node is not None else "")
+        where = "the pair" if f.rank is None else f"rank {f.rank} {f.graph}"
+        where += f" node {f.node}" if f.node is not None else ""
         detail = f" ({f.a} -> {f.b})" if f.a or f.b else ""
         out.print(f"finding: {where}: {f.what}{detail}", markup=False)
     if len(report.findings) > 50:

@@ -69,3 +69,13 @@ def test_malformed_descriptions_are_refused_with_a_reason(lib):
     assert "truncated" in reasons["truncated"] and "after the last edge" in reasons["trailing"]
     assert "999" in reasons["edge"] and "unknown kind 9" in reasons["kind"]
     assert "larger than the description" in reasons["node count"]
+
+
+def test_a_parameter_outside_its_buffer_is_refused(lib):
+    kernel = struct.pack("<IQ3I3III", 1, 0x1000, 1, 1, 1, 32, 1, 1, 0, 0)
+    params = struct.pack("<III", 1, 0, 16) + struct.pack("<I", 8) + bytes(8) + struct.pack("<I", 0)
+    desc = b"FGB1" + struct.pack("<III", 1, 1, 0) + kernel + params
+    with pytest.raises(IRError, match="outside the 8-byte buffer"):
+        check_packed(lib, desc)
+    fits = b"FGB1" + struct.pack("<III", 1, 1, 0) + kernel + struct.pack("<III", 1, 0, 8) + params[12:]
+    assert check_packed(lib, fits) == (1, 0)

@@ -13,7 +13,7 @@ import msgspec
 
 from foundry.archive.files import atomic_write, sha256_hex
 from foundry.archive.reader import Archive
-from foundry.archive.schema import CATALOG_FILE, RankEntry
+from foundry.archive.schema import CATALOG_FILE, GraphEntry, RankEntry
 from foundry.archive.writer import encode_record
 from foundry.graphir.codec import encode_graph
 from foundry.graphir.fingerprint import fingerprint, topology_key
@@ -21,21 +21,26 @@ from foundry.graphir.graph import GraphIR
 
 
 def rewrite_graphs(archive: Archive, transform: Callable[[int, GraphIR], GraphIR]) -> None:
-    """Replace every graph ``ir`` of every rank with ``transform(rank, ir)``."""
-    ranks = []
+    """Replace every graph ``ir`` of every rank with ``transform(rank, ir)``. Every graph
+    is transformed and encoded before the first file is written, so a transform
+    that fails leaves the archive as it was."""
+    staged: list[tuple[int, list[tuple[GraphEntry, bytes, GraphIR]]]] = []
     for rank_entry in archive.catalog.ranks:
-        rank = rank_entry.rank
-        session = archive.session(rank)
-        entries = []
-        for entry in session.graphs:
-            ir = transform(rank, archive.graph(rank, entry))
+        graphs = []
+        for entry in archive.session(rank_entry.rank).graphs:
+            ir = transform(rank_entry.rank, archive.graph(rank_entry.rank, entry))
             ir.check()
-            data = encode_graph(ir)
+            graphs.append((entry, encode_graph(ir), ir))
+        staged.append((rank_entry.rank, graphs))
+    ranks = []
+    for (rank, graphs), rank_entry in zip(staged, archive.catalog.ranks, strict=True):
+        entries = []
+        for entry, data, ir in graphs:
             atomic_write(archive.graph_path(rank, entry), data)
             entries.append(msgspec.structs.replace(entry, sha256=sha256_hex(data), size=len(data),
                                                    fingerprint=fingerprint(ir), nodes=len(ir),
                                                    topology=topology_key(ir)))  # fmt: skip
-        data = encode_record(msgspec.structs.replace(session, graphs=tuple(entries)))
+        data = encode_record(msgspec.structs.replace(archive.session(rank), graphs=tuple(entries)))
         atomic_write(archive.session_path(rank), data)
         ranks.append(RankEntry(rank, rank_entry.session, sha256_hex(data)))
     catalog = msgspec.structs.replace(archive.catalog, ranks=tuple(ranks))

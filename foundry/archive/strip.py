@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from foundry.archive.files import atomic_write, sha256_hex
+from foundry.archive.files import atomic_write, contained_path, sha256_hex
 from foundry.archive.reader import Archive
 from foundry.archive.schema import CATALOG_FILE, ModuleIndex, ModuleState, RankEntry
 from foundry.archive.writer import encode_record
@@ -31,7 +31,9 @@ def strip(archive: Archive, *, keep_warmup: bool = False) -> dict[str, int]:
         session = archive.session(entry.rank)
         region = session.region
         if region is not None and region.warmup_bytes is not None and not keep_warmup:
-            drop(archive.session_path(entry.rank).parent / region.warmup_bytes.file)
+            session_path = archive.session_path(entry.rank)
+            drop(contained_path(session_path.parent, region.warmup_bytes.file, field="region.warmup_bytes.file",
+                                source=session_path))  # fmt: skip
             session = msgspec.structs.replace(session, region=msgspec.structs.replace(region, warmup_bytes=None))
         data = encode_record(session)
         atomic_write(archive.session_path(entry.rank), data)

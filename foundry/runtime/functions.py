@@ -15,7 +15,7 @@ import ctypes
 from foundry.archive.reader import Archive
 from foundry.archive.schema import ImageRecord
 from foundry.cuda import cu, driver, handle_value
-from foundry.errors import HookError
+from foundry.errors import DriftError, HookError
 from foundry.graphir.kernel import KernelIdentity
 from foundry.runtime.hook import Hook, Image
 from foundry.runtime.module_globals import check_live, restore_fresh
@@ -48,8 +48,10 @@ class ArchiveFunctions:
     def _image(self, sha256: str) -> tuple[str, int]:
         if sha256 not in self._images:
             live = self._live_copy(sha256)
+            if self.records is not None and sha256 not in self.records:
+                raise DriftError("the archive records no device globals for this image", path=f"image {sha256[:12]}")
             if live is not None:
-                if self.records is not None and sha256 in self.records:
+                if self.records is not None:
                     check_live(self.records[sha256], live.kind, live.handle)
                 self._images[sha256] = (live.kind, live.handle)
                 self.bound_live.add(sha256)
@@ -57,8 +59,12 @@ class ArchiveFunctions:
                 data = ctypes.create_string_buffer(self.archive.module(sha256))  # checked against its sha256
                 # the driver keeps its own copy of the image (no CU_LIBRARY_BINARY_IS_PRESERVED)
                 library = handle_value(cu("cuLibraryLoadData", ctypes.addressof(data), None, None, 0, None, None, 0))
-                if self.records is not None:
-                    self.restored_globals += restore_fresh(self.records.get(sha256), sha256, library, self.moved_from)
+                try:
+                    if self.records is not None:
+                        self.restored_globals += restore_fresh(self.records[sha256], sha256, library, self.moved_from)
+                except DriftError:
+                    cu("cuLibraryUnload", driver().CUlibrary(library))
+                    raise
                 self._images[sha256] = ("library", library)
                 self.loaded.add(sha256)
         return self._images[sha256]

@@ -83,7 +83,7 @@ def environment(config: RunConfig, base_env: dict[str, str] | None = None) -> di
         FOUNDRY_OVERWRITE="1" if config.overwrite else "0",
     )
     if config.mode == "save" and config.fixed_layout:
-        env.setdefault("PYTHONHASHSEED", "0")
+        env["PYTHONHASHSEED"] = "0"
     if base is not None:
         env["FOUNDRY_REGION_BASE"] = hex(base)
     if size is not None:
@@ -91,18 +91,29 @@ def environment(config: RunConfig, base_env: dict[str, str] | None = None) -> di
     return env
 
 
+def _start(command: list[str], config: RunConfig) -> int:
+    import subprocess
+
+    try:
+        return subprocess.run(command, env=environment(config), preexec_fn=preexec(config)).returncode
+    except FileNotFoundError:
+        raise FoundryError("command not found", found=command[0]) from None
+    except subprocess.SubprocessError as err:  # preexec failed: the kernel refused a fixed layout
+        raise FoundryError(f"cannot start the program with a fixed address-space layout ({err}); "
+                           "pass --keep-aslr to start it without") from None  # fmt: skip
+
+
 def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Callable[[str], None] = print) -> int:
     """Run ``command`` under the hook; a SAVE runs it ``save_runs`` times in fresh
     processes and marks in the archive every parameter byte the runs disagree on
     (:func:`foundry.runtime.definedness.merge_saves`). Returns the exit code."""
     import shutil
-    import subprocess
 
     from foundry.runtime.definedness import merge_saves
 
     if config.mode == "save" and (config.archive / CATALOG_FILE).exists() and not config.overwrite:
         raise FoundryError("already holds an archive (pass --overwrite to replace it)", path=str(config.archive))
-    code = subprocess.run(command, env=environment(config), preexec_fn=preexec(config)).returncode
+    code = _start(command, config)
     if config.mode != "save" or code != 0:
         return code
     if not (config.archive / CATALOG_FILE).is_file():
@@ -115,7 +126,7 @@ def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Calla
         log(f"foundry: SAVE run {run_index} of {save_runs} (a fresh process, to find bytes the runs disagree on)")
         try:
             again = RunConfig(**{**config.__dict__, "archive": extra, "overwrite": True})
-            code = subprocess.run(command, env=environment(again), preexec_fn=preexec(again)).returncode
+            code = _start(command, again)
             if code != 0:
                 log(f"foundry: SAVE run {run_index} failed (exit {code}); {config.archive} holds the first run's "
                     "archive without the cross-run marks")  # fmt: skip

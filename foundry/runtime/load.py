@@ -15,7 +15,7 @@ from foundry.archive.schema import RegionRecord
 from foundry.cuda import cu
 from foundry.errors import DriftError, FoundryError, HookError
 from foundry.runtime.hook import Allocation, Hook
-from foundry.runtime.session import RestoredGraph, Session, _anchor_generator, _check_active, _init_cuda
+from foundry.runtime.session import RestoredGraph, Session, anchor_generator, check_active, init_cuda
 
 WARMUP_MODES = ("replay", "restore")
 BUILDERS = ("python", "native")  # native: foundry.runtime.native_build (not yet validated on a GPU)
@@ -65,14 +65,17 @@ class LoadSession(Session):
         if self.hook.region().mode != "load":
             raise HookError("the hook is not in load mode (start the program with `foundry run --mode load`)")
         check_modules(self.archive)
-        _init_cuda(self.device)
-        _check_active(self.hook)
+        init_cuda(self.device)
+        check_active(self.hook)
         check_environment(self.archive.catalog.environment, current_environment(self.device))
         try:
             self.hook.reserve()
         except HookError as err:
             raise DriftError(
-                "the region's base address is taken in this process", field="region.base", found=err.found
+                "the region cannot be reserved at its base (taken in this process, or refused by the driver); "
+                "pass --region-base to load it elsewhere",
+                field="region.base",
+                found=err.found,
             ) from None
         info = self.hook.region()
         region = check_region(self.record.region, info.base, info.size, relocate=self.relocate)
@@ -106,6 +109,8 @@ class LoadSession(Session):
         return self.graphs[name]
 
     def finish(self) -> dict[str, Any]:
+        if not hasattr(self, "hook"):
+            raise FoundryError("finish() before start(): call session.start() before the first CUDA allocation")
         self.report["counters"] = self.hook.counters()
         return self.report
 
@@ -116,7 +121,7 @@ class LoadSession(Session):
 
         started = time.perf_counter()
         if self.warmup_mode == "replay":  # SAVE allocated the generator's cells after its warm-up
-            self.anchor = _anchor_generator()
+            self.anchor = anchor_generator()
         torch.cuda.synchronize()
         region = self.record.region
         assert region is not None  # checked in start()

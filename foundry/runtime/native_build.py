@@ -57,7 +57,8 @@ def pack(ir: GraphIR, functions: FunctionResolver, *, relocate: Relocation | Non
             parts.append(struct.pack("<IQ3I3III", KERNEL, functions.function(node.kernel), *node.launch.grid,
                                      *node.launch.block, node.launch.shared_mem,
                                      1 if node.arg_mode == "extra" else 0))  # fmt: skip
-            parts.append(struct.pack(f"<I{len(node.layout.offsets)}I", len(node.layout.offsets), *node.layout.offsets))
+            n = len(node.layout.offsets)
+            parts.append(struct.pack(f"<I{n}I{n}I", n, *node.layout.offsets, *node.layout.sizes))
             parts.append(struct.pack("<I", len(params)) + _pad(params))
             attrs = [to_bytes(a.name, a.value, operands) for a in node.launch.attributes]
             parts.append(struct.pack("<I", len(attrs)))

@@ -16,10 +16,12 @@ from foundry.errors import CaptureError, FoundryError, HookError
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.regions import Region, RegionKind
 from foundry.runtime.hook import Hook
-from foundry.runtime.session import CapturedGraph, Session, _anchor_generator, _check_active, _init_cuda
+from foundry.runtime.session import CapturedGraph, Session, anchor_generator, check_active, init_cuda
 
 WARMUP_FILE = "warmup.bin"
-# (stack shift, fill pattern) of the extra captures that find undefined parameter bytes
+# (stack shift, fill pattern) of the extra captures that find undefined parameter bytes:
+# two shifts well beyond one launcher's frames, not multiples of a page or of each
+# other, so no leftover lands at the same frame offset twice; two complementary patterns
 PROBES = ((40_976, 0xA5), (90_128, 0x5A))
 
 
@@ -61,8 +63,8 @@ class SaveSession(Session):
         self.hook = Hook.attach()
         if self.hook.region().mode != "save":
             raise HookError("the hook is not in save mode (start the program with `foundry run --mode save`)")
-        _init_cuda(self.device)
-        _check_active(self.hook)
+        init_cuda(self.device)
+        check_active(self.hook)
         self.hook.reserve()
         self.hook.set_owner()
         self.environment = current_environment(self.device)
@@ -102,19 +104,27 @@ class SaveSession(Session):
         from foundry.graphir.lower import AddressResolver
         from foundry.runtime.images import HookImages
 
-        self.anchor = _anchor_generator()
+        self.anchor = anchor_generator()
         torch.cuda.synchronize()
         info = self.hook.region()
         self.warmup_end = (info.allocations, info.cursor)
         generator = torch.cuda.default_generators[self.device]
         self.generator_offset = generator.get_offset()
         if self.keep_warmup_bytes and self.warmup_start is not None:
-            start = self.warmup_start[1]
-            buf = ctypes.create_string_buffer(info.cursor - start)
-            cu("cuMemcpyDtoH", ctypes.addressof(buf), info.base + start, info.cursor - start)
-            self.warmup_data = buf.raw
+            self.warmup_data = self._dump_warmup(self.warmup_start[1], info)
         self.resolver = AddressResolver([self.region])
         self.images = HookImages(self.hook)
+
+    def _dump_warmup(self, start: int, info: Any) -> bytes:
+        """The region's bytes from ``start`` to the cursor, allocation by allocation: ranges
+        the warm-up freed again are unmapped and stay zero."""
+        buf = ctypes.create_string_buffer(info.cursor - start)
+        for a in self.hook.trace():
+            if a.freed or a.offset < start:
+                continue
+            dst = ctypes.addressof(buf) + a.offset - start
+            cu("cuMemcpyDtoH", dst, info.base + a.offset, min(a.size, info.cursor - a.offset))
+        return buf.raw
 
     def _lower(self, graph: Any, name: str) -> GraphIR:
         from foundry.graphir.lower import lower
@@ -147,10 +157,16 @@ class SaveSession(Session):
     def finish(self) -> dict[str, Any]:
         from foundry.runtime.module_globals import record_image
 
+        if not hasattr(self, "hook"):
+            raise FoundryError("finish() before start(): call session.start() before the first CUDA allocation")
+        if not self.entries:
+            raise CaptureError("no graph was captured; nothing to write", path=str(self.path))
         errors = self.hook.errors()
         if errors:
             raise CaptureError(
-                "the hook reported a loss of determinism during SAVE; nothing was written", found=errors[:3]
+                "the hook reported a loss of determinism during SAVE; nothing was written (allocate everything "
+                "before the first capture: in the warm-up, or inside graph())",
+                found=errors[:3],
             )
         for ir, _ in self.entries:
             for node in ir.kernels():

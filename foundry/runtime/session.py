@@ -33,7 +33,7 @@ from foundry.runtime.hook import Hook
 MODES = ("off", "save", "load")
 
 
-def _init_cuda(device: int) -> None:
+def init_cuda(device: int) -> None:
     """Create and make current the primary context, as torch would, without allocating."""
     import torch
 
@@ -41,12 +41,12 @@ def _init_cuda(device: int) -> None:
     torch.cuda.synchronize()
 
 
-def _check_active(hook: Hook) -> None:
+def check_active(hook: Hook) -> None:
     if not hook.active():
         raise HookError("the native hook is loaded but CUDA did not resolve its entry points through it")
 
 
-def _anchor_generator() -> Any:
+def anchor_generator() -> Any:
     """Register the default generator with a graph now, so its seed/offset cells are
     allocated at the same point of the trace in SAVE (where the first capture would
     allocate them) and in LOAD (which never captures)."""
@@ -94,7 +94,7 @@ class Session:
         self.pool: Any = None
 
     def start(self) -> None:
-        _init_cuda(self.device)
+        init_cuda(self.device)
 
     def warmup(self, fn: Callable[[], Any]) -> None:
         import torch
@@ -123,9 +123,12 @@ class Session:
         return graph, outputs
 
 
-def open_session(*, device: int = 0, model: dict[str, str] | None = None, **kwargs: Any) -> Session:
+def open_session(*, device: int = 0, model: dict[str, str] | None = None) -> Session:
     """The session ``foundry run`` asked for (``FOUNDRY_MODE``, ``FOUNDRY_ARCHIVE``,
-    ``FOUNDRY_RANK``, ``FOUNDRY_LOAD_WARMUP``, ``FOUNDRY_BUILDER``); mode ``off`` when none."""
+    ``FOUNDRY_RANK``, ``FOUNDRY_LOAD_WARMUP``, ``FOUNDRY_BUILDER``, ``FOUNDRY_RELOCATE``,
+    ``FOUNDRY_OVERWRITE``); mode ``off`` when none. Programs that need more control
+    construct :class:`~foundry.runtime.save.SaveSession` or
+    :class:`~foundry.runtime.load.LoadSession` themselves."""
     mode = os.environ.get("FOUNDRY_MODE", "off") or "off"
     if mode not in MODES:
         raise FoundryError("unknown mode", field="FOUNDRY_MODE", expected=MODES, found=mode)
@@ -134,15 +137,18 @@ def open_session(*, device: int = 0, model: dict[str, str] | None = None, **kwar
     archive = os.environ.get("FOUNDRY_ARCHIVE")
     if not archive:
         raise FoundryError(f"FOUNDRY_ARCHIVE must name the archive in mode {mode}", field="FOUNDRY_ARCHIVE")
-    rank = int(os.environ.get("FOUNDRY_RANK", "0"))
+    text = os.environ.get("FOUNDRY_RANK", "0")
+    if not text.isdigit():
+        raise FoundryError("FOUNDRY_RANK must be a rank number", field="FOUNDRY_RANK", found=text)
+    rank = int(text)
     if mode == "save":
         from foundry.runtime.save import SaveSession
 
         overwrite = os.environ.get("FOUNDRY_OVERWRITE") == "1"
-        return SaveSession(archive, device=device, rank=rank, model=model, overwrite=overwrite, **kwargs)
+        return SaveSession(archive, device=device, rank=rank, model=model, overwrite=overwrite)
     from foundry.runtime.load import LoadSession
 
     warmup = os.environ.get("FOUNDRY_LOAD_WARMUP", "replay")
     builder = os.environ.get("FOUNDRY_BUILDER", "python")
     relocate = os.environ.get("FOUNDRY_RELOCATE") == "1"
-    return LoadSession(archive, device=device, rank=rank, warmup=warmup, builder=builder, relocate=relocate, **kwargs)
+    return LoadSession(archive, device=device, rank=rank, warmup=warmup, builder=builder, relocate=relocate)

@@ -1,8 +1,9 @@
 """torch tensors over region memory that torch's allocator does not own.
 
 A LOAD maps SAVE's graph pool itself; the restored graphs' outputs live there.
-They are exposed through ``__cuda_array_interface__`` (no copy); dtypes the
-interface cannot spell (bfloat16, float8) are viewed from a same-size integer.
+They are exposed through ``__cuda_array_interface__`` (no copy) as raw bytes
+and viewed as the dtype, so dtypes the interface cannot spell (bfloat16, float8)
+work too.
 """
 
 from __future__ import annotations

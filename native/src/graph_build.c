@@ -10,7 +10,7 @@
  *   header   "FGB1" u32 version(=1) u32 nodes u32 edges
  *   node     u32 kind, then by kind:
  *     1 kernel   u64 func, u32 grid[3], u32 block[3], u32 shared, u32 arg_mode (0 params, 1 extra),
- *                u32 nparams, u32 offsets[nparams], u32 nbytes, bytes[nbytes] (padded to 4),
+ *                u32 nparams, u32 offsets[nparams], u32 sizes[nparams], u32 nbytes, bytes[nbytes] (padded to 4),
  *                u32 nattrs, nattrs x { u32 id, u32 pad, u8 value[64] }
  *     2 memcpy   u32 src_type, u32 dst_type, u64 src, u64 dst, u64 src_pos[3], u64 dst_pos[3],
  *                u64 src_pitch, u64 src_height, u64 dst_pitch, u64 dst_height, u64 extent[3]
@@ -91,6 +91,7 @@ static CUresult add_kernel(reader_t *r, build_t *b, CUgraphNode *out) {
     uint32_t arg_mode = u32(r), nparams = u32(r);
     if (nparams > MAX_PARAMS || arg_mode > 1) fail(r, "kernel record: %u parameters, arg mode %u", nparams, arg_mode);
     const unsigned char *offsets = take(r, (size_t)nparams * 4);
+    const unsigned char *sizes = take(r, (size_t)nparams * 4);
     uint32_t nbytes = u32(r);
     const unsigned char *bytes = take(r, nbytes);
     uint32_t nattrs = u32(r);
@@ -98,11 +99,14 @@ static CUresult add_kernel(reader_t *r, build_t *b, CUgraphNode *out) {
     if (r->failed) return CUDA_ERROR_INVALID_VALUE;
     void **pointers = calloc(nparams ? nparams : 1, sizeof *pointers);
     if (pointers == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
-    for (uint32_t i = 0; i < nparams; i++) {
-        uint32_t offset;
+    for (uint32_t i = 0; i < nparams && !r->failed; i++) {
+        uint32_t offset, size;
         memcpy(&offset, offsets + 4 * i, 4);
-        if (offset >= nbytes && !(offset == nbytes && nbytes == 0)) fail(r, "parameter %u at byte %u of %u", i, offset, nbytes);
-        pointers[i] = (void *)(bytes + offset);
+        memcpy(&size, sizes + 4 * i, 4);
+        if (size == 0 || offset > nbytes || size > nbytes - offset) /* the driver reads all `size` bytes */
+            fail(r, "parameter %u (%u bytes at %u) lies outside the %u-byte buffer", i, size, offset, nbytes);
+        else
+            pointers[i] = (void *)(bytes + offset);
     }
     size_t extra_size = nbytes;
     void *extra[5] = {CU_LAUNCH_PARAM_BUFFER_POINTER, (void *)bytes, CU_LAUNCH_PARAM_BUFFER_SIZE, &extra_size,
@@ -193,8 +197,14 @@ static CUresult add_edges(reader_t *r, build_t *b, uint32_t nodes, uint32_t edge
         data[i].to_port = raw[12 * i + 9];
         data[i].type = raw[12 * i + 10];
     }
-    if (rc == CUDA_SUCCESS && b->graph) rc = DRIVER(cuGraphAddDependencies_v2)(b->graph, from, to, data, edges);
-    free(from), free(to), free(data);
+    if (rc == CUDA_SUCCESS && b->graph) {
+        rc = DRIVER(cuGraphAddDependencies_v2)(b->graph, from, to, data, edges);
+        if (rc != CUDA_SUCCESS) fail(r, "adding %u edges: driver status %d", edges, (int)rc);
+    }
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY) fail(r, "out of host memory for %u edges", edges);
+    free(from);
+    free(to);
+    free(data);
     return rc;
 }
 
@@ -222,7 +232,10 @@ static CUresult run(const void *desc, size_t len, build_t *b, uint32_t *nodes_ou
         if (rc != CUDA_SUCCESS && !r.failed) fail(&r, "node %u: driver status %d", i, (int)rc);
     }
     if (rc == CUDA_SUCCESS) rc = add_edges(&r, b, nodes, edges);
-    if (rc == CUDA_SUCCESS && r.at != r.end) fail(&r, "%zu bytes after the last edge", (size_t)(r.end - r.at)), rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS && r.at != r.end) {
+        fail(&r, "%zu bytes after the last edge", (size_t)(r.end - r.at));
+        rc = CUDA_ERROR_INVALID_VALUE;
+    }
     if (nodes_out) *nodes_out = nodes;
     if (edges_out) *edges_out = edges;
     free(b->nodes);
@@ -239,6 +252,15 @@ int foundry_graph_check(const void *desc, size_t len, uint32_t *nodes, uint32_t 
 int foundry_graph_build(const void *desc, size_t len, uint64_t *graph_out, uint64_t *exec_out, char *err,
                         size_t errlen) {
     if (desc == NULL || graph_out == NULL || exec_out == NULL) return FOUNDRY_EINVAL;
+    static const char *needed[] = {"cuCtxGetCurrent", "cuGraphCreate", "cuGraphDestroy", "cuGraphAddKernelNode_v2",
+                                   "cuGraphKernelNodeSetAttribute", "cuGraphAddMemcpyNode", "cuGraphAddMemsetNode",
+                                   "cuGraphAddEmptyNode", "cuGraphAddDependencies_v2", "cuGraphInstantiateWithFlags"};
+    for (size_t i = 0; i < sizeof needed / sizeof needed[0]; i++) {
+        if (fh_real(needed[i]) == NULL) {
+            if (err && errlen) snprintf(err, errlen, "the driver has no %s", needed[i]);
+            return FOUNDRY_ESTATE;
+        }
+    }
     build_t b = {NULL, NULL, NULL};
     CUresult rc = DRIVER(cuCtxGetCurrent)(&b.ctx);
     if (rc == CUDA_SUCCESS) rc = DRIVER(cuGraphCreate)(&b.graph, 0);

@@ -1,11 +1,13 @@
 /*
  * interpose.c - how the hook gets between an application and the CUDA driver.
  *
- * cudart finds driver entry points three ways, and all three are covered:
- * dlsym on libcuda (about 90 names on the H200 image's torch), cuGetProcAddress
- * (the rest, by base name and CUDA version), and plain exported symbols for
- * code linked against libcuda. A hooked name resolves to the hook; the hook
- * reaches the real function through fh_real().
+ * cudart finds driver entry points through dlsym on libcuda (about 90 names on
+ * the H200 image's torch) and cuGetProcAddress (the rest, by base name and CUDA
+ * version); both are covered for every hooked name. Code linked against libcuda
+ * directly reaches the hook only for the names exported here (cuMemAlloc_v2,
+ * cuMemFree_v2, cuGetProcAddress_v2): it gets its other entry points from
+ * libcuda itself. A hooked name resolves to the hook; the hook reaches the real
+ * function through fh_real().
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -82,7 +84,10 @@ static CUresult hook_begin_capture_v1(CUstream stream) {
 
 static CUresult hook_end_capture(CUstream stream, CUgraph *graph) {
     CUresult rc = ((CUresult(*)(CUstream, CUgraph *))fh_real("cuStreamEndCapture"))(stream, graph);
-    fh_capture_end(); /* the capture is over whether or not it produced a graph */
+    /* an invalidated capture is over too; a stream that was not capturing ended nothing */
+    if (rc == CUDA_SUCCESS || rc == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED || rc == CUDA_ERROR_STREAM_CAPTURE_UNJOINED ||
+        rc == CUDA_ERROR_STREAM_CAPTURE_UNMATCHED)
+        fh_capture_end();
     return rc;
 }
 
@@ -164,6 +169,12 @@ static void *libcuda(void) {
     return handle;
 }
 
+/* Whether fn is defined in this library (then it is one of our own exports, never the driver's). */
+static int is_own(void *fn) {
+    Dl_info mine, theirs;
+    return fn && dladdr((void *)is_own, &mine) && dladdr(fn, &theirs) && mine.dli_fbase == theirs.dli_fbase;
+}
+
 void *fh_real(const char *exported) {
     struct hook *h = find_exported(exported);
     if (h && h->real) return h->real;
@@ -182,6 +193,7 @@ void *dlsym(void *handle, const char *symbol) {
     struct hook *h = find_exported(symbol);
     if (h == NULL) return next(handle, symbol);
     void *real = next(handle, symbol);
+    if (is_own(real)) real = libcuda() ? next(libcuda(), symbol) : NULL; /* RTLD_DEFAULT finds our export first */
     if (real == NULL) return NULL;
     if (h->real == NULL) h->real = real;
     atomic_store(&interposed, 1);

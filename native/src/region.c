@@ -61,7 +61,11 @@ void fh_capture_begin(void) {
     atomic_fetch_add(&captures_open, 1);
 }
 
-void fh_capture_end(void) { atomic_fetch_sub(&captures_open, 1); }
+void fh_capture_end(void) {
+    int open = atomic_load(&captures_open);
+    while (open > 0 && !atomic_compare_exchange_weak(&captures_open, &open, open - 1)) {
+    }
+}
 
 static int phase_now(void) {
     if (atomic_load(&captures_open) > 0) return FOUNDRY_PHASE_CAPTURE;
@@ -101,7 +105,19 @@ int fh_region_mode(void) {
 
 #define DRIVER(fn) ((__typeof__(&fn))fh_real(#fn))
 
+/* Every driver entry point the region calls, resolved up front: a missing one is
+ * refused here by name instead of crashing on a NULL call later. */
+static int entry_points_present(void) {
+    static const char *names[] = {"cuCtxGetDevice", "cuCtxGetCurrent", "cuCtxSynchronize", "cuMemGetAllocationGranularity",
+                                  "cuMemAddressReserve", "cuMemAddressFree", "cuMemCreate", "cuMemMap",
+                                  "cuMemSetAccess", "cuMemUnmap", "cuMemRelease"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (fh_real(names[i]) == NULL) return 0; /* fh_real logged which */
+    return 1;
+}
+
 static CUresult reserve(void) {
+    if (!entry_points_present()) return CUDA_ERROR_NOT_FOUND;
     CUdevice device;
     CUresult rc = DRIVER(cuCtxGetDevice)(&device);
     if (rc != CUDA_SUCCESS) return rc;
@@ -145,9 +161,11 @@ static int record(size_t offset, size_t mapped, size_t request, CUmemGenericAllo
 }
 
 static CUresult map_at_cursor(CUdeviceptr *dptr, size_t bytesize) {
-    size_t mapped = (bytesize + region.granularity - 1) / region.granularity * region.granularity;
+    size_t room = region.size - region.cursor;
+    size_t mapped = bytesize > room ? room + 1 /* refused below, without overflowing the rounding */
+                                    : (bytesize + region.granularity - 1) / region.granularity * region.granularity;
     if (mapped == 0) mapped = region.granularity;
-    if (region.cursor + mapped > region.size) {
+    if (mapped > room) {
         fh_event("error: allocation #%zu of %zu bytes would leave the region (cursor %zu of %zu)", region.count,
                  bytesize, region.cursor, region.size);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -230,22 +248,29 @@ CUresult fh_mem_alloc(CUdeviceptr *dptr, size_t bytesize) {
 }
 
 CUresult fh_mem_free(CUdeviceptr dptr) {
-    if (fh_region_mode() == FOUNDRY_MODE_OFF || !region.reserved || dptr < region.base ||
-        dptr >= region.base + region.size)
-        return ((free_fn)fh_real("cuMemFree_v2"))(dptr);
+    if (fh_region_mode() == FOUNDRY_MODE_OFF) return ((free_fn)fh_real("cuMemFree_v2"))(dptr);
     pthread_mutex_lock(&lock);
+    if (!region.reserved || dptr < region.base || dptr >= region.base + region.size) {
+        pthread_mutex_unlock(&lock);
+        return ((free_fn)fh_real("cuMemFree_v2"))(dptr);
+    }
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    int found = 0;
     for (size_t i = 0; i < region.count; i++) {
         foundry_alloc_t *a = &region.trace[i];
         if (a->freed || region.base + a->offset != dptr) continue;
+        found = 1;
         DRIVER(cuCtxSynchronize)(); /* cuMemFree synchronizes; cuMemUnmap does not */
         rc = DRIVER(cuMemUnmap)(dptr, a->size);
         if (rc == CUDA_SUCCESS) rc = DRIVER(cuMemRelease)(region.handles[i]);
-        a->freed = 1;
+        if (rc == CUDA_SUCCESS) a->freed = 1;
         break;
     }
     pthread_mutex_unlock(&lock);
-    if (rc == CUDA_ERROR_INVALID_VALUE) fh_event("error: free of 0x%llx, not an allocation start", (unsigned long long)dptr);
+    if (!found)
+        fh_event("error: free of 0x%llx, not the start of a live region allocation", (unsigned long long)dptr);
+    else if (rc != CUDA_SUCCESS)
+        fh_event("error: free of 0x%llx failed (driver status %d)", (unsigned long long)dptr, (int)rc);
     return rc;
 }
 

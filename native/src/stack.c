@@ -8,6 +8,7 @@
  * parameter bytes a launcher left uninitialised differ from the first
  * capture's. That is how SAVE tells them from real data.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,9 +55,28 @@ static void release_heap(void **held) {
     free(held);
 }
 
+#define MARGIN (256u << 10) /* what the callback itself may need below the poisoned bytes */
+
+/* Bytes of this thread's stack below the caller, or 0 when unknown. */
+static size_t stack_room(void) {
+    pthread_attr_t attr;
+    void *low = NULL;
+    size_t size = 0;
+    if (pthread_getattr_np(pthread_self(), &attr) != 0) return 0;
+    int ok = pthread_attr_getstack(&attr, &low, &size) == 0;
+    pthread_attr_destroy(&attr);
+    char here;
+    return ok ? (size_t)(&here - (char *)low) : 0;
+}
+
 __attribute__((noinline)) int foundry_call_shifted(size_t shift, size_t poison, int pattern,
                                                    void (*fn)(void *), void *arg) {
     if (fn == NULL || shift == 0 || shift > MAX_SHIFT || poison == 0 || poison > MAX_POISON) return FOUNDRY_EINVAL;
+    size_t room = stack_room();
+    if (room < shift + poison + MARGIN) {
+        fh_event("error: %zu bytes of stack left, too few to shift by %zu over %zu patterned bytes", room, shift, poison);
+        return FOUNDRY_ESTATE;
+    }
     volatile unsigned char pad[shift]; /* moves the callee's frames down by `shift` bytes */
     pad[0] = 0;
     void **held = shuffle_heap(pattern);

@@ -28,7 +28,7 @@ from foundry.graphir.regions import UNRESOLVED
 
 @dataclass(frozen=True)
 class RelocationFinding:
-    rank: int
+    rank: int | None  # None: about the pair as a whole
     graph: str
     node: int | None
     what: str
@@ -58,15 +58,15 @@ def rebase(ir: GraphIR, deltas: dict[str, int]) -> GraphIR:
     """A copy of ``ir`` as a SAVE with each named region moved by its delta would have captured it."""
     out = GraphIR(ir.name, regions=[msgspec.structs.replace(r, base=r.base + deltas.get(r.name, 0))
                                     for r in ir.regions.values()], meta=ir.meta)  # fmt: skip
-    moved: dict[int, list[Operand]] = {}
+    by_node: dict[int, list[Operand]] = {}
     operands = []
     for o in ir.operands:
         value = o.value + deltas.get(o.region, 0) if o.region != UNRESOLVED else o.value
         operands.append(msgspec.structs.replace(o, value=value))
-        moved.setdefault(o.node, []).append(operands[-1])
+        by_node.setdefault(o.node, []).append(operands[-1])
     nodes = []
     for node in ir.nodes():
-        for o in moved.get(node.id, ()):
+        for o in by_node.get(node.id, ()):
             node = _with_address(node, o)
         nodes.append(node)
     out.add_nodes(nodes)
@@ -157,6 +157,13 @@ def check_relocations(a: Archive, b: Archive) -> RelocationReport:
                 report.findings.append(RelocationFinding(rank, entry.name, None, "graph missing from the second SAVE"))
                 continue
             check_graph_pair(a.graph(rank, entry), b.graph(rank, entry.name), report, rank)
+    for rank in b.ranks:
+        names_a = {e.name for e in a.entries(rank)} if rank in a.ranks else set()
+        for entry in b.entries(rank):
+            if entry.name not in names_a:
+                report.findings.append(RelocationFinding(rank, entry.name, None, "graph missing from the first SAVE"))
     if not report.deltas:
-        report.findings.append(RelocationFinding(-1, "", None, "no region moved between the two SAVEs: nothing proven"))
+        report.findings.append(
+            RelocationFinding(None, "", None, "no region moved between the two SAVEs: nothing proven")
+        )
     return report
