@@ -54,8 +54,25 @@ class LoadSession(Session):
         self.builder = builder
         if builder not in BUILDERS:
             raise FoundryError("unknown graph builder", field="builder", expected=BUILDERS, found=builder)
+        self.backends = self._require_backends()
         self.graphs: dict[str, RestoredGraph] | None = None
         self.report: dict[str, Any] = {"mode": "load", "archive": str(archive), "warmup": warmup}
+
+    def _require_backends(self) -> list[Any]:
+        """Every backend whose state the archive records must be installed and able to
+        validate and relocate; refused by name otherwise (before any GPU work)."""
+        from foundry.backends.registry import BackendRegistry
+
+        registry = BackendRegistry.discover()
+        backends = []
+        for state in self.record.backends:
+            backend = registry.require(state.backend)
+            missing = [step for step in ("validate", "relocate") if step not in backend.implements()]
+            if missing:
+                raise DriftError(f"backend {state.backend!r} cannot {' or '.join(missing)} yet; this archive "
+                                 "needs it", field=f"backends.{state.backend}")  # fmt: skip
+            backends.append((backend, state))
+        return backends
 
     def start(self) -> None:
         from foundry.runtime.environment import current_environment
