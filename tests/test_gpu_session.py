@@ -150,3 +150,50 @@ def test_the_recipe_decodes_identically_after_load(tmp_path):
                           capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 0, proc.stdout
     assert "identical" in proc.stdout and "DIFFERENT" not in proc.stdout
+
+
+def _symm_run(tmp_path, name: str, *foundry_args: str, move_buffer: bool = False) -> tuple[int, dict | None]:
+    out = tmp_path / f"{name}.json"
+    cmd = [sys.executable, str(ROOT / "recipes" / "torch" / "symm_allreduce.py"), "--out", str(out)]
+    if move_buffer:
+        cmd.append("--move-buffer")
+    if foundry_args:
+        cmd = [sys.executable, "-m", "foundry", "run", *foundry_args, "--", *cmd]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    return proc.returncode, json.loads(out.read_text()) if out.is_file() else None
+
+
+def test_symmetric_memory_relocates_to_a_moved_buffer_at_a_shifted_base(tmp_path):
+    """Matmul + one-shot + two-shot all-reduce (world size 1): SAVE, then a fresh LOAD whose
+    symmetric buffer lives elsewhere and whose region base is 16 GiB higher."""
+    archive = tmp_path / "a"
+    shifted = hex(0x600000000000 + (16 << 30))
+    code, base = _symm_run(tmp_path, "baseline")
+    assert code == 0
+    code, saved = _symm_run(tmp_path, "save", "--mode", "save", "--archive", str(archive))
+    assert code == 0 and saved["session"]["graphs"] == 1
+    load_args = ("--mode", "load", "--archive", str(archive), "--region-base", shifted)
+    code, loaded = _symm_run(tmp_path, "load", *load_args, move_buffer=True)
+    assert code == 0, loaded
+    assert loaded["buffer_address"] != saved["buffer_address"] and loaded["session"]["relocated_by"] == 16 << 30
+    for key in ("one_shot_sha256", "buffer_sha256"):
+        assert base[key] == saved[key] == loaded[key]
+    # negative control: the same LOAD with one relocation skipped (a symm operand dropped from the manifest)
+    skipped = tmp_path / "skipped"
+    shutil.copytree(archive, skipped)
+
+    def drop_one(ir):
+        victim = next(o for o in ir.operands if o.region == "symm.buffer")
+        ir.set_operands(o for o in ir.operands if o != victim)
+
+    from .archive_tools import edit_graph
+
+    edit_graph(skipped, "symm.allreduce", drop_one)
+    code, wrong = _symm_run(tmp_path, "skipped", "--mode", "load", "--archive", str(skipped), "--region-base", shifted,
+                            move_buffer=True)  # fmt: skip
+    assert (
+        code != 0
+        or wrong["buffer_sha256"] != base["buffer_sha256"]
+        or wrong["one_shot_sha256"] != base["one_shot_sha256"]
+    )

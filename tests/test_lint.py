@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from foundry.archive import Archive
+from foundry.backends import Backend, BackendRegistry
 from foundry.cli import main
 from foundry.errors import LintError
 from foundry.graphir.nodes import UnsupportedNode
@@ -106,10 +107,22 @@ def test_cli_exit_codes_and_json(archive_copy):
     assert payload["expectations"][0]["found"] == 2
 
 
+class _RecogniseOnly(Backend):
+    """Claims the symmetric-memory all-reduces but implements only the recognise step."""
+
+    name = "recognise-only"
+    kinds = frozenset({"symm-allreduce"})
+
+    def recognise(self, kernel):
+        return self.match("symm-allreduce") if "all_reduce_kernel" in kernel.name else None
+
+
 def test_collectives_whose_backend_cannot_relocate_are_flagged(registry):
-    report = lint(Archive.open(FIXTURES / "symm-mem-ws1"), registry)
+    archive = Archive.open(FIXTURES / "symm-mem-ws1")
+    assert not [f for f in lint(archive, registry).findings if f.rule == "unrelocatable-collective"]
+    report = lint(archive, BackendRegistry([_RecogniseOnly()]))
     flagged = [f for f in report.findings if f.rule == "unrelocatable-collective"]
     assert [f.node for f in flagged] == [2, 3] and all(f.severity == "warning" for f in flagged)
-    assert "torch-symm-mem" in flagged[0].message and "one_shot_all_reduce" in (flagged[0].kernel or "")
-    quiet = lint(Archive.open(FIXTURES / "symm-mem-ws1"), registry, disabled={"unrelocatable-collective"})
+    assert "recognise-only" in flagged[0].message and "one_shot_all_reduce" in (flagged[0].kernel or "")
+    quiet = lint(archive, BackendRegistry([_RecogniseOnly()]), disabled={"unrelocatable-collective"})
     assert not [f for f in quiet.findings if f.rule == "unrelocatable-collective"]

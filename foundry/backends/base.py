@@ -83,6 +83,17 @@ class SaveState(Protocol):
     def backend_facts(self, backend: str) -> dict[str, Any]: ...
 
 
+class ProcessFacts:
+    """A process as backends see it: its rank, world size and each backend's facts
+    (implements :class:`SaveState` and :class:`LiveState`)."""
+
+    def __init__(self, rank: int, world_size: int, facts: dict[str, dict[str, Any]]) -> None:
+        self.rank, self.world_size, self.facts = rank, world_size, facts
+
+    def backend_facts(self, backend: str) -> dict[str, Any]:
+        return self.facts.get(backend, {})
+
+
 class Backend(ABC):
     """Base class of every backend, built-in or third-party (see module docstring)."""
 
@@ -114,6 +125,19 @@ class Backend(ABC):
 
     def relocate(self, operand: Operand, live: LiveState) -> int:
         raise BackendError(f"backend {self.name!r} cannot relocate operands yet")
+
+    def facts(self, **objects: Any) -> dict[str, Any]:
+        """Live facts from the program's own objects (a rendezvous handle, a communicator),
+        given to ``session.attach(name, **objects)`` in SAVE and in LOAD."""
+        raise BackendError(f"backend {self.name!r} takes no program objects", found=sorted(objects))
+
+    def regions_for(self, facts: dict[str, Any]) -> list[Any]:
+        """The named regions SAVE's lowering resolves this backend's operands against."""
+        return []
+
+    def owns(self, region: str) -> bool:
+        """Whether operands in ``region`` are this backend's to relocate."""
+        return any(region == p or (p.endswith(".*") and region.startswith(p[:-1])) for p in self.regions)
 
     def match(self, kind: str, abi: tuple[ParamRole, ...] = (), requires: str | None = None) -> KernelMatch:
         """A :class:`KernelMatch` for this backend (helper for ``recognise``)."""

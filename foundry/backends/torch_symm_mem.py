@@ -9,12 +9,26 @@ also serves reduce-scatter). The signalling kernels live in
 layouts are checked against ``tests/fixtures/kernel_names/torch.txt`` (read
 from torch 2.11.0+cu130 with cuobjdump) and the captured graphs in
 ``tests/fixtures/symm-mem-ws1``.
+
+State (version 1): the process group, world size, rank, dtype, buffer and
+signal-pad sizes, whether NVLink multicast is there, and the addresses of the
+four regions a rendezvous handle owns (:data:`REGIONS`). LOAD refuses another
+group, world size, rank or dtype, a smaller buffer or signal pad, a multimem
+kernel without multicast, and operands beyond the live regions; it relocates
+every ``symm.*`` operand to the live handle's address plus its offset.
 """
 
 from __future__ import annotations
 
-from foundry.backends.base import Backend, KernelMatch, ParamRole, roles
+from typing import Any
+
+from foundry.archive.schema import BackendState
+from foundry.backends.base import Backend, KernelMatch, LiveState, ParamRole, SaveState, roles
+from foundry.errors import BackendError
+from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import KernelIdentity, template_args
+from foundry.graphir.operands import Operand
+from foundry.graphir.regions import Region, RegionKind
 
 _PTRS = ("buffer_ptrs", "output", "input", "signal_pad_ptrs")
 
@@ -140,6 +154,22 @@ class TorchSymmMemBackend(Backend):
                 return self.match(kind, (), requires)
         return None
 
+    def record(self, save: SaveState) -> BackendState:
+        return _record(self, save.backend_facts(self.name))
+
+    def validate(self, state: BackendState, graphs: list[GraphIR], live: LiveState) -> None:
+        _validate(self, state, graphs, live.backend_facts(self.name))
+
+    def relocate(self, operand: Operand, live: LiveState) -> int:
+        return _relocate(operand, live.backend_facts(self.name))
+
+    def facts(self, *, handle: Any, group: str, dtype: str, multimem: bool = False) -> dict[str, Any]:
+        """Live facts from the program's rendezvous handle (see :func:`handle_facts`)."""
+        return handle_facts(handle, group=group, dtype=dtype, multimem=multimem)
+
+    def regions_for(self, facts: dict[str, Any]) -> list[Region]:
+        return facts_regions(facts)
+
     def _ops_kernel(self, kernel: KernelIdentity) -> KernelMatch | None:
         entry = _OPS_KERNELS.get(unqualified(kernel))
         if entry is None:
@@ -150,3 +180,87 @@ class TorchSymmMemBackend(Backend):
             if len(args) >= 4 and args[3] == "true":  # the reduce_scatter template flag
                 kind = "symm-reducescatter"
         return self.match(kind, abi, requires)
+
+
+# The regions a rendezvous handle owns: its buffer and signal pad on this rank, and the
+# device tables of every rank's buffer and signal-pad pointers the kernels index.
+REGIONS = ("symm.buffer", "symm.signal_pad", "symm.buffer_ptrs", "symm.signal_pad_ptrs")
+_EXACT = ("group", "world_size", "rank", "dtype")  # must match SAVE's
+_CAPACITY = ("buffer_size", "signal_pad_size")  # LOAD's may be larger, never smaller
+
+
+def handle_facts(handle: Any, *, group: str, dtype: str, multimem: bool = False) -> dict[str, Any]:
+    """What Foundry records of a ``torch.distributed._symmetric_memory`` rendezvous handle."""
+    return {
+        "group": group,
+        "world_size": int(handle.world_size),
+        "rank": int(handle.rank),
+        "dtype": dtype,
+        "buffer_size": int(handle.buffer_size),
+        "signal_pad_size": int(handle.signal_pad_size),
+        "multimem": bool(multimem),
+        "symm.buffer": int(handle.buffer_ptrs[handle.rank]),
+        "symm.signal_pad": int(handle.signal_pad_ptrs[handle.rank]),
+        "symm.buffer_ptrs": int(handle.buffer_ptrs_dev),
+        "symm.signal_pad_ptrs": int(handle.signal_pad_ptrs_dev),
+    }
+
+
+def facts_regions(facts: dict[str, Any]) -> list[Region]:
+    """The named regions the lowering resolves this backend's operands against."""
+    sizes = {"symm.buffer": facts["buffer_size"], "symm.signal_pad": facts["signal_pad_size"],
+             "symm.buffer_ptrs": 8 * facts["world_size"], "symm.signal_pad_ptrs": 8 * facts["world_size"]}  # fmt: skip
+    return [Region(name, RegionKind.BACKEND, int(facts[name]), int(sizes[name])) for name in REGIONS]
+
+
+def _validate(backend: TorchSymmMemBackend, state: BackendState, graphs: list[GraphIR], facts: dict[str, Any]) -> None:
+    record = state.record
+    if state.version != backend.state_version:
+        raise BackendError("state record of another version", field="torch-symm-mem.version",
+                           expected=backend.state_version, found=state.version)  # fmt: skip
+    for key in _EXACT:
+        if facts.get(key) != record.get(key):
+            raise BackendError(
+                f"the live symmetric memory differs from SAVE's in {key}",
+                field=f"torch-symm-mem.{key}",
+                expected=record.get(key),
+                found=facts.get(key),
+            )
+    for key in _CAPACITY:
+        if int(facts.get(key, 0)) < int(record.get(key, 0)):
+            raise BackendError(
+                f"the live symmetric memory is smaller than SAVE's ({key})",
+                field=f"torch-symm-mem.{key}",
+                expected=record.get(key),
+                found=facts.get(key),
+            )
+    regions = {r.name: r for r in facts_regions(facts)}
+    for ir in graphs:
+        for node in ir.kernels():
+            match = backend.recognise(node.kernel)
+            if match is not None and match.requires == "multimem" and not facts.get("multimem"):
+                raise BackendError("a multimem kernel needs NVLink multicast, which this process lacks",
+                                   field="torch-symm-mem.multimem", node=node.id, kernel=node.kernel.name)  # fmt: skip
+        for operand in ir.operands:
+            if operand.region.startswith("symm.") and (
+                operand.region not in regions or operand.region_offset >= regions[operand.region].size
+            ):
+                raise BackendError("a graph points outside the live symmetric memory",
+                                   field=f"torch-symm-mem.{operand.region}", node=operand.node,
+                                   found=operand.location())  # fmt: skip
+
+
+def _record(backend: TorchSymmMemBackend, facts: dict[str, Any]) -> BackendState:
+    missing = [k for k in (*_EXACT, *_CAPACITY, *REGIONS) if k not in facts]
+    if missing:
+        raise BackendError("the program did not describe its symmetric memory", field="torch-symm-mem",
+                           expected=missing)  # fmt: skip
+    kept = {k: facts[k] for k in (*_EXACT, *_CAPACITY, "multimem", *REGIONS) if k in facts}
+    return BackendState(backend.name, backend.state_version, kept)
+
+
+def _relocate(operand: Operand, facts: dict[str, Any]) -> int:
+    if operand.region not in REGIONS or operand.region not in facts:
+        raise BackendError(f"backend 'torch-symm-mem' does not own region {operand.region!r}",
+                           found=operand.location())  # fmt: skip
+    return int(facts[operand.region]) + operand.region_offset

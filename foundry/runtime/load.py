@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from foundry.archive.reader import Archive
-from foundry.archive.schema import RegionRecord
+from foundry.archive.schema import GraphEntry, RegionRecord
+from foundry.backends.base import ProcessFacts
 from foundry.cuda import cu
 from foundry.errors import DriftError, FoundryError, HookError
+from foundry.graphir.graph import GraphIR
 from foundry.runtime.hook import Allocation, Hook
 from foundry.runtime.session import RestoredGraph, Session, anchor_generator, check_active, init_cuda
 
@@ -55,6 +57,8 @@ class LoadSession(Session):
         if builder not in BUILDERS:
             raise FoundryError("unknown graph builder", field="builder", expected=BUILDERS, found=builder)
         self.backends = self._require_backends()
+        self.attached: dict[str, dict[str, Any]] = {}  # backend name -> live facts
+        self.live_base: int | None = None  # the region's base in this process, once start() reserved it
         self.graphs: dict[str, RestoredGraph] | None = None
         self.report: dict[str, Any] = {"mode": "load", "archive": str(archive), "warmup": warmup}
 
@@ -109,6 +113,12 @@ class LoadSession(Session):
         if self.warmup_mode == "restore":
             return region.warmup_bytes.allocations if region.warmup_bytes else 0
         return region.warmup_allocations
+
+    def attach(self, backend: str, **objects: Any) -> None:
+        owner = next((b for b, _ in self.backends if b.name == backend), None)
+        if owner is None:
+            raise DriftError(f"the archive records no state for backend {backend!r}", field=f"backends.{backend}")
+        self.attached[backend] = owner.facts(**objects)
 
     def warmup(self, fn: Callable[[], Any]) -> None:
         if self.warmup_mode == "replay":
@@ -188,8 +198,6 @@ class LoadSession(Session):
         torch.cuda.default_generators[self.device].set_offset(warm.generator_offset)
 
     def _build_all(self, region: RegionRecord) -> dict[str, RestoredGraph]:
-        from foundry.graphir.build import build, build_member
-        from foundry.runtime import native_build
         from foundry.runtime.functions import ArchiveFunctions
         from foundry.runtime.rng import PhiloxReplay
         from foundry.runtime.tensors import outputs_at
@@ -199,27 +207,20 @@ class LoadSession(Session):
         applied: set[int] = set()  # functions whose attributes the native builder set
         moved_from = None if self.live_base == region.base else (region.base, region.base + region.final_offset)
         functions = ArchiveFunctions(self.hook, self.archive, records, moved_from=moved_from)
-        relocate = self._relocation() if moved_from else None
+        irs = [self.archive.graph(self.rank, entry) for entry in self.record.graphs]
+        owned = [backend for backend, _ in self.backends]
+        for ir in irs:
+            check_graph(ir, self.archive, lambda name: any(b.owns(name) for b in owned))
+        self._validate_backends(irs)
+        relocate = self._relocation(moved_from is not None)
         templates: dict[str, Any] = {}
         graphs: dict[str, RestoredGraph] = {}
-        entries = self.record.graphs
-        with _Progress(self.progress, len(entries)) as advance:
-            for entry in entries:
-                ir = self.archive.graph(self.rank, entry)
-                check_graph(ir, self.archive)
-                if self.builder == "native" and native_build.supported(ir):
-                    built = native_build.build_native(self.hook.lib, ir, functions, relocate=relocate, applied=applied)
-                else:
-                    template = templates.get(entry.topology) if entry.topology else None
-                    if template:
-                        built = build_member(template, ir, functions, relocate=relocate)
-                    else:
-                        built = build(ir, functions, relocate=relocate)
-                    if entry.topology and template is None and built.handles is not None and not built.events:
-                        templates[entry.topology] = built
+        with _Progress(self.progress, len(irs)) as advance:
+            for entry, ir in zip(self.record.graphs, irs, strict=True):
+                built = self._build_one(entry, ir, functions, relocate, templates, applied)
                 graphs[entry.name] = RestoredGraph(
                     built,
-                    None if entry.outputs is None else outputs_at(entry.outputs, self.live_base),
+                    None if entry.outputs is None else outputs_at(entry.outputs, self._region_base),
                     PhiloxReplay(entry.rng, self.live_base) if entry.rng else None,
                 )
                 advance()
@@ -232,22 +233,63 @@ class LoadSession(Session):
         )
         return graphs
 
-    def _relocation(self) -> Callable[[Any], int]:
-        """Every operand's live value, through the backend that owns its region (vmm only, so far)."""
+    def _build_one(self, entry: GraphEntry, ir: GraphIR, functions: Any, relocate: Any, templates: dict[str, Any],
+                   applied: set[int]) -> Any:  # fmt: skip
+        """Build one graph: natively if asked and possible, else from its topology's template."""
+        from foundry.graphir.build import build, build_member
+        from foundry.runtime import native_build
+
+        if self.builder == "native" and native_build.supported(ir):
+            return native_build.build_native(self.hook.lib, ir, functions, relocate=relocate, applied=applied)
+        template = templates.get(entry.topology) if entry.topology else None
+        if template:
+            return build_member(template, ir, functions, relocate=relocate)
+        built = build(ir, functions, relocate=relocate)
+        if entry.topology and built.handles is not None and not built.events:
+            templates[entry.topology] = built
+        return built
+
+    def _relocation(self, moved: bool) -> Callable[[Any], int] | None:
+        """Every operand's live value, through the backend that owns its region; None
+        when nothing moves (the region at SAVE's base, no backends attached)."""
         from foundry.backends.vmm import VmmBackend
 
-        vmm, live = VmmBackend(), _LiveProcess(self.rank, 1, {"vmm": {"base": self.live_base}})
-        return lambda operand: vmm.relocate(operand, live)
+        if not moved and not self.attached:
+            return None
+        owners = [VmmBackend(), *(backend for backend, _ in self.backends)]
+        live = self._live_facts()
 
+        def relocate(operand: Any) -> int:
+            for owner in owners:
+                if owner.owns(operand.region):
+                    return owner.relocate(operand, live)
+            raise DriftError("no backend owns this pointer's region", found=operand.location(), node=operand.node)
 
-class _LiveProcess:
-    """What this LOAD process tells backends (:class:`foundry.backends.base.LiveState`)."""
+        return relocate
 
-    def __init__(self, rank: int, world_size: int, facts: dict[str, dict[str, Any]]) -> None:
-        self.rank, self.world_size, self.facts = rank, world_size, facts
+    def _region_base(self, name: str) -> int | None:
+        """Where region ``name`` starts in this process: the region's, or an attached backend's."""
+        from foundry.backends.vmm import VmmBackend
+        from foundry.graphir.operands import Operand, OperandSite
 
-    def backend_facts(self, backend: str) -> dict[str, Any]:
-        return self.facts.get(backend, {})
+        probe = Operand(-1, OperandSite.PARAM, -1, 0, 0, name, 0)
+        live = self._live_facts()
+        for owner in (VmmBackend(), *(backend for backend, _ in self.backends)):
+            if owner.owns(name) and (owner.name == "vmm" or owner.name in self.attached):
+                return owner.relocate(probe, live)
+        return None
+
+    def _live_facts(self) -> ProcessFacts:
+        vmm = {} if self.live_base is None else {"vmm": {"base": self.live_base}}
+        return ProcessFacts(self.rank, 1, {**vmm, **self.attached})
+
+    def _validate_backends(self, graphs: list[GraphIR]) -> None:
+        live = self._live_facts()
+        for backend, state in self.backends:
+            if backend.name not in self.attached:
+                raise DriftError(f"the archive records state for backend {backend.name!r}, which the program did "
+                                 "not attach (session.attach)", field=f"backends.{backend.name}")  # fmt: skip
+            backend.validate(state, graphs, live)
 
 
 class _Progress:

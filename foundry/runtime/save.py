@@ -11,6 +11,7 @@ from typing import Any
 
 from foundry.archive.schema import AllocationRecord, ImageRecord, RegionRecord, RngRecord, WarmupBytes
 from foundry.archive.writer import ArchiveWriter
+from foundry.backends.base import ProcessFacts
 from foundry.cuda import cu
 from foundry.errors import CaptureError, FoundryError, HookError
 from foundry.graphir.graph import GraphIR
@@ -53,6 +54,7 @@ class SaveSession(Session):
         self.generator_offset: int | None = None
         self.undefined_bytes = 0
         self.timings: dict[str, float] = {"capture_s": 0.0, "probe_s": 0.0, "lower_s": 0.0}
+        self.attached: dict[str, tuple[Any, dict[str, Any]]] = {}  # backend name -> (backend, live facts)
 
     def start(self) -> None:
         from foundry.archive.schema import CATALOG_FILE
@@ -70,6 +72,14 @@ class SaveSession(Session):
         self.environment = current_environment(self.device)
         info = self.hook.region()
         self.region = Region("vmm", RegionKind.VMM, info.base, info.size)
+
+    def attach(self, backend: str, **objects: Any) -> None:
+        from foundry.backends.registry import BackendRegistry
+
+        if self.warmup_end is not None:
+            raise FoundryError("attach backends before the first graph()", field=backend)
+        owner = BackendRegistry.discover().require(backend)
+        self.attached[backend] = (owner, owner.facts(**objects))
 
     def warmup(self, fn: Callable[[], Any]) -> None:
         info = self.hook.region()
@@ -112,7 +122,8 @@ class SaveSession(Session):
         self.generator_offset = generator.get_offset()
         if self.keep_warmup_bytes and self.warmup_start is not None:
             self.warmup_data = self._dump_warmup(self.warmup_start[1], info)
-        self.resolver = AddressResolver([self.region])
+        backend_regions = [r for owner, facts in self.attached.values() for r in owner.regions_for(facts)]
+        self.resolver = AddressResolver([self.region, *backend_regions])
         self.images = HookImages(self.hook)
 
     def _dump_warmup(self, start: int, info: Any) -> bytes:
@@ -193,6 +204,8 @@ class SaveSession(Session):
         for ir, extra in self.entries:
             rank.add_graph(ir, **extra)
         rank.add_images(records)
+        for name, (owner, facts) in sorted(self.attached.items()):
+            rank.add_backend_state(owner.record(ProcessFacts(self.rank, self.world_size, {name: facts})))
         rank.set_region(self._region_record(rank))
         rank.seal()
         writer.commit()

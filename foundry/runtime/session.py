@@ -108,6 +108,10 @@ class Session:
         graph, outputs = self._capture(fn)
         return CapturedGraph(graph, outputs)
 
+    def attach(self, backend: str, **objects: Any) -> None:
+        """Tell the session about a communicator a backend owns (SAVE records it, LOAD
+        validates and relocates against it); a plain capture needs nothing."""
+
     def finish(self) -> dict[str, Any]:
         return {"mode": self.mode}
 

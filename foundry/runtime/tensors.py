@@ -9,6 +9,7 @@ work too.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from foundry.archive.outputs import OutputValue, TensorSpec, rebuild
@@ -39,14 +40,16 @@ def tensor_at(address: int, dtype: Any, shape: tuple[int, ...], stride: tuple[in
     return flat.as_strided(shape, stride)
 
 
-def outputs_at(spec: OutputValue, base: int, region: str = "vmm") -> Any:
-    """The output structure SAVE recorded, with each tensor placed at ``base`` + its region offset."""
+def outputs_at(spec: OutputValue, base_of: Callable[[str], int | None]) -> Any:
+    """The output structure SAVE recorded, each tensor placed at its region's live base
+    (``base_of(region name)``; None when this process cannot place that region)."""
     import torch
 
     def tensor(t: TensorSpec) -> Any:
-        if t.region != region or t.region_offset is None:
+        base = base_of(t.region) if t.region is not None and t.region_offset is not None else None
+        if base is None:
             raise DriftError(
-                "an output tensor lies outside the deterministic region; it cannot be restored",
+                "an output tensor lies outside every region this LOAD can place; it cannot be restored",
                 field="outputs",
                 found=t.region,
             )

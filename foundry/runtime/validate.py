@@ -7,6 +7,8 @@ on the CPU too (the tests edit real archives and compare the messages).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from foundry.archive.reader import Archive
 from foundry.archive.schema import Environment, ModuleState, RegionRecord
 from foundry.errors import ArchiveError, DriftError
@@ -48,8 +50,9 @@ def check_modules(archive: Archive) -> None:
             ) from None
 
 
-def check_graph(ir: GraphIR, archive: Archive) -> None:
-    """A restorable graph names its images and points only into the region."""
+def check_graph(ir: GraphIR, archive: Archive, owned: Callable[[str], bool] = lambda region: False) -> None:
+    """A restorable graph names its images and points only into the region or into
+    regions an attached backend owns (``owned``)."""
     known = {b.sha256 for b in archive.catalog.modules.blobs}
     for node in ir.kernels():
         if node.kernel.image is None or node.kernel.image not in known:
@@ -61,7 +64,7 @@ def check_graph(ir: GraphIR, archive: Archive) -> None:
                 found=node.kernel.image,
             )
     for operand in ir.operands:
-        if operand.region != REGION:
+        if operand.region != REGION and not owned(operand.region):
             site = f"param byte {operand.offset}" if operand.site is OperandSite.PARAM else operand.site.value
             raise DriftError(
                 f"a pointer ({site}) lies outside the deterministic region, so LOAD cannot guarantee its target",

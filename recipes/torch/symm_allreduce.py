@@ -1,0 +1,79 @@
+"""A matmul and torch symmetric-memory all-reduces (one-shot and two-shot), SAVEd and LOADed.
+
+    python recipes/torch/symm_allreduce.py --out R.json                      # baseline
+    foundry run --mode save --archive A -- python recipes/torch/symm_allreduce.py --out S.json
+    foundry run --mode load --archive A --region-base 0x600400000000 -- \\
+        python recipes/torch/symm_allreduce.py --out L.json --move-buffer
+
+World size 1 on one GPU (torch symmetric memory works there; NCCL sets up the
+group). The program attaches its rendezvous handle to the session, so SAVE
+records the torch-symm-mem state and LOAD validates and relocates against the
+live handle. ``--move-buffer`` allocates another symmetric buffer first, so the
+LOAD's buffer lives at another address than SAVE's. The report holds the
+outputs' sha256 and the buffer's address.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed._symmetric_memory as symm_mem
+
+from foundry.runtime.session import open_session
+
+NUMEL = 16 * 256
+
+
+def digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--move-buffer", action="store_true", help="put the symmetric buffer at another address")
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29531")
+    session = open_session(model={"recipe": "symm-allreduce"})
+    session.start()
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+    group = dist.group.WORLD.group_name
+    spare = symm_mem.empty(NUMEL * 4, dtype=torch.bfloat16, device="cuda") if args.move_buffer else None
+    buf = symm_mem.empty(NUMEL, dtype=torch.bfloat16, device="cuda")
+    handle = symm_mem.rendezvous(buf, group)
+    session.attach("torch-symm-mem", handle=handle, group=group, dtype="bfloat16")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(16, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+    def step():
+        buf.copy_((x @ w).flatten())
+        one_shot = torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group)
+        torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", group)
+        return one_shot, buf
+
+    session.warmup(step)
+    graph = session.graph("symm.allreduce", step, runner="collective")
+    report = {"session": session.finish()}
+    buf.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    one_shot, out = graph.outputs
+    report.update(one_shot_sha256=digest(one_shot), buffer_sha256=digest(out), buffer_address=hex(buf.data_ptr()),
+                  spare=spare is not None)  # fmt: skip
+    args.out.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""The torch-symm-mem backend's record, validate and relocate steps, on the
+symmetric-memory graph captured on the H200 (tests/fixtures/symm-mem-ws1: a
+matmul, a one-shot and a two-shot all-reduce at world size 1)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from foundry.archive import Archive
+from foundry.backends.torch_symm_mem import REGIONS, TorchSymmMemBackend, facts_regions
+from foundry.errors import BackendError
+from foundry.graphir.graph import GraphIR
+from foundry.graphir.kernel import KernelIdentity, LaunchConfig, ParamLayout, ParamSlot
+from foundry.graphir.nodes import KernelNode
+
+from .conftest import FIXTURES
+
+
+class Process:
+    """A SAVE or LOAD process as backends see it: facts per backend."""
+
+    rank, world_size = 0, 1
+
+    def __init__(self, facts: dict) -> None:
+        self.facts = facts
+
+    def backend_facts(self, backend: str) -> dict:
+        return self.facts
+
+
+@pytest.fixture(scope="module")
+def graph() -> GraphIR:
+    return Archive.open(FIXTURES / "symm-mem-ws1").graph(0, "symm.allreduce")
+
+
+@pytest.fixture
+def saved(graph) -> dict:
+    """SAVE's facts, read back from the regions the graph was lowered against."""
+    regions = {name: graph.regions[name] for name in REGIONS}
+    return {"group": "0", "world_size": 1, "rank": 0, "dtype": "bfloat16",
+            "buffer_size": regions["symm.buffer"].size, "signal_pad_size": regions["symm.signal_pad"].size,
+            "multimem": False, **{name: r.base for name, r in regions.items()}}  # fmt: skip
+
+
+def test_record_then_validate_the_same_process(graph, saved):
+    backend = TorchSymmMemBackend()
+    state = backend.record(Process(saved))
+    assert state.backend == "torch-symm-mem" and state.version == 1 and state.record["dtype"] == "bfloat16"
+    backend.validate(state, [graph], Process(saved))
+    assert [r.name for r in facts_regions(saved)] == list(REGIONS)
+    assert set(backend.implements()) == {"recognise", "record", "validate", "relocate"}
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("world_size", 2, "differs from SAVE's in world_size"),
+    ("rank", 1, "differs from SAVE's in rank"),
+    ("dtype", "float32", "differs from SAVE's in dtype"),
+    ("group", "tp", "differs from SAVE's in group"),
+])  # fmt: skip
+def test_every_drift_is_refused_by_name(graph, saved, key, value, message):
+    backend = TorchSymmMemBackend()
+    state = backend.record(Process(saved))
+    with pytest.raises(BackendError, match=message) as err:
+        backend.validate(state, [graph], Process({**saved, key: value}))
+    assert err.value.field == f"torch-symm-mem.{key}" and err.value.found == value
+
+
+def test_a_smaller_buffer_is_refused_and_a_larger_one_accepted(graph, saved):
+    backend = TorchSymmMemBackend()
+    state = backend.record(Process(saved))
+    with pytest.raises(BackendError, match="smaller than SAVE's") as err:
+        backend.validate(state, [graph], Process({**saved, "buffer_size": saved["buffer_size"] // 2}))
+    assert err.value.field == "torch-symm-mem.buffer_size"
+    backend.validate(state, [graph], Process({**saved, "buffer_size": 2 * saved["buffer_size"]}))
+
+
+def test_relocation_goes_to_the_live_handle(graph, saved):
+    backend = TorchSymmMemBackend()
+    live = {**saved, **{name: saved[name] + 0x10_0000_0000 for name in REGIONS}}
+    owned = [o for o in graph.operands if o.region.startswith("symm.")]
+    assert {o.region for o in owned} >= {"symm.buffer_ptrs", "symm.signal_pad_ptrs"}
+    for operand in owned:
+        assert backend.relocate(operand, Process(live)) == live[operand.region] + operand.region_offset
+    other = next(o for o in graph.operands if not o.region.startswith("symm."))
+    with pytest.raises(BackendError, match="does not own region"):
+        backend.relocate(other, Process(live))
+
+
+def test_multimem_kernels_need_multicast(saved):
+    names = (FIXTURES / "kernel_names" / "torch.txt").read_text().split()
+    mangled = next(n for n in names if "multimem_all_reduce_kernel" in n)
+    ir = GraphIR("multimem")
+    ir.add_nodes([KernelNode(0, KernelIdentity(mangled), LaunchConfig((1, 1, 1), (32, 1, 1)),
+                             ParamLayout.of([ParamSlot(0, 8)]), bytes(8))])  # fmt: skip
+    backend = TorchSymmMemBackend()
+    state = backend.record(Process(saved))
+    with pytest.raises(BackendError, match="NVLink multicast") as err:
+        backend.validate(state, [ir], Process(saved))
+    assert err.value.field == "torch-symm-mem.multimem"
+    backend.validate(state, [ir], Process({**saved, "multimem": True}))
+
+
+def test_record_needs_the_programs_description(saved):
+    with pytest.raises(BackendError, match="did not describe") as err:
+        TorchSymmMemBackend().record(Process({"group": "0"}))
+    assert "world_size" in err.value.expected
+
+
+def test_a_state_record_of_another_version_is_refused(graph, saved):
+    backend = TorchSymmMemBackend()
+    state = msgspec.structs.replace(backend.record(Process(saved)), version=2)
+    with pytest.raises(BackendError, match="another version"):
+        backend.validate(state, [graph], Process(saved))
+
+
+def test_load_requires_the_program_to_attach_what_the_archive_recorded(graph, saved, tmp_path):
+    """LOAD's offline half: an archive with a torch-symm-mem state record is accepted
+    (the backend validates and relocates), the program must attach its handle, and
+    the recorded state is validated against the attached one."""
+    import shutil
+    from types import SimpleNamespace
+
+    from foundry.errors import DriftError
+    from foundry.runtime.load import LoadSession
+
+    from .archive_tools import edit_json
+
+    archive = tmp_path / "symm"
+    shutil.copytree(FIXTURES / "symm-mem-ws1", archive)
+    state = TorchSymmMemBackend().record(Process(saved))
+    record = {"backend": state.backend, "version": state.version, "record": state.record}
+    edit_json(archive / "rank0" / "session.json", lambda s: s.update(backends=[record]), root=archive)
+    session = LoadSession(archive)
+    with pytest.raises(DriftError, match="did not attach"):
+        session._validate_backends([graph])
+    with pytest.raises(DriftError, match="records no state for backend 'nccl-ipc'"):
+        session.attach("nccl-ipc", comm=None)
+    handle = SimpleNamespace(world_size=1, rank=0, buffer_size=saved["buffer_size"],
+                             signal_pad_size=saved["signal_pad_size"], buffer_ptrs=[saved["symm.buffer"]],
+                             signal_pad_ptrs=[saved["symm.signal_pad"]], buffer_ptrs_dev=saved["symm.buffer_ptrs"],
+                             signal_pad_ptrs_dev=saved["symm.signal_pad_ptrs"])  # fmt: skip
+    session.attach("torch-symm-mem", handle=handle, group="0", dtype="bfloat16")
+    session._validate_backends([graph])
+    session.attach("torch-symm-mem", handle=handle, group="0", dtype="float16")
+    with pytest.raises(BackendError, match="in dtype"):
+        session._validate_backends([graph])
