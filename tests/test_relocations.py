@@ -130,3 +130,14 @@ def test_the_command_line(pair, tmp_path):
     assert ok.returncode == 0 and "every change is a relocation" in ok.stdout and "vmm by 0x400000000" in ok.stdout
     same = run(str(tmp_path / "a"), str(tmp_path / "a"), "--json")
     assert same.returncode == 1 and "nothing proven" in json.loads(same.stdout)["findings"][0]["what"]
+
+
+def test_a_copy_address_that_moved_without_an_operand_is_a_finding(tmp_path):
+    source = Archive.open(FIXTURES / "symm-mem-ws1")
+    ir = source.graph(0, "symm.allreduce")
+    memcpy = next(n for n in ir.nodes() if n.kind == "memcpy")
+    ir.set_operands(o for o in ir.operands if o.node != memcpy.id)  # the manifest misses the copy's addresses
+    moved = rebase(ir, {name: SHIFT for name in ir.regions})
+    moved.replace_node(msgspec.structs.replace(moved.node(memcpy.id), dst=memcpy.dst + SHIFT))
+    report = check_relocations(write(tmp_path / "a", [ir]), write(tmp_path / "b", [moved]))
+    assert [(f.node, f.what) for f in report.findings] == [(memcpy.id, "memcpy.dst address changed but is no operand")]

@@ -145,3 +145,23 @@ def test_load_requires_the_program_to_attach_what_the_archive_recorded(graph, sa
     session.attach("torch-symm-mem", handle=handle, group="0", dtype="float16")
     with pytest.raises(BackendError, match="in dtype"):
         session._validate_backends([graph])
+
+
+def test_attach_refuses_objects_it_cannot_read(graph, saved, tmp_path):
+    import shutil
+
+    from foundry.runtime.load import LoadSession
+
+    from .archive_tools import edit_json
+
+    archive = tmp_path / "symm"
+    shutil.copytree(FIXTURES / "symm-mem-ws1", archive)
+    state = TorchSymmMemBackend().record(Process(saved))
+    record = {"backend": state.backend, "version": state.version, "record": state.record}
+    edit_json(archive / "rank0" / "session.json", lambda s: s.update(backends=[record]), root=archive)
+    session = LoadSession(archive)
+    with pytest.raises(BackendError, match="cannot read the objects") as err:
+        session.attach("torch-symm-mem", handle=object(), group="0", dtype="bfloat16")
+    assert err.value.field == "torch-symm-mem"
+    with pytest.raises(BackendError, match="cannot read the objects"):
+        session.attach("torch-symm-mem", handle=object())  # dtype and group missing

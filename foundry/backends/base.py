@@ -141,10 +141,20 @@ class Backend(ABC):
 
     def match(self, kind: str, abi: tuple[ParamRole, ...] = (), requires: str | None = None) -> KernelMatch:
         """A :class:`KernelMatch` for this backend (helper for ``recognise``)."""
-        relocatable = "relocate" in self.implements()
+        # a kernel that needs more than the backend (multicast, NVSHMEM) keeps pointers it cannot relocate
+        relocatable = "relocate" in self.implements() and requires is None
         return KernelMatch(self.name, kind, abi, requires, relocatable)
 
 
 def roles(*names: str, pointers: tuple[str, ...] = ()) -> tuple[ParamRole, ...]:
     """An ABI from parameter role names in ordinal order; ``pointers`` marks pointer roles."""
     return tuple(ParamRole(i, name, name in pointers) for i, name in enumerate(names))
+
+
+def backend_facts(backend: Backend, objects: dict[str, Any]) -> dict[str, Any]:
+    """``backend.facts(**objects)``, with a wrong or missing object refused by name."""
+    try:
+        return backend.facts(**objects)
+    except (TypeError, AttributeError, KeyError) as err:
+        raise BackendError(f"backend {backend.name!r} cannot read the objects it was given: {err}",
+                           field=backend.name, found=sorted(objects)) from None  # fmt: skip

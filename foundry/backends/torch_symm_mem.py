@@ -163,9 +163,9 @@ class TorchSymmMemBackend(Backend):
     def relocate(self, operand: Operand, live: LiveState) -> int:
         return _relocate(operand, live.backend_facts(self.name))
 
-    def facts(self, *, handle: Any, group: str, dtype: str, multimem: bool = False) -> dict[str, Any]:
+    def facts(self, *, handle: Any, group: str, dtype: str) -> dict[str, Any]:
         """Live facts from the program's rendezvous handle (see :func:`handle_facts`)."""
-        return handle_facts(handle, group=group, dtype=dtype, multimem=multimem)
+        return handle_facts(handle, group=group, dtype=dtype)
 
     def regions_for(self, facts: dict[str, Any]) -> list[Region]:
         return facts_regions(facts)
@@ -189,8 +189,10 @@ _EXACT = ("group", "world_size", "rank", "dtype")  # must match SAVE's
 _CAPACITY = ("buffer_size", "signal_pad_size")  # LOAD's may be larger, never smaller
 
 
-def handle_facts(handle: Any, *, group: str, dtype: str, multimem: bool = False) -> dict[str, Any]:
-    """What Foundry records of a ``torch.distributed._symmetric_memory`` rendezvous handle."""
+def handle_facts(handle: Any, *, group: str, dtype: str) -> dict[str, Any]:
+    """What Foundry records of a ``torch.distributed._symmetric_memory`` rendezvous handle
+    (multicast is there when the handle has a multicast address)."""
+    multimem = bool(getattr(handle, "multicast_ptr", 0))
     return {
         "group": group,
         "world_size": int(handle.world_size),

@@ -98,6 +98,8 @@ def _start(command: list[str], config: RunConfig) -> int:
         return subprocess.run(command, env=environment(config), preexec_fn=preexec(config)).returncode
     except FileNotFoundError:
         raise FoundryError("command not found", found=command[0]) from None
+    except OSError as err:
+        raise FoundryError(f"cannot start the program: {err.strerror or err}", found=command[0]) from None
     except subprocess.SubprocessError as err:  # preexec failed: the kernel refused a fixed layout
         raise FoundryError(f"cannot start the program with a fixed address-space layout ({err}); "
                            "pass --keep-aslr to start it without") from None  # fmt: skip

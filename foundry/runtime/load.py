@@ -92,9 +92,9 @@ class LoadSession(Session):
         try:
             self.hook.reserve()
         except HookError as err:
+            hint = "" if self.relocate else "; pass --region-base to load it elsewhere"
             raise DriftError(
-                "the region cannot be reserved at its base (taken in this process, or refused by the driver); "
-                "pass --region-base to load it elsewhere",
+                f"the region cannot be reserved at its base (taken in this process, or refused by the driver){hint}",
                 field="region.base",
                 found=err.found,
             ) from None
@@ -115,10 +115,14 @@ class LoadSession(Session):
         return region.warmup_allocations
 
     def attach(self, backend: str, **objects: Any) -> None:
+        from foundry.backends.base import backend_facts
+
+        if self.graphs is not None:
+            raise FoundryError("attach backends before the first graph()", field=backend)
         owner = next((b for b, _ in self.backends if b.name == backend), None)
         if owner is None:
             raise DriftError(f"the archive records no state for backend {backend!r}", field=f"backends.{backend}")
-        self.attached[backend] = owner.facts(**objects)
+        self.attached[backend] = backend_facts(owner, objects)
 
     def warmup(self, fn: Callable[[], Any]) -> None:
         if self.warmup_mode == "replay":
@@ -208,10 +212,10 @@ class LoadSession(Session):
         moved_from = None if self.live_base == region.base else (region.base, region.base + region.final_offset)
         functions = ArchiveFunctions(self.hook, self.archive, records, moved_from=moved_from)
         irs = [self.archive.graph(self.rank, entry) for entry in self.record.graphs]
+        self._validate_backends(irs)  # first: a backend names what it cannot restore more precisely
         owned = [backend for backend, _ in self.backends]
         for ir in irs:
             check_graph(ir, self.archive, lambda name: any(b.owns(name) for b in owned))
-        self._validate_backends(irs)
         relocate = self._relocation(moved_from is not None)
         templates: dict[str, Any] = {}
         graphs: dict[str, RestoredGraph] = {}
@@ -281,7 +285,7 @@ class LoadSession(Session):
 
     def _live_facts(self) -> ProcessFacts:
         vmm = {} if self.live_base is None else {"vmm": {"base": self.live_base}}
-        return ProcessFacts(self.rank, 1, {**vmm, **self.attached})
+        return ProcessFacts(self.rank, self.archive.catalog.world_size, {**vmm, **self.attached})
 
     def _validate_backends(self, graphs: list[GraphIR]) -> None:
         live = self._live_facts()

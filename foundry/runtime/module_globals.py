@@ -174,7 +174,8 @@ def check_live(record: ImageRecord, kind: str, handle: int) -> None:
         live = _read_global(kind, handle, g.name)
         if live is None or hashlib.sha256(live).hexdigest() != g.sha256:
             raise DriftError(
-                "a device global of the live module differs from SAVE's",
+                "a device global of the live module differs from SAVE's (run the same initialisation as SAVE "
+                "before LOAD; a global holding a region address differs whenever the region moved)",
                 field=g.name,
                 path=f"image {record.sha256[:12]}",
             )

@@ -11,7 +11,7 @@ from typing import Any
 
 from foundry.archive.schema import AllocationRecord, ImageRecord, RegionRecord, RngRecord, WarmupBytes
 from foundry.archive.writer import ArchiveWriter
-from foundry.backends.base import ProcessFacts
+from foundry.backends.base import ProcessFacts, backend_facts
 from foundry.cuda import cu
 from foundry.errors import CaptureError, FoundryError, HookError
 from foundry.graphir.graph import GraphIR
@@ -79,7 +79,7 @@ class SaveSession(Session):
         if self.warmup_end is not None:
             raise FoundryError("attach backends before the first graph()", field=backend)
         owner = BackendRegistry.discover().require(backend)
-        self.attached[backend] = (owner, owner.facts(**objects))
+        self.attached[backend] = (owner, backend_facts(owner, objects))
 
     def warmup(self, fn: Callable[[], Any]) -> None:
         info = self.hook.region()
@@ -122,7 +122,14 @@ class SaveSession(Session):
         self.generator_offset = generator.get_offset()
         if self.keep_warmup_bytes and self.warmup_start is not None:
             self.warmup_data = self._dump_warmup(self.warmup_start[1], info)
-        backend_regions = [r for owner, facts in self.attached.values() for r in owner.regions_for(facts)]
+        # a backend region inside the deterministic region (torch keeps its pointer tables in
+        # caching-allocator memory) is the region's: vmm relocates it, the backend rebuilds its contents
+        backend_regions = [
+            r
+            for owner, facts in self.attached.values()
+            for r in owner.regions_for(facts)
+            if r.base + r.size <= self.region.base or r.base >= self.region.base + self.region.size
+        ]
         self.resolver = AddressResolver([self.region, *backend_regions])
         self.images = HookImages(self.hook)
 

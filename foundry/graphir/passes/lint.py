@@ -147,15 +147,18 @@ def _missing_module_image(ctx: GraphContext) -> Iterator[Finding]:
 
 
 def _unrelocatable_collective(ctx: GraphContext) -> Iterator[Finding]:
+    """A claimed kernel with pointers outside the deterministic region that its backend cannot relocate."""
     for node_id, match in sorted(ctx.claims().items()):
-        if match.relocatable:
+        outside = [o for o in ctx.ir.operands.of(node_id) if o.region != "vmm"]
+        if match.relocatable or not outside:
             continue
         node = ctx.ir.node(node_id)
-        needs = f" and needs {match.requires}" if match.requires else ""
+        needs = f" (it needs {match.requires})" if match.requires else ""
         yield Finding(
             "unrelocatable-collective",
             Severity.WARNING,
-            f"{match.kind}: backend {match.backend!r} cannot relocate it yet{needs}; LOAD will refuse this graph",
+            f"{match.kind}: backend {match.backend!r} cannot relocate its pointers outside the region{needs}; "
+            "LOAD will refuse this graph",
             ctx.rank,
             ctx.entry.name,
             node_id,

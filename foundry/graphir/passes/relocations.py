@@ -136,8 +136,19 @@ def check_graph_pair(a: GraphIR, b: GraphIR, report: RelocationReport, rank: int
                     find(na.id, f"parameter byte {i} changed but is no operand (a pointer the manifest missed?)",
                          na.params[word : word + WORD].hex(), nb.params[word : word + WORD].hex())  # fmt: skip
                     break  # one finding per node is enough to name it
-        elif isinstance(na, MemcpyNode | MemsetNode) and _without_addresses(na) != _without_addresses(nb):
-            find(na.id, "a copy or set changed in more than its addresses")
+        elif isinstance(na, MemcpyNode | MemsetNode):
+            if _without_addresses(na) != _without_addresses(nb):
+                find(na.id, "a copy or set changed in more than its addresses")
+            sites = {k[1] for k in ops_a}
+            fields = (
+                [("src", OperandSite.MEMCPY_SRC), ("dst", OperandSite.MEMCPY_DST)]
+                if isinstance(na, MemcpyNode)
+                else [("dst", OperandSite.MEMSET_DST)]
+            )
+            for field_name, site in fields:
+                va, vb = getattr(na, field_name), getattr(nb, field_name)
+                if va != vb and site not in sites:
+                    find(na.id, f"{site.value} address changed but is no operand", hex(va), hex(vb))
 
 
 def _without_addresses(node) -> dict:
