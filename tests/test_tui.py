@@ -577,3 +577,15 @@ def test_no_argument_opens_the_sample():
     (opened,) = open_archives([])
     assert opened.archive.root == sample_path() and opened.label == "@sample (tiny-qwen3)"
     assert OpenedArchive.open(FIXTURES / "symm-mem-ws1").label == "symm-mem-ws1"
+
+
+def test_node_pane_marks_undefined_parameter_bytes():
+    from foundry.tui.describe import describe_node
+
+    ir = Archive.open(FIXTURES / "saveload-a").graph(0, "decode.bs1")
+    node = next(n for n in ir.kernels() if n.undefined)
+    text = plain(describe_node(ir, node, rank=0))
+    total = sum(length for _, length in node.undefined)
+    assert f"{total} undefined bytes ignored by fingerprints" in text and "undefined +" in text
+    clean = next(n for n in ir.kernels() if not n.undefined)
+    assert "undefined" not in plain(describe_node(ir, clean, rank=0))

@@ -62,6 +62,16 @@ def scalar_value(data: bytes) -> str:
     return ""
 
 
+def _undefined_in(node: KernelNode, start: int, end: int) -> list[tuple[int, int]]:
+    """The undefined byte runs of ``node`` clipped to ``[start, end)``, as ``(first, end)``."""
+    runs = []
+    for offset, length in node.undefined:
+        a, b = max(offset, start), min(offset + length, end)
+        if a < b:
+            runs.append((a, b))
+    return runs
+
+
 def semantic_param(node: KernelNode, index: int, operands: Iterable[Operand]) -> str:
     """A parameter as compared across archives: scalar bytes in hex, pointer words as ``[region+0x..]``."""
     slot = node.layout.slots[index]
@@ -190,13 +200,21 @@ def _kernel_parts(node: KernelNode, operands: tuple[Operand, ...], claim: Kernel
                 value.append_text(location(o))
         else:
             value = Text(scalar_value(data), style="dim")
+        runs = _undefined_in(node, slot.offset, slot.end)
+        if runs:
+            if value:
+                value.append("\n")
+            value.append("undefined " + ", ".join(f"+{a - slot.offset}..{b - slot.offset - 1}" for a, b in runs),
+                         style="yellow")  # fmt: skip
         cells = [str(index), str(slot.offset), str(slot.size), hex_bytes(data), value]
         if roles:
             role = roles.get(index)
             cells.append(role.role if role else "")
         params.add_row(*cells)
     pointers = sum(1 for o in operands if o.site is OperandSite.PARAM)
-    title = f"Parameters ({len(node.layout.slots)}, {node.layout.size} bytes, {pointers} pointer words)"
+    undefined = sum(length for _, length in node.undefined)
+    title = f"Parameters ({len(node.layout.slots)}, {node.layout.size} bytes, {pointers} pointer words"
+    title += f", {undefined} undefined bytes ignored by fingerprints)" if undefined else ")"
     return [
         _section("Kernel"),
         _grid(identity),
