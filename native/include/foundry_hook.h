@@ -70,6 +70,45 @@ typedef struct foundry_image {
     uint8_t sha256[32];
 } foundry_image_t;
 
+/* Sharing region memory between processes (ipc.c). A handle is 64 bytes, the size of a
+ * CUipcMemHandle, so it can travel wherever one does. */
+#define FOUNDRY_IPC_MAGIC 0x43504946u /* "FIPC" */
+#define FOUNDRY_IPC_VERSION 1
+
+enum foundry_ipc_status {
+    FOUNDRY_IPC_OK = 0,
+    FOUNDRY_IPC_EFORMAT = -10,  /* not a Foundry handle */
+    FOUNDRY_IPC_EVERSION = -11, /* a handle of another version */
+    FOUNDRY_IPC_ESTALE = -12,   /* the exporting process no longer exists */
+    FOUNDRY_IPC_ECONNECT = -13, /* the exporter does not answer */
+    FOUNDRY_IPC_EUID = -14,     /* the exporter refused: another user */
+    FOUNDRY_IPC_ETOKEN = -15,   /* the exporter refused: wrong token (e.g. a reused pid) */
+    FOUNDRY_IPC_EPROTO = -16,   /* a malformed exchange */
+};
+
+typedef struct foundry_ipc_handle {
+    uint32_t magic;       /* FOUNDRY_IPC_MAGIC */
+    uint16_t version;     /* FOUNDRY_IPC_VERSION */
+    uint16_t rank_slot;   /* the exporter's rank: its slot in an importer's zone */
+    int32_t pid;          /* the exporting process */
+    uint32_t export_id;   /* its export number */
+    uint64_t region_base; /* the exporter's region base */
+    uint64_t offset;      /* the memory's offset in that region */
+    uint64_t size;
+    uint8_t token[16];    /* random, known only to the exporter and the handle's holders */
+    uint8_t reserved[8];
+} foundry_ipc_handle_t;
+
+/* Export an open file descriptor (a shareable memory handle) under a new handle. */
+int foundry_ipc_export(int fd, uint16_t rank_slot, uint64_t region_base, uint64_t offset, uint64_t size,
+                       foundry_ipc_handle_t *out);
+/* FOUNDRY_IPC_OK when the handle is well-formed, of this version, and its exporter alive. */
+int foundry_ipc_check(const foundry_ipc_handle_t *handle);
+/* Take a reference on the exported descriptor (fetched from the exporter on first open). */
+int foundry_ipc_open(const foundry_ipc_handle_t *handle, int *fd);
+/* Give one reference back; the descriptor is closed with the last. */
+int foundry_ipc_close(const foundry_ipc_handle_t *handle, uint32_t *refs_left);
+
 /* ABI version of this library (FOUNDRY_HOOK_ABI). */
 int foundry_hook_abi(void);
 /* 1 once the driver's entry points have been interposed. */

@@ -1,0 +1,270 @@
+/*
+ * ipc.c - sharing region memory between processes without the driver's IPC handles.
+ *
+ * An exporter registers a POSIX file descriptor (from cuMemExportToShareableHandle
+ * on a region allocation) and gets a 64-byte handle - the size of a CUipcMemHandle,
+ * so it can travel wherever one does. The handle names the exporter's pid, an
+ * export number, the rank slot, where the memory sits in the exporter's region,
+ * and a random token. An importer connects to the exporter's abstract Unix socket
+ * ("\0foundry-ipc-<pid>"); the exporter's server thread checks the peer's UID
+ * (SO_PEERCRED) and the token, then passes the descriptor with SCM_RIGHTS. A pid
+ * reused by another process cannot answer: it does not know the token.
+ *
+ * Imports are counted: each open takes one reference, each close gives one back,
+ * and the descriptor is released when the last reference goes.
+ */
+#include <errno.h>
+#include <stddef.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "hook.h"
+
+_Static_assert(sizeof(foundry_ipc_handle_t) == 64, "a handle travels where a CUipcMemHandle does");
+
+#define MAX_EXPORTS 1024
+#define MAX_IMPORTS 1024
+
+typedef struct {
+    uint32_t export_id;
+    uint8_t token[16];
+} request_t;
+
+typedef struct {
+    int32_t status; /* FOUNDRY_IPC_* */
+} reply_t;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    int fd;
+    uint8_t token[16];
+} exports[MAX_EXPORTS];
+static uint32_t export_count;
+static int server_fd = -1;
+
+static struct {
+    int32_t pid;
+    uint32_t export_id;
+    int fd;
+    uint32_t refs;
+} imports[MAX_IMPORTS];
+
+static socklen_t socket_address(int32_t pid, struct sockaddr_un *addr) {
+    memset(addr, 0, sizeof *addr);
+    addr->sun_family = AF_UNIX;
+    int n = snprintf(addr->sun_path + 1, sizeof addr->sun_path - 1, "foundry-ipc-%d", (int)pid);
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
+/* -- the exporter's server ------------------------------------------------------------ */
+
+static int send_reply(int conn, int32_t status, int fd) {
+    reply_t reply = {status};
+    struct iovec iov = {&reply, sizeof reply};
+    char control[CMSG_SPACE(sizeof(int))];
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fd >= 0) {
+        memset(control, 0, sizeof control);
+        msg.msg_control = control;
+        msg.msg_controllen = sizeof control;
+        struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
+        cmsg->cmsg_level = SOL_SOCKET;
+        cmsg->cmsg_type = SCM_RIGHTS;
+        cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cmsg), &fd, sizeof fd);
+    }
+    return sendmsg(conn, &msg, MSG_NOSIGNAL) == (ssize_t)sizeof reply ? 0 : -1;
+}
+
+static void serve(int conn) {
+    struct ucred peer;
+    socklen_t len = sizeof peer;
+    request_t req;
+    if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0 || recv(conn, &req, sizeof req, 0) != sizeof req) {
+        send_reply(conn, FOUNDRY_IPC_EPROTO, -1);
+        return;
+    }
+    if (peer.uid != getuid()) {
+        fh_event("error: ipc: refused a connection from uid %d (pid %d)", (int)peer.uid, (int)peer.pid);
+        send_reply(conn, FOUNDRY_IPC_EUID, -1);
+        return;
+    }
+    pthread_mutex_lock(&lock);
+    int fd = req.export_id < export_count ? exports[req.export_id].fd : -1;
+    int match = fd >= 0 && memcmp(exports[req.export_id].token, req.token, sizeof req.token) == 0;
+    pthread_mutex_unlock(&lock);
+    if (!match) {
+        fh_event("error: ipc: pid %d asked for export %u with a wrong token", (int)peer.pid, req.export_id);
+        send_reply(conn, FOUNDRY_IPC_ETOKEN, -1);
+        return;
+    }
+    send_reply(conn, FOUNDRY_IPC_OK, fd);
+}
+
+static void *server_loop(void *arg) {
+    (void)arg;
+    for (;;) {
+        int conn = accept(server_fd, NULL, NULL);
+        if (conn < 0) {
+            if (errno == EINTR) continue;
+            fh_event("error: ipc: the server stopped (errno %d)", errno);
+            return NULL;
+        }
+        serve(conn);
+        close(conn);
+    }
+}
+
+static int start_server(void) {
+    if (server_fd >= 0) return 0;
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    struct sockaddr_un addr;
+    socklen_t len = socket_address((int32_t)getpid(), &addr);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&addr, len) != 0 || listen(fd, 16) != 0) {
+        fh_event("error: ipc: cannot listen on @foundry-ipc-%d (errno %d)", (int)getpid(), errno);
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    server_fd = fd;
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, server_loop, NULL) != 0) {
+        close(fd);
+        server_fd = -1;
+        return -1;
+    }
+    pthread_detach(thread);
+    return 0;
+}
+
+int foundry_ipc_export(int fd, uint16_t rank_slot, uint64_t region_base, uint64_t offset, uint64_t size,
+                       foundry_ipc_handle_t *out) {
+    if (fd < 0 || out == NULL) return FOUNDRY_EINVAL;
+    pthread_mutex_lock(&lock);
+    int status = export_count < MAX_EXPORTS && start_server() == 0 ? FOUNDRY_OK : FOUNDRY_ESTATE;
+    if (status == FOUNDRY_OK) {
+        uint32_t id = export_count;
+        if (getrandom(exports[id].token, sizeof exports[id].token, 0) != (ssize_t)sizeof exports[id].token) {
+            status = FOUNDRY_ESTATE;
+        } else {
+            exports[id].fd = fd;
+            export_count++;
+            memset(out, 0, sizeof *out);
+            out->magic = FOUNDRY_IPC_MAGIC;
+            out->version = FOUNDRY_IPC_VERSION;
+            out->rank_slot = rank_slot;
+            out->pid = (int32_t)getpid();
+            out->export_id = id;
+            out->region_base = region_base;
+            out->offset = offset;
+            out->size = size;
+            memcpy(out->token, exports[id].token, sizeof out->token);
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return status;
+}
+
+/* -- the importer ----------------------------------------------------------------------- */
+
+int foundry_ipc_check(const foundry_ipc_handle_t *h) {
+    if (h == NULL) return FOUNDRY_EINVAL;
+    if (h->magic != FOUNDRY_IPC_MAGIC) return FOUNDRY_IPC_EFORMAT;
+    if (h->version != FOUNDRY_IPC_VERSION) return FOUNDRY_IPC_EVERSION;
+    if (h->pid <= 0 || (kill(h->pid, 0) != 0 && errno == ESRCH)) return FOUNDRY_IPC_ESTALE;
+    return FOUNDRY_IPC_OK;
+}
+
+static int fetch(const foundry_ipc_handle_t *h, int *fd_out) {
+    int conn = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    struct sockaddr_un addr;
+    socklen_t len = socket_address(h->pid, &addr);
+    if (conn < 0 || connect(conn, (struct sockaddr *)&addr, len) != 0) {
+        if (conn >= 0) close(conn);
+        return FOUNDRY_IPC_ECONNECT;
+    }
+    request_t req = {h->export_id, {0}};
+    memcpy(req.token, h->token, sizeof req.token);
+    reply_t reply = {FOUNDRY_IPC_EPROTO};
+    char control[CMSG_SPACE(sizeof(int))];
+    struct iovec iov = {&reply, sizeof reply};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
+    int status = FOUNDRY_IPC_EPROTO;
+    if (send(conn, &req, sizeof req, MSG_NOSIGNAL) == sizeof req && recvmsg(conn, &msg, MSG_CMSG_CLOEXEC) > 0) {
+        status = reply.status;
+        struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
+        if (status == FOUNDRY_IPC_OK && cmsg && cmsg->cmsg_type == SCM_RIGHTS)
+            memcpy(fd_out, CMSG_DATA(cmsg), sizeof *fd_out);
+        else if (status == FOUNDRY_IPC_OK)
+            status = FOUNDRY_IPC_EPROTO;
+    }
+    close(conn);
+    return status;
+}
+
+int foundry_ipc_open(const foundry_ipc_handle_t *h, int *fd_out) {
+    int status = foundry_ipc_check(h);
+    if (status != FOUNDRY_IPC_OK || fd_out == NULL) return status == FOUNDRY_IPC_OK ? FOUNDRY_EINVAL : status;
+    pthread_mutex_lock(&lock);
+    int free_slot = -1;
+    for (int i = 0; i < MAX_IMPORTS; i++) {
+        if (imports[i].refs && imports[i].pid == h->pid && imports[i].export_id == h->export_id) {
+            imports[i].refs++; /* one open per call: each needs its own close */
+            *fd_out = imports[i].fd;
+            pthread_mutex_unlock(&lock);
+            return FOUNDRY_IPC_OK;
+        }
+        if (!imports[i].refs && free_slot < 0) free_slot = i;
+    }
+    pthread_mutex_unlock(&lock);
+    if (free_slot < 0) return FOUNDRY_ESTATE;
+    int fd = -1;
+    status = fetch(h, &fd); /* outside the lock: the server thread of this process takes it too */
+    if (status != FOUNDRY_IPC_OK) return status;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_IMPORTS; i++) { /* another thread may have imported it meanwhile */
+        if (imports[i].refs && imports[i].pid == h->pid && imports[i].export_id == h->export_id) {
+            imports[i].refs++;
+            *fd_out = imports[i].fd;
+            pthread_mutex_unlock(&lock);
+            close(fd);
+            return FOUNDRY_IPC_OK;
+        }
+    }
+    if (imports[free_slot].refs) free_slot = -1;
+    for (int i = 0; free_slot < 0 && i < MAX_IMPORTS; i++)
+        if (!imports[i].refs) free_slot = i;
+    if (free_slot < 0) {
+        pthread_mutex_unlock(&lock);
+        close(fd);
+        return FOUNDRY_ESTATE;
+    }
+    imports[free_slot].pid = h->pid;
+    imports[free_slot].export_id = h->export_id;
+    imports[free_slot].fd = fd;
+    imports[free_slot].refs = 1;
+    pthread_mutex_unlock(&lock);
+    *fd_out = fd;
+    return FOUNDRY_IPC_OK;
+}
+
+int foundry_ipc_close(const foundry_ipc_handle_t *h, uint32_t *refs_left) {
+    if (h == NULL) return FOUNDRY_EINVAL;
+    pthread_mutex_lock(&lock);
+    int status = FOUNDRY_ESTATE;
+    for (int i = 0; i < MAX_IMPORTS; i++) {
+        if (!imports[i].refs || imports[i].pid != h->pid || imports[i].export_id != h->export_id) continue;
+        if (--imports[i].refs == 0) close(imports[i].fd); /* the last reference releases the import */
+        if (refs_left) *refs_left = imports[i].refs;
+        status = FOUNDRY_OK;
+        break;
+    }
+    pthread_mutex_unlock(&lock);
+    return status;
+}

@@ -1,0 +1,106 @@
+"""Foundry's IPC handles on the CPU, in real processes: an exporter passes a memory
+file descriptor over its abstract Unix socket (SCM_RIGHTS) after checking the
+importer's UID and the token; imports are counted. (Exporting GPU memory needs a
+GPU; the descriptor here is a memfd, which travels the same way.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from foundry.runtime.hook import Hook
+from foundry.runtime.ipc import Ipc, IpcError, IpcHandle, decode, import_address
+
+PAYLOAD = b"region bytes shared over foundry ipc"
+EXPORTER = r"""
+import ctypes, os, sys
+sys.path.insert(0, sys.argv[2])
+from foundry.runtime.ipc import Ipc
+ipc = Ipc(ctypes.CDLL(sys.argv[1]))
+fd = os.memfd_create("foundry-ipc-test")
+os.write(fd, b"%s")
+print(ipc.export(fd, rank_slot=1, region_base=0x600000000000, offset=0x200000, size=4096).hex(), flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.fixture
+def exporter(hook_library):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = EXPORTER % PAYLOAD.decode()
+    proc = subprocess.Popen([sys.executable, "-c", code, str(hook_library), root], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    raw = bytes.fromhex(proc.stdout.readline().strip())
+    yield proc, raw
+    proc.stdin.write("done\n")
+    proc.stdin.flush()
+    proc.wait(timeout=30)
+
+
+@pytest.fixture
+def ipc(hook_library) -> Ipc:
+    return Ipc(Hook.open_library(hook_library).lib)
+
+
+def test_a_handle_carries_where_the_memory_sits(exporter):
+    proc, raw = exporter
+    handle = decode(raw)
+    assert handle == IpcHandle(proc.pid, 0, 1, 0x600000000000, 0x200000, 4096)
+    assert import_address(0x7F0000000000, 1 << 30, handle) == 0x7F0000000000 + (1 << 30) + 0x200000
+    with pytest.raises(IpcError, match="does not fit"):
+        import_address(0x7F0000000000, 0x100000, handle)
+    with pytest.raises(IpcError, match="another version"):
+        decode(raw[:4] + (2).to_bytes(2, "little") + raw[6:])
+    with pytest.raises(IpcError, match="not a Foundry IPC handle"):
+        decode(bytes(64))
+
+
+def test_the_descriptor_travels_and_is_counted(exporter, ipc):
+    _, raw = exporter
+    fd = ipc.open(raw)
+    assert os.pread(fd, len(PAYLOAD), 0) == PAYLOAD  # the exporter's memory, read through the passed fd
+    assert ipc.open(raw) == fd  # a second open shares the import
+    assert ipc.close(raw) == 1
+    os.fstat(fd)  # still open: one reference left
+    assert ipc.close(raw) == 0
+    with pytest.raises(OSError):
+        os.fstat(fd)  # released with the last reference
+    with pytest.raises(IpcError, match="not open"):
+        ipc.close(raw)
+
+
+def test_a_wrong_token_is_refused(exporter, ipc):
+    _, raw = exporter
+    forged = bytearray(raw)
+    forged[40] ^= 0xFF  # first token byte
+    with pytest.raises(IpcError, match="wrong token"):
+        ipc.open(bytes(forged))
+
+
+def test_a_stale_exporter_is_refused(ipc):
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(done.stdout)
+    time.sleep(0.1)
+    raw = bytearray(64)
+    raw[0:4] = (0x43504946).to_bytes(4, "little")
+    raw[4:6] = (1).to_bytes(2, "little")
+    raw[8:12] = dead.to_bytes(4, "little")
+    with pytest.raises(IpcError, match="no longer exists"):
+        ipc.open(bytes(raw))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to another user needs root")
+def test_another_user_is_refused(exporter, hook_library):
+    _, raw = exporter
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ("import ctypes, os, sys\nsys.path.insert(0, sys.argv[2])\n"
+            "from foundry.runtime.ipc import Ipc, IpcError\nipc = Ipc(ctypes.CDLL(sys.argv[1]))\n"
+            "os.setgid(65534); os.setuid(65534)  # everything loaded: now become another user\n"
+            "try:\n    ipc.open(bytes.fromhex(sys.argv[3]))\nexcept IpcError as e:\n    print(e)\n")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code, str(hook_library), root, raw.hex()], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert "another user" in out.stdout, out.stdout + out.stderr
