@@ -165,3 +165,13 @@ def test_attach_refuses_objects_it_cannot_read(graph, saved, tmp_path):
     assert err.value.field == "torch-symm-mem"
     with pytest.raises(BackendError, match="cannot read the objects"):
         session.attach("torch-symm-mem", handle=object())  # dtype and group missing
+
+
+def test_load_refuses_communicator_kernels_saved_without_their_backend(graph):
+    from foundry.errors import DriftError
+    from foundry.runtime.load import LoadSession
+
+    session = LoadSession(FIXTURES / "symm-mem-ws1")  # captured before backends recorded state
+    with pytest.raises(DriftError, match="recorded no 'torch-symm-mem' state") as err:
+        session._validate_backends([graph])
+    assert err.value.node == 2

@@ -5,16 +5,27 @@ NCCL 2.32 names its kernels ``ncclDevKernel_<Collective>[_<type>_<algo>]``
 ``ncclSymkDevKernel_<Collective>_<variant>`` for its symmetric kernels (variants
 with ``MC`` use NVLink multicast) and ``oneRankReduce`` for single-rank
 reductions. Names are checked against ``tests/fixtures/kernel_names/nccl.txt``.
-NCCL-owned addresses cannot be rewritten; at LOAD this backend's job is to
-prove them identical, which comes with the peer-memory work.
+NCCL-owned addresses cannot be rewritten: NCCL keeps pointers inside its own
+device structures, which a parameter patch cannot reach. At LOAD this backend
+therefore proves them identical instead: NCCL must allocate through the
+deterministic region (``NCCL_CUMEM_ENABLE=0``, no graph or local buffer
+registration), the region must sit at SAVE's base, and the communicator must be
+the same (world size, rank, NCCL version). Its operands then relocate to
+themselves.
 """
 
 from __future__ import annotations
 
+import os
 import re
+from typing import Any
 
-from foundry.backends.base import Backend, KernelMatch, roles
+from foundry.archive.schema import BackendState
+from foundry.backends.base import Backend, KernelMatch, LiveState, SaveState, roles
+from foundry.errors import BackendError
+from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import KernelIdentity
+from foundry.graphir.operands import Operand
 
 _COLLECTIVE = re.compile(r"^nccl(?:Symk)?DevKernel_([A-Za-z]+?)(V)?(?:_|$)")
 _MULTICAST = re.compile(r"_[A-Za-z]*MC(?:_|$)")
@@ -32,12 +43,77 @@ _KINDS = {
 # Every NCCL device kernel takes one by-value argument block.
 _ARGS = roles("args")
 
+# The settings that make NCCL allocate its buffers through cudaMalloc (so through the
+# deterministic region) and never register graph or user buffers behind Foundry's back.
+PINNED_ENV = {"NCCL_CUMEM_ENABLE": "0", "NCCL_GRAPH_REGISTER": "0", "NCCL_LOCAL_REGISTER": "0"}
+_EXACT = ("world_size", "rank", "nccl_version", "region_base")
+
 
 class NcclIpcBackend(Backend):
     name = "nccl-ipc"
     description = "NCCL collectives; addresses proven identical through deterministic peer memory"
     kinds = frozenset({*_KINDS.values(), "nccl-onerank", "nccl-internal"})
     regions = ("ipc.peer*", "nccl.*")
+
+    def facts(
+        self,
+        *,
+        world_size: int,
+        rank: int,
+        nccl_version: str,
+        env: dict[str, str] | None = None,
+        region_base: int | None = None,
+    ) -> dict[str, Any]:
+        """The communicator as the program sees it; ``env`` defaults to this process's."""
+        source = os.environ if env is None else env
+        return {
+            "world_size": int(world_size),
+            "rank": int(rank),
+            "nccl_version": str(nccl_version),
+            "region_base": region_base,
+            "env": {k: source.get(k) for k in PINNED_ENV},
+        }
+
+    def record(self, save: SaveState) -> BackendState:
+        facts = save.backend_facts(self.name)
+        for key, want in PINNED_ENV.items():
+            if facts.get("env", {}).get(key) != want:
+                raise BackendError(
+                    f"NCCL must run with {key}={want} so its buffers land in the region",
+                    field=f"nccl-ipc.env.{key}",
+                    expected=want,
+                    found=facts.get("env", {}).get(key),
+                )
+        facts = {**facts, "region_base": save.backend_facts("vmm").get("base", facts.get("region_base"))}
+        if facts["region_base"] is None:
+            raise BackendError("the session did not tell the backend where the region is", field="nccl-ipc.region_base")
+        record = {k: facts[k] for k in _EXACT}
+        record.update({f"env.{k}": v for k, v in facts["env"].items()})
+        return BackendState(self.name, self.state_version, record)
+
+    def validate(self, state: BackendState, graphs: list[GraphIR], live: LiveState) -> None:
+        facts = dict(live.backend_facts(self.name))
+        facts["region_base"] = live.backend_facts("vmm").get("base", facts.get("region_base"))
+        for key in _EXACT:
+            if facts.get(key) != state.record.get(key):
+                raise BackendError(
+                    f"the live NCCL communicator differs from SAVE's in {key}",
+                    field=f"nccl-ipc.{key}",
+                    expected=state.record.get(key),
+                    found=facts.get(key),
+                )
+        for key in PINNED_ENV:
+            if facts.get("env", {}).get(key) != state.record.get(f"env.{key}"):
+                raise BackendError(
+                    f"NCCL runs with another {key} than at SAVE",
+                    field=f"nccl-ipc.env.{key}",
+                    expected=state.record.get(f"env.{key}"),
+                    found=facts.get("env", {}).get(key),
+                )
+
+    def relocate(self, operand: Operand, live: LiveState) -> int:
+        # validate() proved the region and the communicator identical: NCCL's addresses stay
+        return operand.value
 
     def recognise(self, kernel: KernelIdentity) -> KernelMatch | None:
         if "ncc" not in kernel.name and "oneRankReduce" not in kernel.name and "diagP2p" not in kernel.name:

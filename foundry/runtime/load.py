@@ -20,7 +20,11 @@ from foundry.runtime.hook import Allocation, Hook
 from foundry.runtime.session import RestoredGraph, Session, anchor_generator, check_active, init_cuda
 
 WARMUP_MODES = ("replay", "restore")
-BUILDERS = ("python", "native")  # native: foundry.runtime.native_build (not yet validated on a GPU)
+BUILDERS = ("python", "native")
+# backends whose kernels read communicator state a LOAD must validate, not just addresses
+COMMUNICATOR_BACKENDS = frozenset(
+    {"torch-symm-mem", "nccl-ipc", "custom-allreduce", "deepep-nvl"}
+)  # native: foundry.runtime.native_build (not yet validated on a GPU)
 
 
 class LoadSession(Session):
@@ -61,6 +65,24 @@ class LoadSession(Session):
         self.live_base: int | None = None  # the region's base in this process, once start() reserved it
         self.graphs: dict[str, RestoredGraph] | None = None
         self.report: dict[str, Any] = {"mode": "load", "archive": str(archive), "warmup": warmup}
+
+    def _check_claims(self, graphs: list[GraphIR]) -> None:
+        """A communicator kernel restored without its backend's state would run against
+        whatever the live process has at those addresses: refused, naming the backend."""
+        from foundry.backends.registry import BackendRegistry
+        from foundry.graphir.passes.classify import classify
+
+        recorded = {backend.name for backend, _ in self.backends}
+        registry = BackendRegistry.discover()
+        for ir in graphs:
+            for node_id, match in sorted(classify(ir, registry).items()):
+                if match.backend in COMMUNICATOR_BACKENDS and match.backend not in recorded:
+                    raise DriftError(
+                        f"the graph runs {match.kind} kernels, but SAVE recorded no {match.backend!r} state "
+                        f"(attach the communicator with session.attach({match.backend!r}, ...) in SAVE and LOAD)",
+                        path=ir.name,
+                        node=node_id,
+                    )
 
     def _require_backends(self) -> list[Any]:
         """Every backend whose state the archive records must be installed and able to
@@ -288,6 +310,7 @@ class LoadSession(Session):
         return ProcessFacts(self.rank, self.archive.catalog.world_size, {**vmm, **self.attached})
 
     def _validate_backends(self, graphs: list[GraphIR]) -> None:
+        self._check_claims(graphs)
         live = self._live_facts()
         for backend, state in self.backends:
             if backend.name not in self.attached:

@@ -212,7 +212,8 @@ class SaveSession(Session):
             rank.add_graph(ir, **extra)
         rank.add_images(records)
         for name, (owner, facts) in sorted(self.attached.items()):
-            rank.add_backend_state(owner.record(ProcessFacts(self.rank, self.world_size, {name: facts})))
+            process = ProcessFacts(self.rank, self.world_size, {"vmm": {"base": self.region.base}, name: facts})
+            rank.add_backend_state(owner.record(process))
         rank.set_region(self._region_record(rank))
         rank.seal()
         writer.commit()

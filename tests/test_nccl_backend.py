@@ -1,0 +1,67 @@
+"""The nccl-ipc backend's record and validate steps: NCCL's addresses are proven
+identical rather than patched, so its buffers must come from the region (pinned
+NCCL settings), the region must sit at SAVE's base and the communicator match."""
+
+from __future__ import annotations
+
+import pytest
+
+from foundry.backends.base import ProcessFacts
+from foundry.backends.nccl_ipc import PINNED_ENV, NcclIpcBackend
+from foundry.errors import BackendError
+from foundry.graphir.operands import Operand, OperandSite
+
+BASE = 0x600000000000
+
+
+def process(base: int = BASE, **changes) -> ProcessFacts:
+    backend = NcclIpcBackend()
+    env = {**PINNED_ENV, **changes.pop("env", {})}
+    facts = backend.facts(world_size=2, rank=0, nccl_version="2.27.5", env=env)
+    facts.update(changes)
+    return ProcessFacts(0, 2, {"nccl-ipc": facts, "vmm": {"base": base}})
+
+
+def test_record_and_validate_the_same_communicator():
+    backend = NcclIpcBackend()
+    state = backend.record(process())
+    assert state.record["region_base"] == BASE and state.record["env.NCCL_CUMEM_ENABLE"] == "0"
+    backend.validate(state, [], process())
+    operand = Operand(3, OperandSite.PARAM, 0, 8, BASE + 0x1000, "vmm", 0x1000)
+    assert backend.relocate(operand, process()) == BASE + 0x1000  # proven identical, not patched
+    assert set(backend.implements()) == {"recognise", "record", "validate", "relocate"}
+
+
+@pytest.mark.parametrize("key", list(PINNED_ENV))
+def test_save_refuses_nccl_settings_that_let_buffers_escape_the_region(key):
+    with pytest.raises(BackendError, match=f"{key}=") as err:
+        NcclIpcBackend().record(process(env={key: "1"}))
+    assert err.value.field == f"nccl-ipc.env.{key}"
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"world_size": 4}, "nccl-ipc.world_size"),
+    ({"rank": 1}, "nccl-ipc.rank"),
+    ({"nccl_version": "2.28.0"}, "nccl-ipc.nccl_version"),
+])  # fmt: skip
+def test_another_communicator_is_refused_by_name(change, field):
+    backend = NcclIpcBackend()
+    state = backend.record(process())
+    with pytest.raises(BackendError, match="differs from SAVE's") as err:
+        backend.validate(state, [], process(**change))
+    assert err.value.field == field
+
+
+def test_a_moved_region_is_refused_because_nccl_keeps_pointers_in_its_own_state():
+    backend = NcclIpcBackend()
+    state = backend.record(process())
+    with pytest.raises(BackendError, match="in region_base") as err:
+        backend.validate(state, [], process(base=BASE + (16 << 30)))
+    assert err.value.expected == BASE
+
+
+def test_load_with_other_nccl_settings_is_refused():
+    backend = NcclIpcBackend()
+    state = backend.record(process())
+    with pytest.raises(BackendError, match="another NCCL_LOCAL_REGISTER"):
+        backend.validate(state, [], process(env={"NCCL_LOCAL_REGISTER": "1"}))
