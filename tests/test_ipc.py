@@ -73,12 +73,51 @@ def test_the_descriptor_travels_and_is_counted(exporter, ipc):
         ipc.close(raw)
 
 
-def test_a_wrong_token_is_refused(exporter, ipc):
+def test_a_wrong_token_is_refused_even_after_a_real_import(exporter, ipc):
     _, raw = exporter
     forged = bytearray(raw)
     forged[40] ^= 0xFF  # first token byte
     with pytest.raises(IpcError, match="wrong token"):
         ipc.open(bytes(forged))
+    fd = ipc.open(raw)
+    with pytest.raises(IpcError, match="wrong token"):  # the open import is the real handle's only
+        ipc.open(bytes(forged))
+    with pytest.raises(IpcError, match="not open"):
+        ipc.close(bytes(forged))
+    assert ipc.close(raw) == 0 and fd >= 0
+
+
+def test_an_impostor_on_the_exporters_socket_gets_no_token(ipc, hook_library):
+    """Abstract socket names carry no permissions: a process that is not the handle's
+    exporter may listen on its name. The importer checks who answers first."""
+    import socket
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        impostor = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        impostor.bind(f"\0foundry-ipc-{sleeper.pid}")
+        impostor.listen(1)
+        raw = bytearray(64)
+        raw[0:4] = (0x43504946).to_bytes(4, "little")
+        raw[4:6] = (1).to_bytes(2, "little")
+        raw[8:12] = sleeper.pid.to_bytes(4, "little")
+        with pytest.raises(IpcError, match="no longer exists"):  # the answering pid is not the exporter's
+            ipc.open(bytes(raw))
+        impostor.close()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_bad_arguments_are_refused_by_name(ipc):
+    with pytest.raises(IpcError, match="rank slot"):
+        ipc.export(0, rank_slot=70000, region_base=0, offset=0, size=1)
+    with pytest.raises(IpcError, match="unsigned"):
+        ipc.export(0, rank_slot=0, region_base=0, offset=-1, size=1)
+    with pytest.raises(IpcError, match="not an open file descriptor"):
+        ipc.export(987654, rank_slot=0, region_base=0, offset=0, size=1)
+    with pytest.raises(IpcError, match="64 bytes"):
+        ipc.close(b"short")
 
 
 def test_a_stale_exporter_is_refused(ipc):

@@ -27,8 +27,9 @@ def test_record_and_validate_the_same_communicator():
     state = backend.record(process())
     assert state.record["region_base"] == BASE and state.record["env.NCCL_CUMEM_ENABLE"] == "0"
     backend.validate(state, [], process())
-    operand = Operand(3, OperandSite.PARAM, 0, 8, BASE + 0x1000, "vmm", 0x1000)
-    assert backend.relocate(operand, process()) == BASE + 0x1000  # proven identical, not patched
+    peer = Operand(3, OperandSite.PARAM, 0, 8, 0x7F0000001000, "ipc.peer1", 0x1000)
+    assert backend.owns("ipc.peer1") and backend.owns("nccl.work") and not backend.owns("vmm")
+    assert backend.relocate(peer, process()) == 0x7F0000001000  # proven identical, not patched
     assert set(backend.implements()) == {"recognise", "record", "validate", "relocate"}
 
 

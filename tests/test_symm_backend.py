@@ -173,5 +173,5 @@ def test_load_refuses_communicator_kernels_saved_without_their_backend(graph):
 
     session = LoadSession(FIXTURES / "symm-mem-ws1")  # captured before backends recorded state
     with pytest.raises(DriftError, match="recorded no 'torch-symm-mem' state") as err:
-        session._validate_backends([graph])
+        session._check_claims([graph])
     assert err.value.node == 2

@@ -101,7 +101,7 @@ class Backend(ABC):
     contract: ClassVar[int] = CONTRACT_VERSION
     kinds: ClassVar[frozenset[str]] = frozenset()
     description: ClassVar[str] = ""
-    #: Region names (or ``prefix.*`` patterns) whose operands this backend relocates.
+    #: Region names, or prefixes ending in ``*`` (``symm.*``, ``ipc.peer*``), whose operands this backend relocates.
     regions: ClassVar[tuple[str, ...]] = ()
     state_version: ClassVar[int] = 1
 
@@ -137,7 +137,7 @@ class Backend(ABC):
 
     def owns(self, region: str) -> bool:
         """Whether operands in ``region`` are this backend's to relocate."""
-        return any(region == p or (p.endswith(".*") and region.startswith(p[:-1])) for p in self.regions)
+        return any(region == p or (p.endswith("*") and region.startswith(p[:-1])) for p in self.regions)
 
     def match(self, kind: str, abi: tuple[ParamRole, ...] = (), requires: str | None = None) -> KernelMatch:
         """A :class:`KernelMatch` for this backend (helper for ``recognise``)."""

@@ -22,6 +22,8 @@ VERSION = 1
 HANDLE_BYTES = 64
 
 REFUSALS = {
+    -1: "invalid argument",
+    -2: "the import table is full",
     -10: "not a Foundry IPC handle",
     -11: "an IPC handle of another version",
     -12: "the exporting process no longer exists",
@@ -64,8 +66,8 @@ class IpcHandle(msgspec.Struct, frozen=True):
 
 def decode(raw: bytes) -> IpcHandle:
     """Read a handle's fields, refusing anything that is not a handle of this version."""
-    if len(raw) != HANDLE_BYTES:
-        raise IpcError("an IPC handle is 64 bytes", found=len(raw))
+    if not isinstance(raw, bytes | bytearray) or len(raw) != HANDLE_BYTES:
+        raise IpcError("an IPC handle is 64 bytes", found=len(raw) if isinstance(raw, bytes | bytearray) else type(raw))
     h = _Handle.from_buffer_copy(raw)
     if h.magic != MAGIC:
         raise IpcError(REFUSALS[-10], found=hex(h.magic))
@@ -89,31 +91,39 @@ class Ipc:
         self.lib = lib
 
     def export(self, fd: int, *, rank_slot: int, region_base: int, offset: int, size: int) -> bytes:
+        if not 0 <= rank_slot < 1 << 16:
+            raise IpcError("a rank slot is 0..65535", found=rank_slot)
+        if min(region_base, offset, size) < 0 or max(region_base, offset, size) >= 1 << 64:
+            raise IpcError("region base, offset and size are unsigned 64-bit values",
+                           found=(region_base, offset, size))  # fmt: skip
         h = _Handle()
         status = self.lib.foundry_ipc_export(
-            fd,
+            ctypes.c_int(fd),
             ctypes.c_uint16(rank_slot),
             ctypes.c_uint64(region_base),
             ctypes.c_uint64(offset),
             ctypes.c_uint64(size),
             ctypes.byref(h),
         )
+        if status == -1:
+            raise IpcError("cannot export: not an open file descriptor", found=fd)
         if status:
             raise IpcError("cannot export: the IPC server did not start or the export table is full", found=status)
         return bytes(h)
 
     def open(self, raw: bytes) -> int:
         """A descriptor for the peer memory; every open needs its close."""
-        decode(raw)
+        handle = decode(raw)
         fd = ctypes.c_int(-1)
         status = self.lib.foundry_ipc_open(ctypes.byref(_Handle.from_buffer_copy(raw)), ctypes.byref(fd))
         if status:
-            raise IpcError(REFUSALS.get(status, f"import failed (status {status})"), found=decode(raw).pid)
+            raise IpcError(REFUSALS.get(status, f"import failed (status {status})"), found=handle.pid)
         return fd.value
 
     def close(self, raw: bytes) -> int:
         """Give one reference back; returns how many are left (0: released)."""
+        handle = decode(raw)
         left = ctypes.c_uint32()
         if self.lib.foundry_ipc_close(ctypes.byref(_Handle.from_buffer_copy(raw)), ctypes.byref(left)):
-            raise IpcError("closing an import that is not open", found=decode(raw).pid)
+            raise IpcError("closing an import that is not open", found=handle.pid)
         return left.value

@@ -20,7 +20,7 @@ from foundry.runtime.hook import Allocation, Hook
 from foundry.runtime.session import RestoredGraph, Session, anchor_generator, check_active, init_cuda
 
 WARMUP_MODES = ("replay", "restore")
-BUILDERS = ("python", "native")
+BUILDERS = ("python", "native")  # native: foundry.runtime.native_build (not yet validated on a GPU)
 # backends whose kernels read communicator state a LOAD must validate, not just addresses
 COMMUNICATOR_BACKENDS = frozenset(
     {"torch-symm-mem", "nccl-ipc", "custom-allreduce", "deepep-nvl"}
@@ -70,19 +70,21 @@ class LoadSession(Session):
         """A communicator kernel restored without its backend's state would run against
         whatever the live process has at those addresses: refused, naming the backend."""
         from foundry.backends.registry import BackendRegistry
-        from foundry.graphir.passes.classify import classify
 
         recorded = {backend.name for backend, _ in self.backends}
         registry = BackendRegistry.discover()
         for ir in graphs:
-            for node_id, match in sorted(classify(ir, registry).items()):
-                if match.backend in COMMUNICATOR_BACKENDS and match.backend not in recorded:
-                    raise DriftError(
-                        f"the graph runs {match.kind} kernels, but SAVE recorded no {match.backend!r} state "
-                        f"(attach the communicator with session.attach({match.backend!r}, ...) in SAVE and LOAD)",
-                        path=ir.name,
-                        node=node_id,
-                    )
+            for name, (kernel, _) in ir.kernel_table().items():  # one recognition per distinct kernel
+                match = registry.recognise(kernel)
+                if match is None or match.backend not in COMMUNICATOR_BACKENDS or match.backend in recorded:
+                    continue
+                node = next(n.id for n in ir.kernels() if n.kernel.name == name)
+                raise DriftError(
+                    f"the graph runs {match.kind} kernels, but SAVE recorded no {match.backend!r} state "
+                    f"(attach the communicator with session.attach({match.backend!r}, ...) in SAVE and LOAD)",
+                    path=ir.name,
+                    node=node,
+                )
 
     def _require_backends(self) -> list[Any]:
         """Every backend whose state the archive records must be installed and able to
@@ -173,6 +175,9 @@ class LoadSession(Session):
         import torch
 
         started = time.perf_counter()
+        irs = [self.archive.graph(self.rank, entry) for entry in self.record.graphs]
+        self._check_claims(irs)  # refusals that need no GPU work come first
+        self._validate_backends(irs)
         if self.warmup_mode == "replay":  # SAVE allocated the generator's cells after its warm-up
             self.anchor = anchor_generator()
         torch.cuda.synchronize()
@@ -183,7 +188,7 @@ class LoadSession(Session):
         if self.warmup_mode == "restore":
             self._restore_warmup_bytes(region)
         mapped = time.perf_counter()
-        graphs = self._build_all(region)
+        graphs = self._build_all(region, irs)
         torch.cuda.synchronize()
         self.report.update(
             map_s=mapped - started,
@@ -223,7 +228,7 @@ class LoadSession(Session):
         cu("cuMemcpyHtoD", region.base + warm.offset, ctypes.addressof(buf), len(data))
         torch.cuda.default_generators[self.device].set_offset(warm.generator_offset)
 
-    def _build_all(self, region: RegionRecord) -> dict[str, RestoredGraph]:
+    def _build_all(self, region: RegionRecord, irs: list[GraphIR]) -> dict[str, RestoredGraph]:
         from foundry.runtime.functions import ArchiveFunctions
         from foundry.runtime.rng import PhiloxReplay
         from foundry.runtime.tensors import outputs_at
@@ -233,8 +238,6 @@ class LoadSession(Session):
         applied: set[int] = set()  # functions whose attributes the native builder set
         moved_from = None if self.live_base == region.base else (region.base, region.base + region.final_offset)
         functions = ArchiveFunctions(self.hook, self.archive, records, moved_from=moved_from)
-        irs = [self.archive.graph(self.rank, entry) for entry in self.record.graphs]
-        self._validate_backends(irs)  # first: a backend names what it cannot restore more precisely
         owned = [backend for backend, _ in self.backends]
         for ir in irs:
             check_graph(ir, self.archive, lambda name: any(b.owns(name) for b in owned))
@@ -310,7 +313,6 @@ class LoadSession(Session):
         return ProcessFacts(self.rank, self.archive.catalog.world_size, {**vmm, **self.attached})
 
     def _validate_backends(self, graphs: list[GraphIR]) -> None:
-        self._check_claims(graphs)
         live = self._live_facts()
         for backend, state in self.backends:
             if backend.name not in self.attached:

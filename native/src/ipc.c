@@ -6,14 +6,17 @@
  * so it can travel wherever one does. The handle names the exporter's pid, an
  * export number, the rank slot, where the memory sits in the exporter's region,
  * and a random token. An importer connects to the exporter's abstract Unix socket
- * ("\0foundry-ipc-<pid>"); the exporter's server thread checks the peer's UID
- * (SO_PEERCRED) and the token, then passes the descriptor with SCM_RIGHTS. A pid
- * reused by another process cannot answer: it does not know the token.
+ * ("\0foundry-ipc-<pid>") and checks that the process answering is the handle's
+ * pid and its own user (SO_PEERCRED: abstract names carry no permissions) before
+ * it sends the token; the exporter's server thread checks the importer's UID and
+ * the token, then passes the descriptor with SCM_RIGHTS. A process that reused a
+ * dead exporter's pid does not know the token. Sockets time out after 5 s.
  *
  * Imports are counted: each open takes one reference, each close gives one back,
  * and the descriptor is released when the last reference goes.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stddef.h>
 #include <pthread.h>
 #include <signal.h>
@@ -22,6 +25,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -52,9 +56,29 @@ static int server_fd = -1;
 static struct {
     int32_t pid;
     uint32_t export_id;
+    uint8_t token[16]; /* an import is the handle's, not just its pid and number */
     int fd;
     uint32_t refs;
 } imports[MAX_IMPORTS];
+static pid_t server_pid; /* the process that started the server (a forked child has none) */
+
+#define IO_TIMEOUT_S 5
+
+static int same_import(int i, const foundry_ipc_handle_t *h) {
+    return imports[i].refs && imports[i].pid == h->pid && imports[i].export_id == h->export_id &&
+           memcmp(imports[i].token, h->token, sizeof h->token) == 0;
+}
+
+static void set_timeouts(int fd) {
+    struct timeval tv = {IO_TIMEOUT_S, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+typedef union {
+    struct cmsghdr align;
+    char buf[CMSG_SPACE(sizeof(int))];
+} control_t;
 
 static socklen_t socket_address(int32_t pid, struct sockaddr_un *addr) {
     memset(addr, 0, sizeof *addr);
@@ -68,12 +92,12 @@ static socklen_t socket_address(int32_t pid, struct sockaddr_un *addr) {
 static int send_reply(int conn, int32_t status, int fd) {
     reply_t reply = {status};
     struct iovec iov = {&reply, sizeof reply};
-    char control[CMSG_SPACE(sizeof(int))];
+    control_t control;
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
     if (fd >= 0) {
-        memset(control, 0, sizeof control);
-        msg.msg_control = control;
-        msg.msg_controllen = sizeof control;
+        memset(&control, 0, sizeof control);
+        msg.msg_control = control.buf;
+        msg.msg_controllen = sizeof control.buf;
         struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
         cmsg->cmsg_level = SOL_SOCKET;
         cmsg->cmsg_type = SCM_RIGHTS;
@@ -86,14 +110,19 @@ static int send_reply(int conn, int32_t status, int fd) {
 static void serve(int conn) {
     struct ucred peer;
     socklen_t len = sizeof peer;
-    request_t req;
-    if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0 || recv(conn, &req, sizeof req, 0) != sizeof req) {
+    set_timeouts(conn); /* a client that connects and says nothing cannot stall the server */
+    if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) {
         send_reply(conn, FOUNDRY_IPC_EPROTO, -1);
         return;
     }
-    if (peer.uid != getuid()) {
+    if (peer.uid != getuid()) { /* before reading anything from it */
         fh_event("error: ipc: refused a connection from uid %d (pid %d)", (int)peer.uid, (int)peer.pid);
         send_reply(conn, FOUNDRY_IPC_EUID, -1);
+        return;
+    }
+    request_t req;
+    if (recv(conn, &req, sizeof req, 0) != sizeof req) {
+        send_reply(conn, FOUNDRY_IPC_EPROTO, -1);
         return;
     }
     pthread_mutex_lock(&lock);
@@ -113,17 +142,38 @@ static void *server_loop(void *arg) {
     for (;;) {
         int conn = accept(server_fd, NULL, NULL);
         if (conn < 0) {
-            if (errno == EINTR) continue;
-            fh_event("error: ipc: the server stopped (errno %d)", errno);
-            return NULL;
+            if (errno == EBADF || errno == EINVAL || errno == ENOTSOCK) {
+                fh_event("error: ipc: the server stopped (errno %d)", errno);
+                pthread_mutex_lock(&lock);
+                server_fd = -1;
+                pthread_mutex_unlock(&lock);
+                return NULL;
+            }
+            if (errno != EINTR) usleep(10000); /* EMFILE, ECONNABORTED...: transient, keep serving */
+            continue;
         }
         serve(conn);
         close(conn);
     }
 }
 
+static void register_fork_handler(void);
+
+/* A forked child inherits the parent's socket but not its server thread. */
+static void forget_server(void) {
+    server_fd = -1;
+    server_pid = 0;
+    export_count = 0;
+    memset(imports, 0, sizeof imports);
+    pthread_mutex_init(&lock, NULL);
+}
+
+static void register_fork_handler(void) { pthread_atfork(NULL, NULL, forget_server); }
+
 static int start_server(void) {
-    if (server_fd >= 0) return 0;
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, register_fork_handler);
+    if (server_fd >= 0 && server_pid == getpid()) return 0;
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     struct sockaddr_un addr;
     socklen_t len = socket_address((int32_t)getpid(), &addr);
@@ -133,6 +183,7 @@ static int start_server(void) {
         return -1;
     }
     server_fd = fd;
+    server_pid = getpid();
     pthread_t thread;
     if (pthread_create(&thread, NULL, server_loop, NULL) != 0) {
         close(fd);
@@ -146,6 +197,8 @@ static int start_server(void) {
 int foundry_ipc_export(int fd, uint16_t rank_slot, uint64_t region_base, uint64_t offset, uint64_t size,
                        foundry_ipc_handle_t *out) {
     if (fd < 0 || out == NULL) return FOUNDRY_EINVAL;
+    int own = fcntl(fd, F_DUPFD_CLOEXEC, 0); /* ours: the caller may close or reuse its number */
+    if (own < 0) return FOUNDRY_EINVAL;
     pthread_mutex_lock(&lock);
     int status = export_count < MAX_EXPORTS && start_server() == 0 ? FOUNDRY_OK : FOUNDRY_ESTATE;
     if (status == FOUNDRY_OK) {
@@ -153,7 +206,8 @@ int foundry_ipc_export(int fd, uint16_t rank_slot, uint64_t region_base, uint64_
         if (getrandom(exports[id].token, sizeof exports[id].token, 0) != (ssize_t)sizeof exports[id].token) {
             status = FOUNDRY_ESTATE;
         } else {
-            exports[id].fd = fd;
+            exports[id].fd = own;
+            own = -1;
             export_count++;
             memset(out, 0, sizeof *out);
             out->magic = FOUNDRY_IPC_MAGIC;
@@ -168,6 +222,7 @@ int foundry_ipc_export(int fd, uint16_t rank_slot, uint64_t region_base, uint64_
         }
     }
     pthread_mutex_unlock(&lock);
+    if (own >= 0) close(own);
     return status;
 }
 
@@ -177,8 +232,19 @@ int foundry_ipc_check(const foundry_ipc_handle_t *h) {
     if (h == NULL) return FOUNDRY_EINVAL;
     if (h->magic != FOUNDRY_IPC_MAGIC) return FOUNDRY_IPC_EFORMAT;
     if (h->version != FOUNDRY_IPC_VERSION) return FOUNDRY_IPC_EVERSION;
-    if (h->pid <= 0 || (kill(h->pid, 0) != 0 && errno == ESRCH)) return FOUNDRY_IPC_ESTALE;
+    if (h->pid <= 0) return FOUNDRY_IPC_EFORMAT;
+    if (kill(h->pid, 0) != 0 && errno == ESRCH) return FOUNDRY_IPC_ESTALE;
     return FOUNDRY_IPC_OK;
+}
+
+/* Whoever answers on the exporter's socket must be the exporter: abstract names carry
+ * no permissions, so any process could bind one. */
+static int peer_is_exporter(int conn, const foundry_ipc_handle_t *h) {
+    struct ucred peer;
+    socklen_t len = sizeof peer;
+    if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) return FOUNDRY_IPC_EPROTO;
+    if (peer.uid != getuid()) return FOUNDRY_IPC_EUID;
+    return peer.pid == h->pid ? FOUNDRY_IPC_OK : FOUNDRY_IPC_ESTALE;
 }
 
 static int fetch(const foundry_ipc_handle_t *h, int *fd_out) {
@@ -189,23 +255,38 @@ static int fetch(const foundry_ipc_handle_t *h, int *fd_out) {
         if (conn >= 0) close(conn);
         return FOUNDRY_IPC_ECONNECT;
     }
+    set_timeouts(conn);
+    int status = peer_is_exporter(conn, h);
+    if (status != FOUNDRY_IPC_OK) { /* never hand the token to an impostor */
+        close(conn);
+        return status;
+    }
     request_t req = {h->export_id, {0}};
     memcpy(req.token, h->token, sizeof req.token);
     reply_t reply = {FOUNDRY_IPC_EPROTO};
-    char control[CMSG_SPACE(sizeof(int))];
+    control_t control;
+    memset(&control, 0, sizeof control);
     struct iovec iov = {&reply, sizeof reply};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
-    int status = FOUNDRY_IPC_EPROTO;
-    if (send(conn, &req, sizeof req, MSG_NOSIGNAL) == sizeof req && recvmsg(conn, &msg, MSG_CMSG_CLOEXEC) > 0) {
-        status = reply.status;
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+                         .msg_controllen = sizeof control.buf};
+    status = FOUNDRY_IPC_EPROTO;
+    int fd = -1;
+    if (send(conn, &req, sizeof req, MSG_NOSIGNAL) == sizeof req &&
+        recvmsg(conn, &msg, MSG_CMSG_CLOEXEC) == (ssize_t)sizeof reply) {
         struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
-        if (status == FOUNDRY_IPC_OK && cmsg && cmsg->cmsg_type == SCM_RIGHTS)
-            memcpy(fd_out, CMSG_DATA(cmsg), sizeof *fd_out);
-        else if (status == FOUNDRY_IPC_OK)
-            status = FOUNDRY_IPC_EPROTO;
+        if (cmsg && cmsg->cmsg_level == SOL_SOCKET && cmsg->cmsg_type == SCM_RIGHTS &&
+            cmsg->cmsg_len == CMSG_LEN(sizeof(int)))
+            memcpy(&fd, CMSG_DATA(cmsg), sizeof fd);
+        status = reply.status;
+        if (status == FOUNDRY_IPC_OK && (fd < 0 || (msg.msg_flags & MSG_CTRUNC))) status = FOUNDRY_IPC_EPROTO;
     }
     close(conn);
-    return status;
+    if (status != FOUNDRY_IPC_OK) {
+        if (fd >= 0) close(fd);
+        return status;
+    }
+    *fd_out = fd;
+    return FOUNDRY_IPC_OK;
 }
 
 int foundry_ipc_open(const foundry_ipc_handle_t *h, int *fd_out) {
@@ -214,7 +295,7 @@ int foundry_ipc_open(const foundry_ipc_handle_t *h, int *fd_out) {
     pthread_mutex_lock(&lock);
     int free_slot = -1;
     for (int i = 0; i < MAX_IMPORTS; i++) {
-        if (imports[i].refs && imports[i].pid == h->pid && imports[i].export_id == h->export_id) {
+        if (same_import(i, h)) {
             imports[i].refs++; /* one open per call: each needs its own close */
             *fd_out = imports[i].fd;
             pthread_mutex_unlock(&lock);
@@ -229,7 +310,7 @@ int foundry_ipc_open(const foundry_ipc_handle_t *h, int *fd_out) {
     if (status != FOUNDRY_IPC_OK) return status;
     pthread_mutex_lock(&lock);
     for (int i = 0; i < MAX_IMPORTS; i++) { /* another thread may have imported it meanwhile */
-        if (imports[i].refs && imports[i].pid == h->pid && imports[i].export_id == h->export_id) {
+        if (same_import(i, h)) {
             imports[i].refs++;
             *fd_out = imports[i].fd;
             pthread_mutex_unlock(&lock);
@@ -247,6 +328,7 @@ int foundry_ipc_open(const foundry_ipc_handle_t *h, int *fd_out) {
     }
     imports[free_slot].pid = h->pid;
     imports[free_slot].export_id = h->export_id;
+    memcpy(imports[free_slot].token, h->token, sizeof h->token);
     imports[free_slot].fd = fd;
     imports[free_slot].refs = 1;
     pthread_mutex_unlock(&lock);
@@ -259,7 +341,7 @@ int foundry_ipc_close(const foundry_ipc_handle_t *h, uint32_t *refs_left) {
     pthread_mutex_lock(&lock);
     int status = FOUNDRY_ESTATE;
     for (int i = 0; i < MAX_IMPORTS; i++) {
-        if (!imports[i].refs || imports[i].pid != h->pid || imports[i].export_id != h->export_id) continue;
+        if (!same_import(i, h)) continue;
         if (--imports[i].refs == 0) close(imports[i].fd); /* the last reference releases the import */
         if (refs_left) *refs_left = imports[i].refs;
         status = FOUNDRY_OK;
