@@ -3,14 +3,28 @@
 sgl-deep-ep 0.1.2 puts its kernels in ``deep_ep::legacy::{internode_ll,
 internode, intranode, layout}`` (``tests/fixtures/kernel_names/deepep.txt``);
 older DeepEP builds lack the ``legacy`` level, so both are accepted.
+
+State (version 1): NVL and RDMA buffer sizes, ``use_fabric`` (a SAVE with
+fabric handles is refused: they cannot be restored), rank, world size, experts
+per rank and the addresses of the buffers. DeepEP keeps peer pointers inside
+its own device state, so, as for NCCL, LOAD proves the buffers identical
+(same addresses, through the region and the peer import zone) rather than
+patching them; any drift is refused by name.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
-from foundry.backends.base import Backend, KernelMatch
+from foundry.archive.schema import BackendState
+from foundry.backends.base import Backend, KernelMatch, LiveState, SaveState
+from foundry.errors import BackendError
+from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import KernelIdentity
+from foundry.graphir.operands import Operand
+
+_EXACT = ("num_nvl_bytes", "num_rdma_bytes", "rank", "world_size", "experts_per_rank")
 
 _QUALIFIED = re.compile(r"^deep_ep::(?:legacy::)?(internode_ll|internode|intranode|layout)::(\w+)$")
 
@@ -33,6 +47,64 @@ class DeepEPNvlBackend(Backend):
     description = "DeepEP dispatch/combine over NVLink peer buffers (CUDA IPC, use_fabric=False)"
     kinds = frozenset({kind for _, kind in _KINDS} | {"deepep-other"})
     regions = ("deepep.*", "nvshmem")
+
+    def facts(
+        self,
+        *,
+        num_nvl_bytes: int,
+        num_rdma_bytes: int,
+        use_fabric: bool,
+        rank: int,
+        world_size: int,
+        experts_per_rank: int,
+        buffers: dict[str, int],
+    ) -> dict[str, Any]:
+        """The ``deep_ep.Buffer`` as the program built it; ``buffers`` maps region names to addresses."""
+        return {
+            "num_nvl_bytes": int(num_nvl_bytes),
+            "num_rdma_bytes": int(num_rdma_bytes),
+            "use_fabric": bool(use_fabric),
+            "rank": int(rank),
+            "world_size": int(world_size),
+            "experts_per_rank": int(experts_per_rank),
+            "buffers": {k: int(v) for k, v in buffers.items()},
+        }
+
+    def record(self, save: SaveState) -> BackendState:
+        facts = save.backend_facts(self.name)
+        if facts.get("use_fabric"):
+            raise BackendError(
+                "fabric handles cannot be restored: build deep_ep.Buffer with use_fabric=False",
+                field="deepep-nvl.use_fabric",
+                expected=False,
+                found=True,
+            )
+        record: dict[str, Any] = {k: facts[k] for k in _EXACT}
+        record.update({f"buffers.{name}": address for name, address in sorted(facts["buffers"].items())})
+        return BackendState(self.name, self.state_version, record)
+
+    def validate(self, state: BackendState, graphs: list[GraphIR], live: LiveState) -> None:
+        facts = live.backend_facts(self.name)
+        for key in _EXACT:
+            if facts.get(key) != state.record.get(key):
+                raise BackendError(
+                    f"the live DeepEP buffer differs from SAVE's in {key}",
+                    field=f"deepep-nvl.{key}",
+                    expected=state.record.get(key),
+                    found=facts.get(key),
+                )
+        for key, address in state.record.items():
+            if key.startswith("buffers.") and facts.get("buffers", {}).get(key.removeprefix("buffers.")) != address:
+                raise BackendError(
+                    "a DeepEP buffer is not where SAVE saw it; DeepEP keeps peer pointers in its own "
+                    "device state, so it cannot be relocated",
+                    field=f"deepep-nvl.{key}",
+                    expected=hex(address),
+                )
+
+    def relocate(self, operand: Operand, live: LiveState) -> int:
+        # validate() proved every buffer at SAVE's address: DeepEP's pointers stay
+        return operand.value
 
     def recognise(self, kernel: KernelIdentity) -> KernelMatch | None:
         if "deep_ep" not in kernel.name:

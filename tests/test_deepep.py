@@ -1,0 +1,101 @@
+"""DeepEP on the CPU: the payload oracle the two-GPU run checks dispatch and combine
+with, on synthetic tensors (nested lists), and the deepep-nvl backend's state."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from foundry.backends.base import ProcessFacts
+from foundry.backends.deepep_nvl import DeepEPNvlBackend
+from foundry.errors import BackendError
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "recipes" / "deepep"))
+from oracle import PayloadCode, check_combine, check_dispatch, check_rows
+
+CODE = PayloadCode(ranks=2, tokens=300, experts=16)
+
+
+def test_the_code_is_injective_and_exact_in_bf16():
+    seen = set()
+    for rank in range(CODE.ranks):
+        for token in range(CODE.tokens):
+            for expert in range(CODE.experts):
+                row = CODE.encode(rank, token, expert)
+                assert all(1 <= v <= 128 and v == int(v) for v in row)  # bf16 holds integers to 256 exactly
+                assert CODE.decode(row) == (rank, token, expert)
+                seen.add(tuple(row))
+    assert len(seen) == CODE.ranks * CODE.tokens * CODE.experts and CODE.width == 2
+    assert CODE.decode([0.0] * CODE.width) is None  # an element never written
+
+
+def dispatched(routed):
+    received = {}
+    for rank, token, expert in sorted(routed):
+        received.setdefault(expert, []).append(CODE.encode(rank, token, expert))
+    return received
+
+
+ROUTED = {(r, t, (t * 7 + r) % 16) for r in range(2) for t in range(300)} | {
+    (r, t, (t * 3 + 5 + r) % 16) for r in range(2) for t in range(300)
+}
+
+
+def test_a_correct_dispatch_passes():
+    assert check_dispatch(CODE, dispatched(ROUTED), ROUTED) == []
+
+
+def test_a_single_corrupted_element_is_caught():
+    received = dispatched(ROUTED)
+    received[3][5][1] += 1  # one element of one row
+    problems = check_dispatch(CODE, received, ROUTED)
+    assert problems and any(p.found == "missing" for p in problems)
+
+
+def test_rows_swapped_between_tokens_are_caught():
+    received = dispatched(ROUTED)
+    rows = received[3]
+    rows[0], rows[1] = rows[1], list(rows[1])  # a token delivered twice, another lost
+    problems = check_dispatch(CODE, received, ROUTED)
+    assert any("received 2x" in str(p.found) for p in problems) and any(p.found == "missing" for p in problems)
+
+
+def test_combine_and_elementwise_checks():
+    combined = [CODE.encode(1, t, 0) for t in range(300)]
+    assert check_combine(CODE, 1, combined) == []
+    broken = [list(row) for row in combined]
+    broken[17][0] = 0.0
+    (problem,) = check_combine(CODE, 1, broken)
+    assert problem.where == "rank 1 token 17"
+    assert check_rows(combined, combined) is None
+    assert check_rows(combined, broken).where == "row 17 element 0"
+
+
+def facts(**changes):
+    backend = DeepEPNvlBackend()
+    base = backend.facts(num_nvl_bytes=1 << 30, num_rdma_bytes=0, use_fabric=False, rank=0, world_size=2,
+                         experts_per_rank=8, buffers={"deepep.nvl": 0x600100000000})  # fmt: skip
+    base.update(changes)
+    return ProcessFacts(0, 2, {"deepep-nvl": base})
+
+
+def test_deepep_state_is_recorded_and_drift_refused_by_name():
+    backend = DeepEPNvlBackend()
+    state = backend.record(facts())
+    backend.validate(state, [], facts())
+    for key, value in (("num_nvl_bytes", 1 << 29), ("world_size", 4), ("rank", 1), ("experts_per_rank", 4),
+                       ("num_rdma_bytes", 1 << 20)):  # fmt: skip
+        with pytest.raises(BackendError) as err:
+            backend.validate(state, [], facts(**{key: value}))
+        assert err.value.field == f"deepep-nvl.{key}"
+    with pytest.raises(BackendError, match="buffer") as err:
+        backend.validate(state, [], facts(buffers={"deepep.nvl": 0x600200000000}))
+    assert err.value.field == "deepep-nvl.buffers.deepep.nvl"
+
+
+def test_fabric_handles_are_refused_at_save():
+    with pytest.raises(BackendError, match="use_fabric=False") as err:
+        DeepEPNvlBackend().record(facts(use_fabric=True))
+    assert err.value.field == "deepep-nvl.use_fabric"
