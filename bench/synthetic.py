@@ -1,6 +1,6 @@
 """Build a large synthetic archive by replicating real captured graphs.
 
-    python bench/synthetic.py OUT [--graphs 50] [--nodes 2000]
+    python bench/synthetic.py OUT_DIR [--graphs 50] [--nodes 2000]
 
 Each graph is the tiny Qwen3 decode graph from ``tests/fixtures/tiny-qwen3``
 tiled until it has ``--nodes`` nodes (ids renumbered, tiles chained by one
