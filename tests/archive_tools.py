@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from foundry.archive import Archive, ArchiveWriter
 from foundry.archive.files import sha256_hex
 from foundry.archive.schema import CATALOG_FILE
 from foundry.graphir.codec import decode_graph, encode_graph
@@ -69,3 +70,16 @@ def edit_json(path: Path, edit: Callable[[dict], None], *, root: Path | None = N
     path.write_text(json.dumps(data, indent=1) + "\n")
     if root is not None:
         reseal(root, graphs=graphs)
+
+
+def write_archive(path: Path, graphs: list[GraphIR], *, like: Path, modules: tuple[bytes, ...] = ()) -> Archive:
+    """A one-rank archive of ``graphs`` (and module images) in the environment of the archive at ``like``."""
+    writer = ArchiveWriter(path, environment=Archive.open(like).catalog.environment)
+    for blob in modules:
+        writer.add_module(blob, format="cubin")
+    rank = writer.rank(0)
+    for ir in graphs:
+        rank.add_graph(ir)
+    rank.seal()
+    writer.commit()
+    return Archive.open(path)

@@ -11,13 +11,14 @@ import sys
 import msgspec
 import pytest
 
-from foundry.archive import Archive, ArchiveWriter
+from foundry.archive import Archive
 from foundry.backends.vmm import VmmBackend
 from foundry.errors import BackendError
 from foundry.graphir.build import relocated_params
 from foundry.graphir.operands import WORD, OperandSite
 from foundry.graphir.passes.relocations import check_relocations, rebase
 
+from .archive_tools import write_archive
 from .conftest import FIXTURES
 
 SAVE = FIXTURES / "saveload-a"
@@ -25,14 +26,7 @@ SHIFT = 16 << 30
 
 
 def write(path, graphs) -> Archive:
-    source = Archive.open(SAVE)
-    writer = ArchiveWriter(path, environment=source.catalog.environment)
-    rank = writer.rank(0)
-    for ir in graphs:
-        rank.add_graph(ir)
-    rank.seal()
-    writer.commit()
-    return Archive.open(path)
+    return write_archive(path, graphs, like=SAVE)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from foundry.archive import Archive, ArchiveWriter
+from foundry.archive import Archive
 from foundry.archive.outputs import DictValue, IntValue, SeqValue, TensorSpec, rebuild
 from foundry.archive.schema import ModuleState
 from foundry.archive.strip import strip
@@ -31,7 +31,7 @@ from foundry.runtime.rng import philox_cells
 from foundry.runtime.session import Session, open_session
 from foundry.runtime.validate import check_environment, check_graph, check_modules, check_region
 
-from .archive_tools import edit_json
+from .archive_tools import edit_json, write_archive
 from .conftest import FIXTURES
 
 SAVE_A, SAVE_B = FIXTURES / "saveload-a", FIXTURES / "saveload-b"
@@ -180,14 +180,7 @@ def test_a_stripped_archive_is_refused(pair):
 
 
 def _archive_with_module(root: Path, blob: bytes) -> Archive:
-    source = Archive.open(SAVE_A)
-    writer = ArchiveWriter(root, environment=source.catalog.environment)
-    writer.add_module(blob, format="cubin")
-    rank = writer.rank(0)
-    rank.add_graph(source.graph(0, "sample.bs8"))
-    rank.seal()
-    writer.commit()
-    return Archive.open(root)
+    return write_archive(root, [Archive.open(SAVE_A).graph(0, "sample.bs8")], like=SAVE_A, modules=(blob,))
 
 
 def test_missing_and_altered_module_images_are_refused(tmp_path):

@@ -4,6 +4,9 @@ matmul, a one-shot and a two-shot all-reduce at world size 1)."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import msgspec
 import pytest
 
@@ -14,6 +17,7 @@ from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import KernelIdentity, LaunchConfig, ParamLayout, ParamSlot
 from foundry.graphir.nodes import KernelNode
 
+from .archive_tools import edit_json
 from .conftest import FIXTURES
 
 
@@ -114,24 +118,27 @@ def test_a_state_record_of_another_version_is_refused(graph, saved):
         backend.validate(state, [graph], Process(saved))
 
 
-def test_load_requires_the_program_to_attach_what_the_archive_recorded(graph, saved, tmp_path):
-    """LOAD's offline half: an archive with a torch-symm-mem state record is accepted
-    (the backend validates and relocates), the program must attach its handle, and
-    the recorded state is validated against the attached one."""
-    import shutil
-    from types import SimpleNamespace
-
-    from foundry.errors import DriftError
-    from foundry.runtime.load import LoadSession
-
-    from .archive_tools import edit_json
-
+@pytest.fixture
+def recorded(saved, tmp_path) -> Path:
+    """A copy of the symmetric-memory archive whose session holds torch-symm-mem state."""
     archive = tmp_path / "symm"
     shutil.copytree(FIXTURES / "symm-mem-ws1", archive)
     state = TorchSymmMemBackend().record(Process(saved))
     record = {"backend": state.backend, "version": state.version, "record": state.record}
     edit_json(archive / "rank0" / "session.json", lambda s: s.update(backends=[record]), root=archive)
-    session = LoadSession(archive)
+    return archive
+
+
+def test_load_requires_the_program_to_attach_what_the_archive_recorded(graph, saved, recorded):
+    """LOAD's offline half: an archive with a torch-symm-mem state record is accepted
+    (the backend validates and relocates), the program must attach its handle, and
+    the recorded state is validated against the attached one."""
+    from types import SimpleNamespace
+
+    from foundry.errors import DriftError
+    from foundry.runtime.load import LoadSession
+
+    session = LoadSession(recorded)
     with pytest.raises(DriftError, match="did not attach"):
         session._validate_backends([graph])
     with pytest.raises(DriftError, match="records no state for backend 'nccl-ipc'"):
@@ -147,19 +154,10 @@ def test_load_requires_the_program_to_attach_what_the_archive_recorded(graph, sa
         session._validate_backends([graph])
 
 
-def test_attach_refuses_objects_it_cannot_read(graph, saved, tmp_path):
-    import shutil
-
+def test_attach_refuses_objects_it_cannot_read(recorded):
     from foundry.runtime.load import LoadSession
 
-    from .archive_tools import edit_json
-
-    archive = tmp_path / "symm"
-    shutil.copytree(FIXTURES / "symm-mem-ws1", archive)
-    state = TorchSymmMemBackend().record(Process(saved))
-    record = {"backend": state.backend, "version": state.version, "record": state.record}
-    edit_json(archive / "rank0" / "session.json", lambda s: s.update(backends=[record]), root=archive)
-    session = LoadSession(archive)
+    session = LoadSession(recorded)
     with pytest.raises(BackendError, match="cannot read the objects") as err:
         session.attach("torch-symm-mem", handle=object(), group="0", dtype="bfloat16")
     assert err.value.field == "torch-symm-mem"

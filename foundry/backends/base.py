@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from typing import Any, ClassVar, Protocol
 
 import msgspec
@@ -156,5 +157,21 @@ def backend_facts(backend: Backend, objects: dict[str, Any]) -> dict[str, Any]:
     try:
         return backend.facts(**objects)
     except (TypeError, AttributeError, KeyError) as err:
-        raise BackendError(f"backend {backend.name!r} cannot read the objects it was given: {err}",
-                           field=backend.name, found=sorted(objects)) from None  # fmt: skip
+        raise BackendError(
+            f"backend {backend.name!r} cannot read the objects it was given: {err}",
+            field=backend.name,
+            found=sorted(objects),
+        ) from None
+
+
+def require_same(backend: str, what: str, keys: Iterable[str], recorded: dict[str, Any], live: dict[str, Any]) -> None:
+    """Refuse, naming the first key whose live value differs from the recorded one
+    (``what`` is the thing compared: "the live NCCL communicator")."""
+    for key in keys:
+        if live.get(key) != recorded.get(key):
+            raise BackendError(
+                f"{what} differs from SAVE's in {key}",
+                field=f"{backend}.{key}",
+                expected=recorded.get(key),
+                found=live.get(key),
+            )

@@ -18,7 +18,7 @@ import re
 from typing import Any
 
 from foundry.archive.schema import BackendState
-from foundry.backends.base import Backend, KernelMatch, LiveState, SaveState
+from foundry.backends.base import Backend, KernelMatch, LiveState, SaveState, require_same
 from foundry.errors import BackendError
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import KernelIdentity
@@ -85,14 +85,7 @@ class DeepEPNvlBackend(Backend):
 
     def validate(self, state: BackendState, graphs: list[GraphIR], live: LiveState) -> None:
         facts = live.backend_facts(self.name)
-        for key in _EXACT:
-            if facts.get(key) != state.record.get(key):
-                raise BackendError(
-                    f"the live DeepEP buffer differs from SAVE's in {key}",
-                    field=f"deepep-nvl.{key}",
-                    expected=state.record.get(key),
-                    found=facts.get(key),
-                )
+        require_same(self.name, "the live DeepEP buffer", _EXACT, state.record, facts)
         for key, address in state.record.items():
             if key.startswith("buffers.") and facts.get("buffers", {}).get(key.removeprefix("buffers.")) != address:
                 raise BackendError(

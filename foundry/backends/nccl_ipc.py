@@ -21,7 +21,7 @@ import re
 from typing import Any
 
 from foundry.archive.schema import BackendState
-from foundry.backends.base import Backend, KernelMatch, LiveState, SaveState, roles
+from foundry.backends.base import Backend, KernelMatch, LiveState, SaveState, require_same, roles
 from foundry.errors import BackendError
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import KernelIdentity
@@ -94,14 +94,7 @@ class NcclIpcBackend(Backend):
     def validate(self, state: BackendState, graphs: list[GraphIR], live: LiveState) -> None:
         facts = dict(live.backend_facts(self.name))
         facts["region_base"] = live.backend_facts("vmm").get("base", facts.get("region_base"))
-        for key in _EXACT:
-            if facts.get(key) != state.record.get(key):
-                raise BackendError(
-                    f"the live NCCL communicator differs from SAVE's in {key}",
-                    field=f"nccl-ipc.{key}",
-                    expected=state.record.get(key),
-                    found=facts.get(key),
-                )
+        require_same(self.name, "the live NCCL communicator", _EXACT, state.record, facts)
         for key in PINNED_ENV:
             if facts.get("env", {}).get(key) != state.record.get(f"env.{key}"):
                 raise BackendError(

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from foundry.archive.schema import BackendState
-from foundry.backends.base import Backend, KernelMatch, LiveState, ParamRole, SaveState, roles
+from foundry.backends.base import Backend, KernelMatch, LiveState, ParamRole, SaveState, require_same, roles
 from foundry.errors import BackendError
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import KernelIdentity, template_args
@@ -220,14 +220,7 @@ def _validate(backend: TorchSymmMemBackend, state: BackendState, graphs: list[Gr
     if state.version != backend.state_version:
         raise BackendError("state record of another version", field="torch-symm-mem.version",
                            expected=backend.state_version, found=state.version)  # fmt: skip
-    for key in _EXACT:
-        if facts.get(key) != record.get(key):
-            raise BackendError(
-                f"the live symmetric memory differs from SAVE's in {key}",
-                field=f"torch-symm-mem.{key}",
-                expected=record.get(key),
-                found=facts.get(key),
-            )
+    require_same(backend.name, "the live symmetric memory", _EXACT, record, facts)
     for key in _CAPACITY:
         if int(facts.get(key, 0)) < int(record.get(key, 0)):
             raise BackendError(

@@ -36,6 +36,10 @@ class KernelNode(msgspec.Struct, frozen=True, gc=False, tag="kernel", forbid_unk
 
     kind: ClassVar[NodeKind] = NodeKind.KERNEL
 
+    def undefined_offsets(self) -> set[int]:
+        """Every byte offset of ``params`` inside an ``undefined`` run."""
+        return {i for offset, length in self.undefined for i in range(offset, offset + length)}
+
     def param_bytes(self, index: int) -> bytes:
         slot = self.layout.slots[index]
         return self.params[slot.offset : slot.end]

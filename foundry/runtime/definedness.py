@@ -116,9 +116,7 @@ def mark_host_words(ir: GraphIR, ranges: list[tuple[int, int]]) -> tuple[GraphIR
     marked = 0
     for node in ir.kernels():
         words = {o.offset for o in ir.operands.of(node.id) if o.site is OperandSite.PARAM}
-        undefined = set()
-        for offset, length in node.undefined:
-            undefined.update(range(offset, offset + length))
+        undefined = node.undefined_offsets()
         hits = []
         for offset in range(0, len(node.params) - WORD + 1, WORD):
             if offset in words or all(i in undefined for i in range(offset, offset + WORD)):

@@ -7,6 +7,7 @@ import ctypes
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -249,7 +250,7 @@ class LoadSession(Session):
                 built = self._build_one(entry, ir, functions, relocate, templates, applied)
                 graphs[entry.name] = RestoredGraph(
                     built,
-                    None if entry.outputs is None else outputs_at(entry.outputs, self._region_base),
+                    None if entry.outputs is None else outputs_at(entry.outputs, partial(self._region_base, ir)),
                     PhiloxReplay(entry.rng, self.live_base) if entry.rng else None,
                 )
                 advance()
@@ -278,35 +279,39 @@ class LoadSession(Session):
             templates[entry.topology] = built
         return built
 
+    def _owner(self, region: str) -> Any:
+        """The backend that places ``region`` in this process: vmm, or an attached backend."""
+        from foundry.backends.vmm import VmmBackend
+
+        for owner in (VmmBackend(), *(backend for backend, _ in self.backends)):
+            if owner.owns(region) and (owner.name == "vmm" or owner.name in self.attached):
+                return owner
+        return None
+
     def _relocation(self, moved: bool) -> Callable[[Any], int] | None:
         """Every operand's live value, through the backend that owns its region; None
         when nothing moves (the region at SAVE's base, no backends attached)."""
-        from foundry.backends.vmm import VmmBackend
-
         if not moved and not self.attached:
             return None
-        owners = [VmmBackend(), *(backend for backend, _ in self.backends)]
         live = self._live_facts()
 
         def relocate(operand: Any) -> int:
-            for owner in owners:
-                if owner.owns(operand.region):
-                    return owner.relocate(operand, live)
-            raise DriftError("no backend owns this pointer's region", found=operand.location(), node=operand.node)
+            owner = self._owner(operand.region)
+            if owner is None:
+                raise DriftError("no backend owns this pointer's region", found=operand.location(), node=operand.node)
+            return owner.relocate(operand, live)
 
         return relocate
 
-    def _region_base(self, name: str) -> int | None:
-        """Where region ``name`` starts in this process: the region's, or an attached backend's."""
-        from foundry.backends.vmm import VmmBackend
+    def _region_base(self, ir: GraphIR, name: str) -> int | None:
+        """Where region ``name`` of ``ir`` starts in this process: its start at SAVE, relocated
+        by its owner like any pointer to it; None when no owner places it here."""
         from foundry.graphir.operands import Operand, OperandSite
 
-        probe = Operand(-1, OperandSite.PARAM, -1, 0, 0, name, 0)
-        live = self._live_facts()
-        for owner in (VmmBackend(), *(backend for backend, _ in self.backends)):
-            if owner.owns(name) and (owner.name == "vmm" or owner.name in self.attached):
-                return owner.relocate(probe, live)
-        return None
+        owner, region = self._owner(name), ir.regions.get(name)
+        if owner is None or region is None:
+            return None
+        return owner.relocate(Operand(-1, OperandSite.PARAM, -1, 0, region.base, name, 0), self._live_facts())
 
     def _live_facts(self) -> ProcessFacts:
         vmm = {} if self.live_base is None else {"vmm": {"base": self.live_base}}

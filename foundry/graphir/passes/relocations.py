@@ -93,10 +93,6 @@ def _deltas(a: GraphIR, b: GraphIR) -> dict[str, int] | None:
     return {name: b.regions[name].base - a.regions[name].base for name in a.regions}
 
 
-def _undefined(node: KernelNode) -> set[int]:
-    return {i for offset, length in node.undefined for i in range(offset, offset + length)}
-
-
 def check_graph_pair(a: GraphIR, b: GraphIR, report: RelocationReport, rank: int = 0) -> None:
     """Add the findings of one graph pair to ``report``."""
 
@@ -129,7 +125,7 @@ def check_graph_pair(a: GraphIR, b: GraphIR, report: RelocationReport, rank: int
                 report.operands_fixed += 1
         if isinstance(na, KernelNode) and isinstance(nb, KernelNode):
             covered = {i for (site, off) in ((k[1], k[2]) for k in ops_a) if site == OperandSite.PARAM
-                       for i in range(off, off + WORD)} | _undefined(na) | _undefined(nb)  # fmt: skip
+                       for i in range(off, off + WORD)} | na.undefined_offsets() | nb.undefined_offsets()  # fmt: skip
             for i, (x, y) in enumerate(zip(na.params, nb.params, strict=False)):
                 if x != y and i not in covered:
                     word = i // WORD * WORD
