@@ -5,8 +5,9 @@
 Runs recipes/torch/run.py --bench in fresh processes: a plain capture
 (baseline), a SAVE, a LOAD that repeats the warm-up, a LOAD that restores the
 warm-up's bytes instead, and that LOAD again with the hook's native graph
-builder. Weights are allocated and filled before the timed part in every run,
-so they are excluded from both sides. Each run reports its
+builder from SAVE's launch plans, on one thread and on four. Weights are
+allocated and filled before the timed part in every run, so they are excluded
+from both sides. Each run reports its
 warm-up time, the time to get its graphs (capture or restore), per-graph
 rebuild cost, and the median replay time of every graph in the same process.
 Writes bench/out/cold_start.json and prints a table. Pin the JIT caches
@@ -27,9 +28,11 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNS = (("capture", None, ()), ("save", "save", ()), ("load-replay", "load", ("--warmup", "replay")),
+RUNS = (("capture", None, ()), ("save", "save", ("--save-runs", "1")), ("load-replay", "load", ("--warmup", "replay")),
         ("load-restore", "load", ("--warmup", "restore")),
-        ("load-restore-native", "load", ("--warmup", "restore", "--builder", "native")))  # fmt: skip
+        ("load-restore-native", "load", ("--warmup", "restore", "--builder", "native")),
+        ("load-restore-native-4t", "load",
+         ("--warmup", "restore", "--builder", "native", "--build-threads", "4")))  # fmt: skip
 
 
 def run(
@@ -62,9 +65,13 @@ def summarize(results: dict) -> dict:
         ratios = [r["replay"][k] / base_replay[k] for k in base_replay if k in r["replay"]]
         row["replay_ratio_median"] = statistics.median(ratios)
         row["replay_ratio_max"] = max(ratios)
-        for key in ("builder", "templates", "build_s", "map_s", "bound_live", "loaded_images"):
+        keys = ("builder", "build_threads", "templates", "decode_s", "map_s", "build_s", "functions_s",
+                "native_timing", "bound_live", "loaded_images")  # fmt: skip
+        for key in keys:
             if key in s:
                 row[key] = s[key]
+        if s.get("counters", {}).get("native_instantiate_us"):
+            row["instantiate_s"] = s["counters"]["native_instantiate_us"] / 1e6
         rows[name] = row
     return rows
 
@@ -74,13 +81,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="qwen3-0.6b")
     parser.add_argument("--batches", default=None)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
+    parser.add_argument("--runs", default=",".join(name for name, _, _ in RUNS),
+                        help="comma-separated runs to make (capture and save are always made)")  # fmt: skip
     args = parser.parse_args(argv)
+    wanted = {"capture", "save", *args.runs.split(",")}
+    unknown = wanted - {name for name, _, _ in RUNS}
+    if unknown:
+        parser.error(f"unknown runs: {', '.join(sorted(unknown))}")
     args.out.mkdir(parents=True, exist_ok=True)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         archive = Path(tmp) / "archive"
         for name, mode, extra in RUNS:
-            results[name] = run(name, mode, extra, archive, args.out, args)
+            if name in wanted:
+                results[name] = run(name, mode, extra, archive, args.out, args)
     if "failed" in results["capture"]:
         print(f"the capture run failed: {results['capture']['failed']}", file=sys.stderr)
         return 1
@@ -92,12 +106,12 @@ def main(argv: list[str] | None = None) -> int:
         "jit_cache": {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")},
     }
     (args.out / "cold_start.json").write_text(json.dumps(record, indent=1) + "\n")
-    print(f"{'run':14} {'warm-up s':>9} {'graphs s':>9} {'total s':>8} {'ms/graph':>9} {'replay x':>9}")
+    print(f"{'run':22} {'warm-up s':>9} {'graphs s':>9} {'total s':>8} {'ms/graph':>9} {'replay x':>9}")
     for name, row in rows.items():
         if "failed" in row:
-            print(f"{name:14} failed: {row['failed']}")
+            print(f"{name:22} failed: {row['failed']}")
             continue
-        print(f"{name:14} {row['warmup_s']:9.3f} {row['graphs_s']:9.3f} {row['total_s']:8.3f} "
+        print(f"{name:22} {row['warmup_s']:9.3f} {row['graphs_s']:9.3f} {row['total_s']:8.3f} "
               f"{row['per_graph_ms']:9.2f} {row['replay_ratio_median']:9.4f}")  # fmt: skip
     return 0
 

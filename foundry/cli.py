@@ -181,27 +181,48 @@ def archive_strip(path: Path, keep_warmup: bool, as_json: bool) -> int:
 @json_option
 @guarded
 def archive_verify(path: str, as_json: bool) -> int:
-    """Read every file, check every hash, re-check every graph and recompute its fingerprint."""
+    """Read every file, check every hash, re-check every graph and recompute its
+    fingerprint and launch plan."""
     from foundry.graphir.fingerprint import fingerprint
 
     arch = open_archive(path)
     mismatches = []
     checked = 0
     for r, entry in arch.select():
-        found = fingerprint(arch.graph(r, entry))
+        ir = arch.graph(r, entry)
+        found = fingerprint(ir)
         checked += 1
         if found != entry.fingerprint:
-            mismatches.append({"rank": r, "graph": entry.name, "expected": entry.fingerprint, "found": found})
+            mismatches.append({"rank": r, "graph": entry.name, "field": "fingerprint", "expected": entry.fingerprint,
+                               "found": found})  # fmt: skip
+        if entry.plan is not None and not _plan_matches(arch, r, entry, ir):
+            mismatches.append({"rank": r, "graph": entry.name, "field": "plan", "expected": "the graph packed again",
+                               "found": entry.plan.file})  # fmt: skip
     for blob in arch.catalog.modules.blobs:
         if arch.catalog.modules.state.value == "complete":
             arch.module(blob.sha256)
     if as_json:
-        _emit_json({"ok": not mismatches, "graphs": checked, "fingerprint_mismatches": mismatches})
+        by_field = {field: [m for m in mismatches if m["field"] == field] for field in ("fingerprint", "plan")}
+        _emit_json({"ok": not mismatches, "graphs": checked, "fingerprint_mismatches": by_field["fingerprint"],
+                    "plan_mismatches": by_field["plan"]})  # fmt: skip
     else:
         for m in mismatches:
-            click.echo(f"rank {m['rank']} {m['graph']}: fingerprint {m['found']} differs from recorded {m['expected']}")
+            where = f"rank {m['rank']} {m['graph']}"
+            if m["field"] == "plan":
+                click.echo(f"{where}: launch plan {m['found']} differs from the graph packed again")
+            else:
+                click.echo(f"{where}: fingerprint {m['found']} differs from recorded {m['expected']}")
         click.echo(f"{checked} graph(s) verified" + (f", {len(mismatches)} mismatch(es)" if mismatches else ", all ok"))
     return EXIT_FINDINGS if mismatches else EXIT_OK
+
+
+def _plan_matches(arch: Any, rank: int, entry: Any, ir: Any) -> bool:
+    """Whether the entry's launch plan is exactly what packing its graph gives."""
+    from foundry.runtime.launch_plan import make_plan
+
+    plan = entry.plan
+    data = arch.rank_blob(rank, plan.file, sha256=plan.sha256, size=plan.size, what="launch plan")
+    return make_plan(ir) == (data, plan.kernels)
 
 
 # -- graph --------------------------------------------------------------------------
@@ -366,7 +387,9 @@ def _address(text: str) -> int:
               help="LOAD: repeat the program's warm-up, or skip it and restore the bytes it left")  # fmt: skip
 @click.option("--rank", type=click.IntRange(min=0), default=0, help="this process's rank")
 @click.option("--builder", type=click.Choice(["python", "native"]), default="python",
-              help="LOAD: build graphs through cuda-bindings or the hook (native: not yet GPU-validated)")  # fmt: skip
+              help="LOAD: build graphs via cuda-bindings, or via the hook from SAVE's launch plans")  # fmt: skip
+@click.option("--build-threads", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="LOAD with --builder native: threads that build and instantiate graphs")  # fmt: skip
 @click.option("--overwrite", is_flag=True, help="SAVE: replace an archive already at --archive")
 @click.option("--keep-aslr", is_flag=True, help="SAVE: keep address-space randomisation (fingerprints may differ)")
 @click.option("--save-runs", type=click.IntRange(min=1, max=8), default=2, show_default=True,
@@ -374,7 +397,8 @@ def _address(text: str) -> int:
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @guarded
 def run(mode: str, archive: Path, region_base: int | None, region_size: int | None, warmup: str, rank: int,
-        builder: str, overwrite: bool, keep_aslr: bool, save_runs: int, command: tuple[str, ...]) -> int:  # fmt: skip
+        builder: str, build_threads: int, overwrite: bool, keep_aslr: bool, save_runs: int,
+        command: tuple[str, ...]) -> int:  # fmt: skip
     """Run COMMAND (after --) with the native hook and a SAVE or LOAD session.
 
     The program opens the session with foundry.runtime.open_session(); the exit
@@ -383,7 +407,7 @@ def run(mode: str, archive: Path, region_base: int | None, region_size: int | No
     from foundry.runtime import launcher
 
     config = launcher.RunConfig(mode, archive, region_base, region_size, warmup, rank, fixed_layout=not keep_aslr,
-                                builder=builder, overwrite=overwrite)  # fmt: skip
+                                builder=builder, build_threads=build_threads, overwrite=overwrite)  # fmt: skip
     try:
         return launcher.run(config, list(command), save_runs=save_runs, log=lambda line: click.echo(line, err=True))
     except FileNotFoundError:

@@ -166,6 +166,9 @@ def render_diff(console: Console, d: ArchiveDiff) -> None:
         console.print(table)
     counts = {s: sum(g.status is s for g in d.graphs) for s in Status}
     console.print("Graphs: " + ", ".join(f"{n} {s.value.replace('_', ' ')}" for s, n in counts.items()))
+    marks = sum(g.undefined_only for g in d.graphs)
+    if marks:
+        console.print(f"  ({marks} of the same differ in fingerprint only through bytes one SAVE marked undefined)")
     for g in d.graphs:
         if g.status is Status.SAME:
             continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import msgspec
 from click.testing import CliRunner
@@ -119,3 +120,36 @@ def test_different_models_align_only_shared_graphs():
         ("symm.allreduce", Status.ONLY_B),
     }
     assert any(c.field == "model.model" for c in d.environment)
+
+
+def test_bytes_either_save_marked_undefined_are_left_out_on_both_sides(tmp_path):
+    # Two SAVEs of one program: A's runs saw a leftover byte vary and marked it; B's
+    # runs happened to agree on it, so B kept a value. Same graph, different fingerprints.
+    a, b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(FIXTURES / "saveload-a", a)
+    shutil.copytree(FIXTURES / "saveload-a", b)
+    ir = Archive.open(a).graph(0, "decode.bs1")
+    node = next(n for n in ir.kernels() if not n.undefined and len(n.params) > 40)
+    pointer_bytes = {o.offset + i for o in ir.operands.of(node.id) for i in range(8)}
+    offset = next(i for i in range(len(node.params)) if i not in pointer_bytes and i + 1 not in pointer_bytes)
+
+    edit_graph(
+        a, "decode.bs1", lambda g: g.replace_node(msgspec.structs.replace(g.node(node.id), undefined=((offset, 1),)))
+    )
+    edit_graph(b, "decode.bs1", lambda g: _flip(g, node.id, offset))
+    d = diff_archives(Archive.open(a), Archive.open(b))
+    graph = next(g for g in d.graphs if g.name == "decode.bs1")
+    assert graph.fingerprint_a != graph.fingerprint_b
+    assert graph.status is Status.SAME and graph.undefined_only and d.identical
+
+    edit_graph(b, "decode.bs1", lambda g: _flip(g, node.id, offset + 1))  # outside A's marks: a real change
+    again = next(g for g in diff_archives(Archive.open(a), Archive.open(b)).graphs if g.name == "decode.bs1")
+    assert again.status is Status.CHANGED and not again.undefined_only
+    assert [c.field.split(" bytes ")[1] for n in again.nodes for c in n.changes] == [f"{offset + 1}..{offset + 1}"]
+
+
+def _flip(ir, node_id: int, offset: int) -> None:
+    node = ir.node(node_id)
+    params = bytearray(node.params)
+    params[offset] ^= 0xFF
+    ir.replace_node(msgspec.structs.replace(node, params=bytes(params)))

@@ -36,8 +36,12 @@ def _fixture_module():
 @pytest.fixture(scope="module")
 def programs():
     """Capture all three programs once, in this process, keeping the live graphs."""
+    import torch.distributed as dist
+
     module = _fixture_module()
-    return {key: make() for key, make in module.PROGRAMS.items()}
+    yield {key: make() for key, make in module.PROGRAMS.items()}
+    if dist.is_initialized():  # the symmetric-memory program's group; left alive, NCCL hangs the exit
+        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

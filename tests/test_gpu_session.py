@@ -73,11 +73,20 @@ def test_load_binds_to_the_live_module_and_does_not_capture(saved, cubin):
     assert report["bound_live"] == 1 and report["loaded_images"] == 0
 
 
-def test_the_native_builder_restores_the_same_graph(saved, cubin):
-    result = foundry_run("load", saved, cubin, extra=("--builder", "native"))
-    assert result["scale_seen"] == 3.0 and result["report"]["builder"] == "native", result
+@pytest.mark.parametrize("threads", ["1", "4"])
+def test_the_native_builder_restores_the_same_graph_from_its_plan(saved, cubin, threads):
+    result = foundry_run("load", saved, cubin, extra=("--builder", "native", "--build-threads", threads))
+    assert result["scale_seen"] == 3.0 and result["report"]["builder"] == "native-plans", result
+    assert result["report"]["build_threads"] == int(threads)
     assert result["report"]["counters"]["graph_instantiates"] == 1
     assert result["report"]["counters"]["stream_captures"] == 0
+
+
+def test_the_native_builder_packs_the_ir_when_the_region_moves(saved, cubin):
+    shifted = hex(0x600000000000 + (16 << 30))
+    result = foundry_run("load", saved, cubin, extra=("--builder", "native", "--region-base", shifted))
+    assert result["scale_seen"] == 3.0 and result["report"]["builder"] == "native", result
+    assert result["report"]["relocated_by"] == 16 << 30
 
 
 def test_a_load_at_a_base_16_gib_higher_relocates(saved, cubin):

@@ -274,6 +274,19 @@ def test_save_gets_a_fixed_layout_unless_asked_not_to(tmp_path, with_hook):
     assert launcher.preexec(launcher.RunConfig("load", SAVE_A)) is None
 
 
+def test_the_second_save_run_moves_the_layout(tmp_path, with_hook):
+    # A real program standing in for the application: it "saves" by copying a real
+    # H200 SAVE to the archive path it is given and notes the padding it saw.
+    seen = tmp_path / "pads.txt"
+    code = ("import os, shutil, sys; shutil.copytree(sys.argv[1], os.environ['FOUNDRY_ARCHIVE']); "
+            "open(sys.argv[2], 'a').write(str(len(os.environ.get('FOUNDRY_LAYOUT_PAD', ''))) + ' ')")  # fmt: skip
+    config = launcher.RunConfig("save", tmp_path / "a")
+    code_ = launcher.run(config, [sys.executable, "-c", code, str(SAVE_A), str(seen)], log=lambda _: None)
+    first, second = (int(n) for n in seen.read_text().split())
+    assert code_ == 0 and first == 0 and second > 4096 and second % 16  # moves the stack by more than a page
+    assert not list(tmp_path.glob(".a.run*"))  # the second run's archive is merged and removed
+
+
 def test_the_launcher_refuses_without_a_built_hook(monkeypatch, tmp_path):
     monkeypatch.setattr(launcher, "library_path", lambda: None)
     with pytest.raises(HookError, match="not built"):

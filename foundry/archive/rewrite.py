@@ -20,10 +20,12 @@ from foundry.graphir.fingerprint import fingerprint, topology_key
 from foundry.graphir.graph import GraphIR
 
 
-def rewrite_graphs(archive: Archive, transform: Callable[[int, GraphIR], GraphIR]) -> None:
+def rewrite_graphs(archive: Archive, transform: Callable[[int, GraphIR], GraphIR], *, keep_plans: bool = False) -> None:
     """Replace every graph ``ir`` of every rank with ``transform(rank, ir)``. Every graph
     is transformed and encoded before the first file is written, so a transform
-    that fails leaves the archive as it was."""
+    that fails leaves the archive as it was. Launch plans are dropped (LOAD then
+    builds from the IR) unless ``keep_plans``: only for transforms that change no
+    parameter, launch or edge, such as marking undefined bytes."""
     staged: list[tuple[int, list[tuple[GraphEntry, bytes, GraphIR]]]] = []
     for rank_entry in archive.catalog.ranks:
         graphs = []
@@ -39,7 +41,8 @@ def rewrite_graphs(archive: Archive, transform: Callable[[int, GraphIR], GraphIR
             atomic_write(archive.graph_path(rank, entry), data)
             entries.append(msgspec.structs.replace(entry, sha256=sha256_hex(data), size=len(data),
                                                    fingerprint=fingerprint(ir), nodes=len(ir),
-                                                   topology=topology_key(ir)))  # fmt: skip
+                                                   topology=topology_key(ir),
+                                                   plan=entry.plan if keep_plans else None))  # fmt: skip
         data = encode_record(msgspec.structs.replace(archive.session(rank), graphs=tuple(entries)))
         atomic_write(archive.session_path(rank), data)
         ranks.append(RankEntry(rank, rank_entry.session, sha256_hex(data)))

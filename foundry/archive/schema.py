@@ -18,6 +18,7 @@ SESSION_FORMAT = "foundry-session"
 FORMAT_VERSION = 1
 
 CATALOG_FILE = "foundry-archive.json"
+PLAN_SUFFIX = ".fgb"
 
 
 class Environment(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -133,6 +134,27 @@ class RngRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     increment: int
 
 
+class PlanKernel(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    """Entry ``i`` of a launch plan's function table: the kernel a packed node with
+    func ``i`` launches, and the function attributes SAVE recorded for it."""
+
+    image: str
+    name: str
+    attrs: tuple[tuple[str, int], ...] = ()
+
+
+class LaunchPlan(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A graph packed for the native builder (``rank<N>/plans/<name>.fgb``, the format of
+    ``native/src/graph_build.c`` with kernel funcs indexing ``kernels``), so a LOAD at
+    SAVE's base builds it without decoding the IR. Written only for graphs whose
+    operands all lie in the deterministic region; dropped when a graph is rewritten."""
+
+    file: str
+    sha256: str
+    size: int
+    kernels: tuple[PlanKernel, ...]
+
+
 class GraphEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One graph of a rank: its file, integrity and identity."""
 
@@ -147,6 +169,7 @@ class GraphEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     outputs: OutputValue | None = None
     topology: str | None = None  # graphs with the same key share a LOAD template
     rng: RngRecord | None = None
+    plan: LaunchPlan | None = None
 
 
 StateValue = str | int | float | bool | None | list[str | int]

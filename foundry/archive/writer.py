@@ -18,15 +18,18 @@ from foundry.archive.schema import (
     ARCHIVE_FORMAT,
     CATALOG_FILE,
     FORMAT_VERSION,
+    PLAN_SUFFIX,
     SESSION_FORMAT,
     BackendState,
     Catalog,
     Environment,
     GraphEntry,
     ImageRecord,
+    LaunchPlan,
     ModuleBlob,
     ModuleIndex,
     ModuleState,
+    PlanKernel,
     RankEntry,
     RegionRecord,
     RngRecord,
@@ -68,8 +71,10 @@ class RankWriter:
         runner: str | None = None,
         outputs: OutputValue | None = None,
         rng: RngRecord | None = None,
+        plan: tuple[bytes, tuple[PlanKernel, ...]] | None = None,
     ) -> GraphEntry:
-        """Check, encode and write one graph; return its session entry."""
+        """Check, encode and write one graph (and its launch plan: packed bytes and
+        function table); return its session entry."""
         self._check_open()
         if not GRAPH_NAME.match(ir.name):
             raise ArchiveError(
@@ -95,9 +100,15 @@ class RankWriter:
             outputs=outputs,
             topology=topology_key(ir),
             rng=rng,
+            plan=None if plan is None else self._write_plan(ir.name, *plan),
         )
         self.graphs.append(entry)
         return entry
+
+    def _write_plan(self, name: str, data: bytes, kernels: tuple[PlanKernel, ...]) -> LaunchPlan:
+        relative = f"plans/{name}{PLAN_SUFFIX}"
+        atomic_write(self.dir / relative, data)
+        return LaunchPlan(file=relative, sha256=sha256_hex(data), size=len(data), kernels=kernels)
 
     def add_backend_state(self, state: BackendState) -> None:
         self._check_open()

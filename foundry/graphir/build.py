@@ -10,7 +10,7 @@ rewritten only where a relocation says so, operand by operand.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -103,7 +103,13 @@ def operand_address(
 
 def apply_func_attrs(node: KernelNode, func: int, applied: set[int]) -> None:
     """Set the function attributes SAVE recorded (dynamic shared memory, carveout), once per function."""
-    if func in applied or not node.func_attrs:
+    apply_attributes(func, ((a.name, a.value) for a in node.func_attrs), applied)
+
+
+def apply_attributes(func: int, attrs: Iterable[tuple[str, int]], applied: set[int]) -> None:
+    """Set ``(name, value)`` function attributes on ``func``, once per function."""
+    attrs = tuple(attrs)
+    if func in applied or not attrs:
         return
     drv = driver()
     fa = drv.CUfunction_attribute
@@ -111,8 +117,10 @@ def apply_func_attrs(node: KernelNode, func: int, applied: set[int]) -> None:
         "max_dynamic_shared_size_bytes": fa.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
         "preferred_shared_memory_carveout": fa.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
     }
-    for attr in node.func_attrs:
-        cu("cuFuncSetAttribute", drv.CUfunction(func), ids[attr.name], attr.value)
+    for name, value in attrs:
+        if name not in ids:
+            raise IRError("unknown function attribute", field="func_attrs", found=name)
+        cu("cuFuncSetAttribute", drv.CUfunction(func), ids[name], value)
     applied.add(func)
 
 

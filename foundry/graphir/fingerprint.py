@@ -22,10 +22,12 @@ from foundry.graphir.operands import WORD, Operand, OperandSite
 FINGERPRINT_SCHEME = "fp1"
 
 
-def scalar_bytes(node: KernelNode, operands: tuple[Operand, ...]) -> bytes:
-    """The parameter buffer with every pointer word and undefined byte zeroed."""
+def scalar_bytes(node: KernelNode, operands: tuple[Operand, ...],
+                 also_undefined: tuple[tuple[int, int], ...] = ()) -> bytes:  # fmt: skip
+    """The parameter buffer with every pointer word and undefined byte zeroed
+    (``also_undefined``: more ``(offset, length)`` runs, e.g. another SAVE's marks)."""
     buf = bytearray(node.params)
-    for offset, length in node.undefined:
+    for offset, length in (*node.undefined, *also_undefined):
         buf[offset : offset + length] = bytes(length)
     for operand in operands:
         if operand.site is OperandSite.PARAM:

@@ -162,5 +162,5 @@ def merge_saves(primary: Path, other: Path) -> dict[str, int]:
         stats["undefined_bytes"] += count
         return merged
 
-    rewrite_graphs(a, merge)
+    rewrite_graphs(a, merge, keep_plans=True)  # only undefined marks change
     return stats

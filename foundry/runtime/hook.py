@@ -17,7 +17,7 @@ from foundry.errors import HookError
 
 ABI = 2
 LIBRARY = "libfoundry_hook.so"
-COUNTERS = ("stream_captures", "graph_instantiates", "allocations", "refused", "images")
+COUNTERS = ("stream_captures", "graph_instantiates", "allocations", "refused", "images", "native_instantiate_us")
 
 
 class _Alloc(ctypes.Structure):

@@ -7,7 +7,12 @@ checks the archive before anything starts, taking the region base and size SAVE 
 A SAVE runs with address-space randomisation off and ``PYTHONHASHSEED=0``:
 launchers leave return addresses and heap pointers in the unused bytes of
 kernel parameters, and with a fixed layout two SAVEs leave the same ones, so
-their fingerprints agree (see :mod:`foundry.runtime.definedness`).
+their fingerprints agree (see :mod:`foundry.runtime.definedness`). The second
+run of a SAVE pads the environment by a few KiB, which moves the initial stack
+and the heap: every leftover that depends on the layout then differs between
+the runs and is marked undefined. Without the pad the runs differ only by the
+length of their archive paths, which the stack's 16-byte alignment can absorb
+(seen on the H200 test machine: two SAVEs then differed in leftover stack words).
 """
 
 from __future__ import annotations
@@ -34,10 +39,13 @@ class RunConfig:
     rank: int = 0
     fixed_layout: bool = True  # SAVE: no address-space randomisation, fixed hash seed
     builder: str = "python"  # LOAD: python (cuda-bindings) or native (the hook's builder)
+    build_threads: int = 1  # LOAD, native builder: threads that build and instantiate
     overwrite: bool = False  # SAVE: replace an archive already at the path
+    layout_pad: int = 0  # SAVE: bytes of padding in the environment (moves the stack and heap)
 
 
 ADDR_NO_RANDOMIZE = 0x0040000
+LAYOUT_PAD = 5000  # > one page and not a multiple of 16: every stack address moves, low bytes included
 
 
 def _no_randomization() -> None:
@@ -80,10 +88,15 @@ def environment(config: RunConfig, base_env: dict[str, str] | None = None) -> di
         FOUNDRY_LOAD_WARMUP=config.warmup,
         FOUNDRY_RANK=str(config.rank),
         FOUNDRY_BUILDER=config.builder,
+        FOUNDRY_BUILD_THREADS=str(config.build_threads),
         FOUNDRY_OVERWRITE="1" if config.overwrite else "0",
     )
     if config.mode == "save" and config.fixed_layout:
         env["PYTHONHASHSEED"] = "0"
+    if config.layout_pad:
+        env["FOUNDRY_LAYOUT_PAD"] = "." * config.layout_pad
+    else:
+        env.pop("FOUNDRY_LAYOUT_PAD", None)
     if base is not None:
         env["FOUNDRY_REGION_BASE"] = hex(base)
     if size is not None:
@@ -127,7 +140,8 @@ def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Calla
         extra = config.archive.parent / f".{config.archive.name}.run{run_index}"
         log(f"foundry: SAVE run {run_index} of {save_runs} (a fresh process, to find bytes the runs disagree on)")
         try:
-            again = RunConfig(**{**config.__dict__, "archive": extra, "overwrite": True})
+            pad = LAYOUT_PAD + 40 * run_index
+            again = RunConfig(**{**config.__dict__, "archive": extra, "overwrite": True, "layout_pad": pad})
             code = _start(command, again)
             if code != 0:
                 log(f"foundry: SAVE run {run_index} failed (exit {code}); {config.archive} holds the first run's "

@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from foundry.archive.reader import Archive
-from foundry.archive.schema import GraphEntry, RegionRecord
+from foundry.archive.schema import GraphEntry, PlanKernel, RegionRecord
 from foundry.backends.base import ProcessFacts
 from foundry.cuda import cu
 from foundry.errors import DriftError, FoundryError, HookError
 from foundry.graphir.graph import GraphIR
+from foundry.graphir.kernel import KernelIdentity
 from foundry.runtime.hook import Allocation, Hook
 from foundry.runtime.session import RestoredGraph, Session, anchor_generator, check_active, init_cuda
 
@@ -43,6 +44,7 @@ class LoadSession(Session):
         progress: bool | None = None,
         builder: str = "python",
         relocate: bool = False,
+        build_threads: int = 1,
     ) -> None:
         super().__init__(device=device)
         if warmup not in WARMUP_MODES:
@@ -59,6 +61,9 @@ class LoadSession(Session):
             raise DriftError("the archive kept no warm-up bytes to restore", field="region.warmup_bytes")
         self.progress = sys.stderr.isatty() if progress is None else progress
         self.builder = builder
+        if not 1 <= build_threads <= 64:
+            raise FoundryError("build threads must be 1-64", field="build_threads", found=build_threads)
+        self.build_threads = build_threads
         if builder not in BUILDERS:
             raise FoundryError("unknown graph builder", field="builder", expected=BUILDERS, found=builder)
         self.backends = self._require_backends()
@@ -66,26 +71,33 @@ class LoadSession(Session):
         self.live_base: int | None = None  # the region's base in this process, once start() reserved it
         self.graphs: dict[str, RestoredGraph] | None = None
         self.report: dict[str, Any] = {"mode": "load", "archive": str(archive), "warmup": warmup}
+        self.native_timing: dict[str, float] = {}
 
     def _check_claims(self, graphs: list[GraphIR]) -> None:
         """A communicator kernel restored without its backend's state would run against
         whatever the live process has at those addresses: refused, naming the backend."""
-        from foundry.backends.registry import BackendRegistry
-
-        recorded = {backend.name for backend, _ in self.backends}
-        registry = BackendRegistry.discover()
         for ir in graphs:
             for name, (kernel, _) in ir.kernel_table().items():  # one recognition per distinct kernel
-                match = registry.recognise(kernel)
-                if match is None or match.backend not in COMMUNICATOR_BACKENDS or match.backend in recorded:
-                    continue
-                node = next(n.id for n in ir.kernels() if n.kernel.name == name)
-                raise DriftError(
-                    f"the graph runs {match.kind} kernels, but SAVE recorded no {match.backend!r} state "
-                    f"(attach the communicator with session.attach({match.backend!r}, ...) in SAVE and LOAD)",
-                    path=ir.name,
-                    node=node,
-                )
+                self._refuse_unclaimed(ir.name, kernel, lambda ir=ir, name=name: next(
+                    n.id for n in ir.kernels() if n.kernel.name == name))  # fmt: skip
+
+    def _refuse_unclaimed(self, graph: str, kernel: KernelIdentity, node: Callable[[], int] | None = None) -> None:
+        from foundry.backends.registry import BackendRegistry
+
+        if not hasattr(self, "_registry"):
+            self._registry = BackendRegistry.discover()
+        match = self._registry.recognise(kernel)
+        if match is None or match.backend not in COMMUNICATOR_BACKENDS:
+            return
+        if match.backend in {backend.name for backend, _ in self.backends}:
+            return
+        raise DriftError(
+            f"the graph runs {match.kind} kernels, but SAVE recorded no {match.backend!r} state "
+            f"(attach the communicator with session.attach({match.backend!r}, ...) in SAVE and LOAD)",
+            path=graph,
+            node=node() if node else None,
+            kernel=None if node else kernel.name,
+        )
 
     def _require_backends(self) -> list[Any]:
         """Every backend whose state the archive records must be installed and able to
@@ -173,10 +185,13 @@ class LoadSession(Session):
     # -- restoring --------------------------------------------------------------
 
     def _restore(self) -> dict[str, RestoredGraph]:
+        if self._plans_apply():
+            return self._restore_from_plans()
         import torch
 
         started = time.perf_counter()
         irs = [self.archive.graph(self.rank, entry) for entry in self.record.graphs]
+        decoded = time.perf_counter()
         self._check_claims(irs)  # refusals that need no GPU work come first
         self._validate_backends(irs)
         if self.warmup_mode == "replay":  # SAVE allocated the generator's cells after its warm-up
@@ -192,10 +207,92 @@ class LoadSession(Session):
         graphs = self._build_all(region, irs)
         torch.cuda.synchronize()
         self.report.update(
+            decode_s=decoded - started,
             map_s=mapped - started,
             build_s=time.perf_counter() - mapped,
             restore_s=time.perf_counter() - started,
             graphs=len(graphs),
+        )
+        return graphs
+
+    def _plans_apply(self) -> bool:
+        """LOAD builds from SAVE's launch plans when asked for the native builder and
+        nothing needs patching: the region at SAVE's base, no backend state, a plan for
+        every graph."""
+        region = self.record.region
+        return (
+            self.builder == "native"
+            and not self.backends
+            and region is not None
+            and self.live_base == region.base
+            and bool(self.record.graphs)
+            and all(entry.plan is not None for entry in self.record.graphs)
+        )
+
+    def _restore_from_plans(self) -> dict[str, RestoredGraph]:
+        import torch
+
+        from foundry.graphir.build import BuiltGraph, apply_attributes
+        from foundry.runtime.functions import ArchiveFunctions
+        from foundry.runtime.launch_plan import build_plans
+        from foundry.runtime.rng import PhiloxReplay
+        from foundry.runtime.tensors import outputs_at
+
+        started = time.perf_counter()
+        region = self.record.region
+        assert region is not None  # checked in start()
+        entries = self.record.graphs
+        known = {b.sha256 for b in self.archive.catalog.modules.blobs}
+        for entry in entries:
+            assert entry.plan is not None  # _plans_apply
+            for kernel in entry.plan.kernels:
+                if kernel.image not in known:
+                    raise DriftError("a kernel's module image is not in the archive", path=entry.name,
+                                     kernel=kernel.name, found=kernel.image)  # fmt: skip
+                self._refuse_unclaimed(entry.name, KernelIdentity(kernel.name, kernel.image))
+        plans = [(e.name, self.archive.rank_blob(self.rank, e.plan.file, sha256=e.plan.sha256, size=e.plan.size,
+                                                 what="launch plan"), e.plan) for e in entries]  # fmt: skip
+        if self.warmup_mode == "replay":
+            self.anchor = anchor_generator()
+        torch.cuda.synchronize()
+        self._check_trace()
+        self.hook.map_to(region.final_offset)
+        if self.warmup_mode == "restore":
+            self._restore_warmup_bytes(region)
+        mapped = time.perf_counter()
+        functions = ArchiveFunctions(self.hook, self.archive, {r.sha256: r for r in self.record.images})
+        applied: set[int] = set()
+        resolving = [0.0]  # seconds spent binding kernels (finding live images, loading archived ones)
+
+        def function(kernel: PlanKernel) -> int:
+            begun = time.perf_counter()
+            handle = functions.function(KernelIdentity(kernel.name, kernel.image))
+            apply_attributes(handle, kernel.attrs, applied)
+            resolving[0] += time.perf_counter() - begun
+            return handle
+
+        built = build_plans(self.hook.lib, plans, function, threads=self.build_threads)
+        base_of = partial(_region_base_at_save, region.base)
+        graphs = {
+            entry.name: RestoredGraph(
+                BuiltGraph(graph, graph_exec, []),
+                None if entry.outputs is None else outputs_at(entry.outputs, base_of),
+                PhiloxReplay(entry.rng, self.live_base) if entry.rng else None,
+            )
+            for entry, (graph, graph_exec) in zip(entries, built, strict=True)
+        }
+        torch.cuda.synchronize()
+        self.report.update(
+            builder="native-plans",
+            build_threads=self.build_threads,
+            functions_s=resolving[0],
+            map_s=mapped - started,
+            build_s=time.perf_counter() - mapped,
+            restore_s=time.perf_counter() - started,
+            graphs=len(graphs),
+            bound_live=len(functions.bound_live),
+            loaded_images=len(functions.loaded),
+            restored_globals=functions.restored_globals,
         )
         return graphs
 
@@ -235,16 +332,19 @@ class LoadSession(Session):
         from foundry.runtime.tensors import outputs_at
         from foundry.runtime.validate import check_graph
 
+        begun = time.perf_counter()
         records = {r.sha256: r for r in self.record.images}
         applied: set[int] = set()  # functions whose attributes the native builder set
         moved_from = None if self.live_base == region.base else (region.base, region.base + region.final_offset)
         functions = ArchiveFunctions(self.hook, self.archive, records, moved_from=moved_from)
         owned = [backend for backend, _ in self.backends]
+        bound = time.perf_counter()
         for ir in irs:
             check_graph(ir, self.archive, lambda name: any(b.owns(name) for b in owned))
         relocate = self._relocation(moved_from is not None)
         templates: dict[str, Any] = {}
         graphs: dict[str, RestoredGraph] = {}
+        checked = time.perf_counter()
         with _Progress(self.progress, len(irs)) as advance:
             for entry, ir in zip(self.record.graphs, irs, strict=True):
                 built = self._build_one(entry, ir, functions, relocate, templates, applied)
@@ -255,6 +355,9 @@ class LoadSession(Session):
                 )
                 advance()
         self.report.update(
+            images_s=bound - begun,
+            checks_s=checked - bound,
+            native_timing=self.native_timing,
             builder=self.builder,
             templates=len(templates),
             bound_live=len(functions.bound_live),
@@ -270,7 +373,8 @@ class LoadSession(Session):
         from foundry.runtime import native_build
 
         if self.builder == "native" and native_build.supported(ir):
-            return native_build.build_native(self.hook.lib, ir, functions, relocate=relocate, applied=applied)
+            return native_build.build_native(self.hook.lib, ir, functions, relocate=relocate, applied=applied,
+                                             timing=self.native_timing)  # fmt: skip
         template = templates.get(entry.topology) if entry.topology else None
         if template:
             return build_member(template, ir, functions, relocate=relocate)
@@ -324,6 +428,13 @@ class LoadSession(Session):
                 raise DriftError(f"the archive records state for backend {backend.name!r}, which the program did "
                                  "not attach (session.attach)", field=f"backends.{backend.name}")  # fmt: skip
             backend.validate(state, graphs, live)
+
+
+def _region_base_at_save(base: int, name: str) -> int | None:
+    """Where a region starts in a LOAD built from plans: the deterministic region at SAVE's base."""
+    from foundry.runtime.validate import REGION
+
+    return base if name == REGION else None
 
 
 class _Progress:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import time
 from typing import Any
 
 from foundry.errors import IRError
@@ -101,18 +102,24 @@ def check(lib: ctypes.CDLL, desc: bytes) -> tuple[int, int]:
     return nodes.value, edges.value
 
 
-def build_native(lib: ctypes.CDLL, ir: GraphIR, functions: FunctionResolver, *,
-                 relocate: Relocation | None = None, applied: set[int] | None = None) -> BuiltGraph:  # fmt: skip
-    """Build and instantiate ``ir`` in the current context with the native builder."""
+def build_native(lib: ctypes.CDLL, ir: GraphIR, functions: FunctionResolver, *, relocate: Relocation | None = None,
+                 applied: set[int] | None = None, timing: dict[str, float] | None = None) -> BuiltGraph:  # fmt: skip
+    """Build and instantiate ``ir`` in the current context with the native builder.
+    ``timing`` accumulates the seconds spent packing (Python) and in the C call."""
     from foundry.cuda import driver
 
+    started = time.perf_counter()
     applied = set() if applied is None else applied
     for node in ir.kernels():
         apply_func_attrs(node, functions.function(node.kernel), applied)
     desc = pack(ir, functions, relocate=relocate)
+    packed = time.perf_counter()
     graph, graph_exec, err = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.create_string_buffer(256)
     status = lib.foundry_graph_build(desc, ctypes.c_size_t(len(desc)), ctypes.byref(graph), ctypes.byref(graph_exec),
                                      err, 256)  # fmt: skip
+    if timing is not None:
+        timing["pack_s"] = timing.get("pack_s", 0.0) + packed - started
+        timing["native_s"] = timing.get("native_s", 0.0) + time.perf_counter() - packed
     if status:
         raise IRError(f"native build failed: {err.value.decode(errors='replace')}", path=ir.name)
     drv = driver()

@@ -17,6 +17,7 @@ from foundry.errors import CaptureError, FoundryError, HookError
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.regions import Region, RegionKind
 from foundry.runtime.hook import Hook
+from foundry.runtime.launch_plan import make_plan
 from foundry.runtime.session import CapturedGraph, Session, anchor_generator, check_active, init_cuda
 
 WARMUP_FILE = "warmup.bin"
@@ -208,8 +209,11 @@ class SaveSession(Session):
             writer.add_module(blob, format=image.format)
             records.append(record_image(sha256, blob, image.kind, image.handle))
         rank = writer.rank(self.rank)
+        planned = 0
         for ir, extra in self.entries:
-            rank.add_graph(ir, **extra)
+            plan = make_plan(ir)
+            planned += plan is not None
+            rank.add_graph(ir, **extra, plan=plan)
         rank.add_images(records)
         for name, (owner, facts) in sorted(self.attached.items()):
             process = ProcessFacts(self.rank, self.world_size, {"vmm": {"base": self.region.base}, name: facts})
@@ -221,6 +225,7 @@ class SaveSession(Session):
             "mode": "save",
             "archive": str(self.path),
             "graphs": len(self.entries),
+            "plans": planned,
             "images": len(records),
             "undefined_bytes": self.undefined_bytes,
             "written_globals": [g.name for r in records for g in r.globals if g.written],

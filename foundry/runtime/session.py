@@ -129,7 +129,7 @@ class Session:
 
 def open_session(*, device: int = 0, model: dict[str, str] | None = None) -> Session:
     """The session ``foundry run`` asked for (``FOUNDRY_MODE``, ``FOUNDRY_ARCHIVE``,
-    ``FOUNDRY_RANK``, ``FOUNDRY_LOAD_WARMUP``, ``FOUNDRY_BUILDER``, ``FOUNDRY_RELOCATE``,
+    ``FOUNDRY_RANK``, ``FOUNDRY_LOAD_WARMUP``, ``FOUNDRY_BUILDER``, ``FOUNDRY_BUILD_THREADS``, ``FOUNDRY_RELOCATE``,
     ``FOUNDRY_OVERWRITE``); mode ``off`` when none. Programs that need more control
     construct :class:`~foundry.runtime.save.SaveSession` or
     :class:`~foundry.runtime.load.LoadSession` themselves."""
@@ -155,4 +155,8 @@ def open_session(*, device: int = 0, model: dict[str, str] | None = None) -> Ses
     warmup = os.environ.get("FOUNDRY_LOAD_WARMUP", "replay")
     builder = os.environ.get("FOUNDRY_BUILDER", "python")
     relocate = os.environ.get("FOUNDRY_RELOCATE") == "1"
-    return LoadSession(archive, device=device, rank=rank, warmup=warmup, builder=builder, relocate=relocate)
+    threads = os.environ.get("FOUNDRY_BUILD_THREADS", "1")
+    if not threads.isdigit():
+        raise FoundryError("FOUNDRY_BUILD_THREADS must be a number", field="FOUNDRY_BUILD_THREADS", found=threads)
+    return LoadSession(archive, device=device, rank=rank, warmup=warmup, builder=builder, relocate=relocate,
+                       build_threads=int(threads))  # fmt: skip

@@ -43,17 +43,19 @@ void fh_event(const char *fmt, ...) {
     pthread_mutex_unlock(&lock);
 }
 
-void fh_count(const char *name) {
+void fh_count_add(const char *name, uint64_t amount) {
     pthread_mutex_lock(&lock);
     for (int i = 0; i < MAX_COUNTERS; i++) {
         if (counters[i].name == NULL) counters[i].name = name;
         if (strcmp(counters[i].name, name) == 0) {
-            counters[i].value++;
+            counters[i].value += amount;
             break;
         }
     }
     pthread_mutex_unlock(&lock);
 }
+
+void fh_count(const char *name) { fh_count_add(name, 1); }
 
 int foundry_counter(const char *name, uint64_t *value) {
     if (name == NULL || value == NULL) return FOUNDRY_EINVAL;

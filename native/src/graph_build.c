@@ -17,11 +17,18 @@
  *     3 memset   u64 dst, u32 value, u32 element_size, u64 width, u64 height, u64 pitch
  *     4 empty
  *   edge     u32 src, u32 dst, u8 from_port, u8 to_port, u8 type, u8 pad
+ *
+ * A kernel's func is a CUfunction handle, or, for a description built with a
+ * function table (an archive's launch plan, made at SAVE), an index into it.
+ * foundry_graph_build_many builds several descriptions, on worker threads when
+ * asked: instantiation dominates and the driver lets threads instantiate at once.
  */
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "hook.h"
 
@@ -74,17 +81,26 @@ static uint64_t u64(reader_t *r) {
     return v;
 }
 
-/* One graph under construction; graph == NULL when only checking. */
+/* One graph under construction; graph == NULL when only checking. With `indexed`,
+ * kernel funcs are indices below nfuncs into funcs (NULL when only checking). */
 typedef struct {
     CUgraph graph;
     CUcontext ctx;
     CUgraphNode *nodes;
+    int indexed;
+    const uint64_t *funcs;
+    size_t nfuncs;
 } build_t;
 
 static CUresult add_kernel(reader_t *r, build_t *b, CUgraphNode *out) {
     CUDA_KERNEL_NODE_PARAMS p;
     memset(&p, 0, sizeof p);
-    p.func = (CUfunction)(uintptr_t)u64(r);
+    uint64_t func = u64(r);
+    if (b->indexed && func >= b->nfuncs && !r->failed)
+        fail(r, "kernel function %llu is not in the %zu-entry function table", (unsigned long long)func, b->nfuncs);
+    else if (b->indexed && b->funcs)
+        func = b->funcs[func];
+    p.func = (CUfunction)(uintptr_t)func;
     p.gridDimX = u32(r), p.gridDimY = u32(r), p.gridDimZ = u32(r);
     p.blockDimX = u32(r), p.blockDimY = u32(r), p.blockDimZ = u32(r);
     p.sharedMemBytes = u32(r);
@@ -245,23 +261,38 @@ static CUresult run(const void *desc, size_t len, build_t *b, uint32_t *nodes_ou
 
 int foundry_graph_check(const void *desc, size_t len, uint32_t *nodes, uint32_t *edges, char *err, size_t errlen) {
     if (desc == NULL) return FOUNDRY_EINVAL;
-    build_t b = {NULL, NULL, NULL};
+    build_t b = {0};
     return run(desc, len, &b, nodes, edges, err, errlen) == CUDA_SUCCESS ? FOUNDRY_OK : FOUNDRY_EINVAL;
 }
 
-int foundry_graph_build(const void *desc, size_t len, uint64_t *graph_out, uint64_t *exec_out, char *err,
-                        size_t errlen) {
-    if (desc == NULL || graph_out == NULL || exec_out == NULL) return FOUNDRY_EINVAL;
-    static const char *needed[] = {"cuCtxGetCurrent", "cuGraphCreate", "cuGraphDestroy", "cuGraphAddKernelNode_v2",
-                                   "cuGraphKernelNodeSetAttribute", "cuGraphAddMemcpyNode", "cuGraphAddMemsetNode",
-                                   "cuGraphAddEmptyNode", "cuGraphAddDependencies_v2", "cuGraphInstantiateWithFlags"};
+int foundry_graph_check_indexed(const void *desc, size_t len, size_t nfuncs, uint32_t *nodes, uint32_t *edges,
+                                char *err, size_t errlen) {
+    if (desc == NULL) return FOUNDRY_EINVAL;
+    build_t b = {0};
+    b.indexed = 1, b.nfuncs = nfuncs;
+    return run(desc, len, &b, nodes, edges, err, errlen) == CUDA_SUCCESS ? FOUNDRY_OK : FOUNDRY_EINVAL;
+}
+
+static const char *needed[] = {"cuCtxGetCurrent", "cuCtxSetCurrent", "cuGraphCreate", "cuGraphDestroy",
+                               "cuGraphExecDestroy", "cuGraphAddKernelNode_v2", "cuGraphKernelNodeSetAttribute",
+                               "cuGraphAddMemcpyNode", "cuGraphAddMemsetNode", "cuGraphAddEmptyNode",
+                               "cuGraphAddDependencies_v2", "cuGraphInstantiateWithFlags"};
+
+static int driver_ready(char *err, size_t errlen) {
     for (size_t i = 0; i < sizeof needed / sizeof needed[0]; i++) {
         if (fh_real(needed[i]) == NULL) {
             if (err && errlen) snprintf(err, errlen, "the driver has no %s", needed[i]);
-            return FOUNDRY_ESTATE;
+            return 0;
         }
     }
-    build_t b = {NULL, NULL, NULL};
+    return 1;
+}
+
+/* Build and instantiate one description in the current context. */
+static int build_one(const void *desc, size_t len, const uint64_t *funcs, size_t nfuncs, uint64_t *graph_out,
+                     uint64_t *exec_out, char *err, size_t errlen) {
+    build_t b = {0};
+    b.indexed = funcs != NULL, b.funcs = funcs, b.nfuncs = nfuncs;
     CUresult rc = DRIVER(cuCtxGetCurrent)(&b.ctx);
     if (rc == CUDA_SUCCESS) rc = DRIVER(cuGraphCreate)(&b.graph, 0);
     if (rc != CUDA_SUCCESS) {
@@ -271,7 +302,13 @@ int foundry_graph_build(const void *desc, size_t len, uint64_t *graph_out, uint6
     rc = run(desc, len, &b, NULL, NULL, err, errlen);
     CUgraphExec exec = NULL;
     if (rc == CUDA_SUCCESS) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         rc = DRIVER(cuGraphInstantiateWithFlags)(&exec, b.graph, 0);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        /* How much of a native build the driver's instantiation takes (LOAD's timing report). */
+        fh_count_add("native_instantiate_us",
+                     (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000 + (t1.tv_nsec - t0.tv_nsec) / 1000));
         if (rc == CUDA_SUCCESS) fh_count("graph_instantiates");
         else if (err && errlen) snprintf(err, errlen, "instantiation failed (driver status %d)", (int)rc);
     }
@@ -282,4 +319,89 @@ int foundry_graph_build(const void *desc, size_t len, uint64_t *graph_out, uint6
     *graph_out = (uint64_t)(uintptr_t)b.graph;
     *exec_out = (uint64_t)(uintptr_t)exec;
     return FOUNDRY_OK;
+}
+
+int foundry_graph_build(const void *desc, size_t len, uint64_t *graph_out, uint64_t *exec_out, char *err,
+                        size_t errlen) {
+    if (desc == NULL || graph_out == NULL || exec_out == NULL) return FOUNDRY_EINVAL;
+    if (!driver_ready(err, errlen)) return FOUNDRY_ESTATE;
+    return build_one(desc, len, NULL, 0, graph_out, exec_out, err, errlen);
+}
+
+/* Work shared by the threads of one foundry_graph_build_many call. */
+typedef struct {
+    const void *const *descs;
+    const size_t *lens;
+    uint32_t count;
+    const uint64_t *const *funcs; /* per description, or NULL: they hold handles */
+    const size_t *nfuncs;
+    CUcontext ctx;
+    uint64_t *graphs, *execs;
+    pthread_mutex_t lock;
+    uint32_t next;
+    int status;
+    char *err;
+    size_t errlen;
+} batch_t;
+
+static void *batch_worker(void *arg) {
+    batch_t *w = arg;
+    char err[256];
+    if (DRIVER(cuCtxSetCurrent)(w->ctx) != CUDA_SUCCESS) {
+        pthread_mutex_lock(&w->lock);
+        if (w->status == FOUNDRY_OK) {
+            w->status = FOUNDRY_ESTATE;
+            if (w->err && w->errlen) snprintf(w->err, w->errlen, "a build thread cannot enter the context");
+        }
+        pthread_mutex_unlock(&w->lock);
+        return NULL;
+    }
+    for (;;) {
+        pthread_mutex_lock(&w->lock);
+        uint32_t i = w->status == FOUNDRY_OK && w->next < w->count ? w->next++ : w->count;
+        pthread_mutex_unlock(&w->lock);
+        if (i >= w->count) return NULL;
+        int status = build_one(w->descs[i], w->lens[i], w->funcs ? w->funcs[i] : NULL, w->funcs ? w->nfuncs[i] : 0,
+                               &w->graphs[i], &w->execs[i], err, sizeof err);
+        if (status != FOUNDRY_OK) {
+            pthread_mutex_lock(&w->lock);
+            if (w->status == FOUNDRY_OK) {
+                w->status = status;
+                if (w->err && w->errlen) snprintf(w->err, w->errlen, "graph %u: %s", i, err);
+            }
+            pthread_mutex_unlock(&w->lock);
+        }
+    }
+}
+
+int foundry_graph_build_many(const void *const *descs, const size_t *lens, uint32_t count,
+                             const uint64_t *const *funcs, const size_t *nfuncs, uint32_t threads, uint64_t *graphs,
+                             uint64_t *execs, char *err, size_t errlen) {
+    if (descs == NULL || lens == NULL || graphs == NULL || execs == NULL || threads == 0 || threads > 64 ||
+        (funcs != NULL && nfuncs == NULL))
+        return FOUNDRY_EINVAL;
+    if (err && errlen) err[0] = '\0';
+    if (!driver_ready(err, errlen)) return FOUNDRY_ESTATE;
+    memset(graphs, 0, count * sizeof *graphs);
+    memset(execs, 0, count * sizeof *execs);
+    batch_t w = {descs, lens, count, funcs, nfuncs, NULL, graphs, execs, PTHREAD_MUTEX_INITIALIZER, 0, FOUNDRY_OK,
+                 err, errlen};
+    if (DRIVER(cuCtxGetCurrent)(&w.ctx) != CUDA_SUCCESS || w.ctx == NULL) {
+        if (err && errlen) snprintf(err, errlen, "no current CUDA context");
+        return FOUNDRY_ESTATE;
+    }
+    pthread_t workers[64];
+    uint32_t started = 0;
+    for (; started + 1 < threads && started + 1 < count; started++)
+        if (pthread_create(&workers[started], NULL, batch_worker, &w) != 0) break;
+    batch_worker(&w); /* the calling thread works too */
+    for (uint32_t i = 0; i < started; i++) pthread_join(workers[i], NULL);
+    if (w.status != FOUNDRY_OK) { /* all or nothing: release what was built */
+        for (uint32_t i = 0; i < count; i++) {
+            if (execs[i]) DRIVER(cuGraphExecDestroy)((CUgraphExec)(uintptr_t)execs[i]);
+            if (graphs[i]) DRIVER(cuGraphDestroy)((CUgraph)(uintptr_t)graphs[i]);
+            graphs[i] = execs[i] = 0;
+        }
+    }
+    return w.status;
 }

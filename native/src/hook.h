@@ -9,6 +9,7 @@
 /* events.c: a bounded, thread-safe log Python reads, and counters. */
 void fh_event(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void fh_count(const char *name);
+void fh_count_add(const char *name, uint64_t amount);
 
 /* interpose.c: the real driver entry point for an exported (versioned) symbol name. */
 void *fh_real(const char *exported);

@@ -5,6 +5,10 @@ by (kind, kernel) with a longest-matching-block alignment, so one inserted node
 shows as one node only in B rather than as every later node changed. Matched
 nodes are compared field by field on their semantic views: kernel, launch
 config, scalar parameter bytes, and operand targets ``(region, offset)``.
+A parameter byte either SAVE marked undefined is left out on both sides: which
+unused bytes a SAVE's runs happen to disagree on varies from SAVE to SAVE, so two
+SAVEs of the same program can differ in fingerprint and still be the same graph
+(``undefined_only``).
 The diff is a pure function; the CLI and the TUI only render it.
 """
 
@@ -67,6 +71,7 @@ class GraphDiff:
     nodes: list[NodeDiff] = field(default_factory=list)
     edges_only_a: list[tuple[int, int]] = field(default_factory=list)
     edges_only_b: list[tuple[int, int]] = field(default_factory=list)
+    undefined_only: bool = False  # SAME though the fingerprints differ: only in bytes one side marked undefined
 
 
 @dataclass
@@ -88,6 +93,7 @@ class ArchiveDiff:
                 "status": g.status.value,
                 "fingerprint_a": g.fingerprint_a,
                 "fingerprint_b": g.fingerprint_b,
+                "undefined_only": g.undefined_only,
                 "nodes": [
                     {
                         "status": n.status.value,
@@ -147,7 +153,7 @@ def _byte_runs(a: bytes, b: bytes) -> list[tuple[int, int]]:
 
 def _param_changes(na: KernelNode, oa: tuple[Operand, ...], nb: KernelNode, ob: tuple[Operand, ...]) -> list:
     changes = []
-    sa, sb = scalar_bytes(na, oa), scalar_bytes(nb, ob)
+    sa, sb = scalar_bytes(na, oa, nb.undefined), scalar_bytes(nb, ob, na.undefined)
     if sa == sb:
         return changes
     for start, end in _byte_runs(sa, sb):
@@ -277,6 +283,6 @@ def diff_archives(a: Archive, b: Archive) -> ArchiveDiff:
             else:
                 graph = diff_graphs(a.graph(rank, ea), b.graph(rank, eb), rank=rank)
                 graph.fingerprint_a, graph.fingerprint_b = ea.fingerprint, eb.fingerprint
-                graph.status = Status.CHANGED
+                graph.undefined_only = graph.status is Status.SAME
                 result.graphs.append(graph)
     return result

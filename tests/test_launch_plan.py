@@ -1,0 +1,132 @@
+"""Launch plans on the CPU: real H200 graphs packed at "SAVE" with a function table,
+parsed by the hook's C reader (building needs a GPU), stored and checked by the
+archive, dropped when a graph is rewritten, and chosen by LOAD only when nothing
+needs patching."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import struct
+
+import msgspec
+import pytest
+
+from foundry.archive import Archive
+from foundry.archive.rewrite import rewrite_graphs
+from foundry.archive.schema import LaunchPlan
+from foundry.archive.writer import ArchiveWriter
+from foundry.errors import ArchiveError, IRError
+from foundry.runtime.launch_plan import check_plan, make_plan, plannable
+from foundry.runtime.load import LoadSession
+
+from .conftest import FIXTURES
+
+SAVE_A = FIXTURES / "saveload-a"
+
+
+@pytest.fixture(scope="module")
+def lib(hook_library) -> ctypes.CDLL:
+    return ctypes.CDLL(str(hook_library))
+
+
+def _plan_record(data: bytes, kernels) -> LaunchPlan:
+    return LaunchPlan(file="plans/x.fgb", sha256="0" * 64, size=len(data), kernels=kernels)
+
+
+@pytest.mark.parametrize("graph", ["decode.bs1", "decode.bs8", "sample.bs8"])
+def test_real_graphs_plan_and_parse_with_their_function_table(lib, graph):
+    ir = Archive.open(SAVE_A).graph(0, graph)
+    planned = make_plan(ir)
+    assert planned is not None
+    data, kernels = planned
+    assert check_plan(lib, data, _plan_record(data, kernels)) == (len(ir), ir.edge_count())
+    distinct = {(n.kernel.image, n.kernel.name) for n in ir.kernels()}
+    assert {(k.image, k.name) for k in kernels} == distinct and len(kernels) == len(distinct)
+
+
+def test_a_function_index_beyond_the_table_is_refused(lib):
+    ir = Archive.open(SAVE_A).graph(0, "decode.bs8")
+    data, kernels = make_plan(ir)
+    with pytest.raises(IRError, match=r"not in the .*function table"):
+        check_plan(lib, data, _plan_record(data, kernels[:-1]))
+    first_func = 16 + 4  # header, then the first node's kind
+    assert struct.unpack_from("<I", data, 16)[0] == 1  # a kernel node
+    hostile = bytearray(data)
+    struct.pack_into("<Q", hostile, first_func, 1 << 40)
+    with pytest.raises(IRError, match="function table"):
+        check_plan(lib, bytes(hostile), _plan_record(data, kernels))
+
+
+def test_graphs_pointing_outside_the_region_get_no_plan():
+    ir = Archive.open(FIXTURES / "symm-mem-ws1").graph(0, "symm.allreduce")
+    assert not plannable(ir) and make_plan(ir) is None
+
+
+def test_plans_are_stored_checked_and_dropped_by_rewrites(tmp_path):
+    source = Archive.open(SAVE_A)
+    ir = source.graph(0, "decode.bs8")
+    writer = ArchiveWriter(tmp_path / "a", environment=source.catalog.environment)
+    rank = writer.rank(0)
+    rank.add_graph(ir, plan=make_plan(ir))
+    rank.seal()
+    writer.commit()
+    archive = Archive.open(tmp_path / "a")
+    plan = archive.entry(0, "decode.bs8").plan
+    assert plan is not None and plan.file == "plans/decode.bs8.fgb"
+    data = archive.rank_blob(0, plan.file, sha256=plan.sha256, size=plan.size, what="launch plan")
+    assert data == make_plan(ir)[0]
+
+    path = tmp_path / "a" / "rank0" / plan.file
+    path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    with pytest.raises(ArchiveError, match="launch plan does not match"):
+        archive.rank_blob(0, plan.file, sha256=plan.sha256, size=plan.size, what="launch plan")
+    path.write_bytes(data)
+
+    rewrite_graphs(archive, lambda _, g: g, keep_plans=True)  # marks only: the plan stays
+    assert Archive.open(tmp_path / "a").entry(0, "decode.bs8").plan == plan
+    rewrite_graphs(Archive.open(tmp_path / "a"), lambda _, g: g)  # any other edit: LOAD builds from the IR
+    assert Archive.open(tmp_path / "a").entry(0, "decode.bs8").plan is None
+
+
+def test_load_uses_plans_only_when_nothing_needs_patching(tmp_path):
+    shutil.copytree(SAVE_A, tmp_path / "a")
+    session = LoadSession(tmp_path / "a", builder="native")
+    record = session.record
+    plan = LaunchPlan(file="plans/g.fgb", sha256="0" * 64, size=0, kernels=())
+    session.record = msgspec.structs.replace(
+        record, graphs=tuple(msgspec.structs.replace(e, plan=plan) for e in record.graphs)
+    )
+    session.live_base = record.region.base
+    assert session._plans_apply()
+    session.live_base = record.region.base + (16 << 30)  # relocated: pointers need patching
+    assert not session._plans_apply()
+    session.live_base = record.region.base
+    session.builder = "python"
+    assert not session._plans_apply()
+    session.builder = "native"
+    session.record = msgspec.structs.replace(session.record, graphs=(*session.record.graphs[:-1],
+                                             msgspec.structs.replace(record.graphs[-1], plan=None)))  # fmt: skip
+    assert not session._plans_apply()  # one graph without a plan: all build from the IR
+
+
+def test_verify_packs_each_graph_again_and_compares_its_plan(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    source = Archive.open(SAVE_A)
+    bs1, bs8 = source.graph(0, "decode.bs1"), source.graph(0, "decode.bs8")
+    for name, plan_of in (("good", bs8), ("stale", bs1)):  # stale: another graph's plan, validly sealed
+        writer = ArchiveWriter(tmp_path / name, environment=source.catalog.environment)
+        rank = writer.rank(0)
+        rank.add_graph(bs8, plan=make_plan(plan_of))
+        rank.seal()
+        writer.commit()
+    run = [sys.executable, "-m", "foundry", "archive", "verify", "--json"]
+    good = subprocess.run([*run, str(tmp_path / "good")], capture_output=True, text=True)
+    assert good.returncode == 0 and json.loads(good.stdout)["ok"], good.stderr
+    stale = subprocess.run([*run, str(tmp_path / "stale")], capture_output=True, text=True)
+    assert stale.returncode == 1
+    report = json.loads(stale.stdout)
+    assert report["fingerprint_mismatches"] == [] and [m["graph"] for m in report["plan_mismatches"]] == ["decode.bs8"]
