@@ -161,16 +161,23 @@ def test_the_recipe_decodes_identically_after_load(tmp_path):
     assert "identical" in proc.stdout and "DIFFERENT" not in proc.stdout
 
 
-def _symm_run(tmp_path, name: str, *foundry_args: str, move_buffer: bool = False) -> tuple[int, dict | None]:
+def _symm_run(tmp_path, name: str, *foundry_args: str, move_buffer: bool = False,
+              recipe_args: tuple[str, ...] = ()) -> tuple[int, dict | None]:  # fmt: skip
+    code, report, _ = _symm_process(tmp_path, name, *foundry_args, move_buffer=move_buffer, recipe_args=recipe_args)
+    return code, report
+
+
+def _symm_process(tmp_path, name: str, *foundry_args: str, move_buffer: bool = False,
+                  recipe_args: tuple[str, ...] = ()) -> tuple[int, dict | None, str]:  # fmt: skip
     out = tmp_path / f"{name}.json"
-    cmd = [sys.executable, str(ROOT / "recipes" / "torch" / "symm_allreduce.py"), "--out", str(out)]
+    cmd = [sys.executable, str(ROOT / "recipes" / "torch" / "symm_allreduce.py"), "--out", str(out), *recipe_args]
     if move_buffer:
         cmd.append("--move-buffer")
     if foundry_args:
         cmd = [sys.executable, "-m", "foundry", "run", *foundry_args, "--", *cmd]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-    return proc.returncode, json.loads(out.read_text()) if out.is_file() else None
+    return proc.returncode, json.loads(out.read_text()) if out.is_file() else None, proc.stderr
 
 
 def test_symmetric_memory_relocates_to_a_moved_buffer_at_a_shifted_base(tmp_path):
@@ -206,3 +213,19 @@ def test_symmetric_memory_relocates_to_a_moved_buffer_at_a_shifted_base(tmp_path
         or wrong["buffer_sha256"] != base["buffer_sha256"]
         or wrong["one_shot_sha256"] != base["one_shot_sha256"]
     )
+
+
+@pytest.mark.parametrize(("recipe_args", "message"), [
+    (("--buffer-rows", "1024"), "smaller than SAVE's"),  # a 512 KiB buffer against SAVE's 8 MiB
+    (("--buffer-rows", "16384", "--buffer-dtype", "float32"), "differs from SAVE's in dtype"),
+])  # fmt: skip
+def test_a_live_symmetric_buffer_that_drifted_is_refused_before_replay(tmp_path, recipe_args, message):
+    archive = tmp_path / "a"
+    code, saved = _symm_run(tmp_path, "save", "--mode", "save", "--archive", str(archive),
+                            recipe_args=("--buffer-rows", "16384"))  # fmt: skip
+    assert code == 0 and saved["session"]["graphs"] == 1
+    # --warmup restore: the drifted program's warm-up never runs, so the refusal is LOAD's, before any replay
+    code, loaded, stderr = _symm_process(tmp_path, "load", "--mode", "load", "--warmup", "restore", "--archive",
+                                         str(archive), recipe_args=recipe_args)  # fmt: skip
+    assert code != 0 and loaded is None
+    assert message in stderr and "torch-symm-mem" in stderr, stderr[-2000:]

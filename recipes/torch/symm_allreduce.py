@@ -9,8 +9,10 @@ World size 1 on one GPU (torch symmetric memory works there; NCCL sets up the
 group). The program attaches its rendezvous handle to the session, so SAVE
 records the torch-symm-mem state and LOAD validates and relocates against the
 live handle. ``--move-buffer`` allocates another symmetric buffer first, so the
-LOAD's buffer lives at another address than SAVE's. The report holds the
-outputs' sha256 and the buffer's address.
+LOAD's buffer lives at another address than SAVE's; ``--buffer-rows`` and
+``--buffer-dtype`` size and type the symmetric buffer (the drift tests LOAD with
+a smaller or differently typed one). The report holds the outputs' sha256 and
+the buffer's address.
 """
 
 from __future__ import annotations
@@ -39,7 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--move-buffer", action="store_true", help="put the symmetric buffer at another address")
+    parser.add_argument("--buffer-rows", type=int, default=16, help="the symmetric buffer holds ROWS x 256 elements")
+    parser.add_argument("--buffer-dtype", choices=["bfloat16", "float32"], default="bfloat16")
     args = parser.parse_args(argv)
+    if args.buffer_rows * 256 < NUMEL:
+        parser.error(f"--buffer-rows must be at least {NUMEL // 256}")
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29531")
@@ -48,15 +54,16 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
     group = dist.group.WORLD.group_name
     spare = symm_mem.empty(NUMEL * 4, dtype=torch.bfloat16, device="cuda") if args.move_buffer else None
-    buf = symm_mem.empty(NUMEL, dtype=torch.bfloat16, device="cuda")
+    dtype = getattr(torch, args.buffer_dtype)
+    buf = symm_mem.empty(args.buffer_rows * 256, dtype=dtype, device="cuda")
     handle = symm_mem.rendezvous(buf, group)
-    session.attach("torch-symm-mem", handle=handle, group=group, dtype="bfloat16")
+    session.attach("torch-symm-mem", handle=handle, group=group, dtype=args.buffer_dtype)
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(16, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
     w = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
 
     def step():
-        buf.copy_((x @ w).flatten())
+        buf[:NUMEL].copy_((x @ w).flatten())
         one_shot = torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group)
         torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", group)
         return one_shot, buf
