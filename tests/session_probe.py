@@ -1,6 +1,6 @@
 """Child program of the SAVE/LOAD session GPU tests (run under `foundry run`, not collected).
 
-    session_probe.py CUBIN [--scale N] [--skip-module] [--extra-alloc] [--take-base]
+    session_probe.py CUBIN [--scale N] [--skip-module] [--extra-alloc] [--take-base] [--capture-again]
 
 A CUDA module built by the test holds ``__device__ int scale``; the program sets it
 before capture, then captures ``y = x * scale`` through a SAVE/LOAD session. Variants
@@ -8,7 +8,9 @@ for LOAD: ``--skip-module`` does not load the module (the archived image is load
 and its global restored), ``--scale`` sets another value (the live copy then differs
 from SAVE's), ``--extra-alloc`` allocates 64 MiB more before the warm-up (the trace
 diverges), ``--take-base`` reserves the region's base address before the session
-starts. Prints one JSON line: the session report, the output and the hook counters;
+starts, ``--capture-again`` captures the step with torch after the session (what an
+engine whose Foundry plugin did not load would do) and reports what happened.
+Prints one JSON line: the session report, the output and the hook counters;
 a Foundry error is printed as ``{"error": ...}`` with exit code 3.
 """
 
@@ -30,6 +32,7 @@ def main() -> int:
     parser.add_argument("--skip-module", action="store_true")
     parser.add_argument("--extra-alloc", action="store_true")
     parser.add_argument("--take-base", action="store_true")
+    parser.add_argument("--capture-again", action="store_true")
     args = parser.parse_args()
 
     import torch
@@ -73,7 +76,16 @@ def main() -> int:
         torch.cuda.synchronize()
         out = graph.outputs
         seen = (out[5] / x[5]).item()
-        print(json.dumps({"report": report, "scale_seen": seen, "same_storage": out.data_ptr() == y.data_ptr()}))
+        result = {"report": report, "scale_seen": seen, "same_storage": out.data_ptr() == y.data_ptr()}
+        if args.capture_again:
+            try:
+                with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                    step()
+                result["captured_again"] = "captured"
+            except RuntimeError as err:
+                result["captured_again"] = str(err).splitlines()[0]
+            result["counters_after"] = session.hook.counters()
+        print(json.dumps(result))
         return 0
     except FoundryError as err:
         print(json.dumps({"error": err.to_dict()}, default=str))

@@ -73,6 +73,13 @@ def test_load_binds_to_the_live_module_and_does_not_capture(saved, cubin):
     assert report["bound_live"] == 1 and report["loaded_images"] == 0
 
 
+def test_a_load_that_captures_again_fails_instead(saved, cubin):
+    result = foundry_run("load", saved, cubin, "--capture-again")
+    assert result["scale_seen"] == 3.0, result
+    assert result["captured_again"] != "captured" and "not permitted" in result["captured_again"].lower(), result
+    assert result["counters_after"]["refused"] >= 1
+
+
 @pytest.mark.parametrize("threads", ["1", "4"])
 def test_the_native_builder_restores_the_same_graph_from_its_plan(saved, cubin, threads):
     result = foundry_run("load", saved, cubin, extra=("--builder", "native", "--build-threads", threads))

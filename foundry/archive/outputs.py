@@ -1,12 +1,16 @@
 """Allowlisted descriptions of a graph's outputs.
 
 An output description is a nested structure of tensor specs, ints, floats,
-bools, ``None``, and tuples/lists/dicts (string keys) of those; nothing else
-is accepted when writing or reading.
+bools, ``None``, tuples/lists/dicts (string keys) of those, and records: the
+dataclasses named in :data:`RECORD_TYPES` (an engine's output object, such as
+SGLang's ``LogitsProcessorOutput``), described field by field. Nothing else is
+accepted when writing or reading; a LOAD imports only the classes listed there.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +20,11 @@ from foundry.errors import ArchiveError
 
 MAX_DEPTH = 32
 MAX_ITEMS = 100_000
+
+# record type name -> "module:qualname" of the dataclass it stands for
+RECORD_TYPES: dict[str, str] = {
+    "sglang.LogitsProcessorOutput": "sglang.srt.layers.logits_processor:LogitsProcessorOutput",
+}
 
 DTYPES = frozenset(
     {
@@ -78,7 +87,14 @@ class DictValue(msgspec.Struct, frozen=True, tag="dict", forbid_unknown_fields=T
     items: dict[str, OutputValue]
 
 
-OutputValue = TensorSpec | IntValue | FloatValue | BoolValue | NoneValue | SeqValue | DictValue
+class RecordValue(msgspec.Struct, frozen=True, tag="record", forbid_unknown_fields=True):
+    """An allowlisted dataclass instance: its record type name and its fields."""
+
+    record: str
+    fields: dict[str, OutputValue]
+
+
+OutputValue = TensorSpec | IntValue | FloatValue | BoolValue | NoneValue | SeqValue | DictValue | RecordValue
 
 
 def check_output(value: OutputValue, *, path: str, field: str = "outputs") -> None:
@@ -101,6 +117,11 @@ def check_output(value: OutputValue, *, path: str, field: str = "outputs") -> No
             stack.extend((v, depth + 1, f"{where}[{i}]") for i, v in enumerate(item.items))
         elif isinstance(item, DictValue):
             stack.extend((v, depth + 1, f"{where}.{k}") for k, v in item.items.items())
+        elif isinstance(item, RecordValue):
+            if item.record not in RECORD_TYPES:
+                raise ArchiveError("unknown record type", path=path, field=f"{where}.record", found=item.record,
+                                   expected=sorted(RECORD_TYPES))  # fmt: skip
+            stack.extend((v, depth + 1, f"{where}.{k}") for k, v in item.fields.items())
 
 
 def describe(value: Any, tensor: Callable[[Any], TensorSpec | None], *, depth: int = 0) -> OutputValue:
@@ -124,6 +145,10 @@ def describe(value: Any, tensor: Callable[[Any], TensorSpec | None], *, depth: i
         return SeqValue(container, tuple(describe(v, tensor, depth=depth + 1) for v in value))
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
         return DictValue({k: describe(v, tensor, depth=depth + 1) for k, v in value.items()})
+    record = _record_type(value)
+    if record is not None:
+        fields = {f.name: describe(getattr(value, f.name), tensor, depth=depth + 1) for f in dataclasses.fields(value)}
+        return RecordValue(record, fields)
     raise ArchiveError(f"outputs of type {type(value).__name__} cannot be described", field="outputs")
 
 
@@ -138,4 +163,25 @@ def rebuild(value: OutputValue, tensor: Callable[[TensorSpec], Any]) -> Any:
     if isinstance(value, SeqValue):
         items = [rebuild(v, tensor) for v in value.items]
         return tuple(items) if value.container == "tuple" else items
+    if isinstance(value, RecordValue):
+        return _record_class(value.record)(**{k: rebuild(v, tensor) for k, v in value.fields.items()})
     return {k: rebuild(v, tensor) for k, v in value.items.items()}
+
+
+def _record_type(value: Any) -> str | None:
+    """The record type name of an allowlisted dataclass instance, else None."""
+    if not dataclasses.is_dataclass(value) or isinstance(value, type):
+        return None
+    path = f"{type(value).__module__}:{type(value).__qualname__}"
+    return next((name for name, known in RECORD_TYPES.items() if known == path), None)
+
+
+def _record_class(name: str) -> type:
+    """The allowlisted class a record type name stands for (imported on first use)."""
+    if name not in RECORD_TYPES:
+        raise ArchiveError("unknown record type", field="outputs", found=name, expected=sorted(RECORD_TYPES))
+    module, qualname = RECORD_TYPES[name].split(":")
+    target: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target

@@ -73,12 +73,29 @@ static CUresult begun(CUresult rc) {
     return rc;
 }
 
+/* A LOAD restores its graphs; a process that captures one again (an engine whose
+ * Foundry plugin did not load, say) would run without anyone noticing, so a
+ * capture in LOAD mode fails unless FOUNDRY_LOAD_CAPTURES=allow says the program
+ * captures graphs of its own on purpose. */
+static int capture_refused(void) {
+    if (fh_region_mode() != FOUNDRY_MODE_LOAD) return 0;
+    const char *allow = getenv("FOUNDRY_LOAD_CAPTURES");
+    if (allow && strcmp(allow, "allow") == 0) return 0;
+    fh_count("stream_captures");
+    fh_count("refused");
+    fh_event("error: a stream capture in LOAD mode (the graphs come from the archive); refused "
+             "(FOUNDRY_LOAD_CAPTURES=allow permits captures of the program's own)");
+    return 1;
+}
+
 static CUresult hook_begin_capture(CUstream stream, CUstreamCaptureMode mode) {
+    if (capture_refused()) return CUDA_ERROR_NOT_PERMITTED;
     return begun(((CUresult(*)(CUstream, CUstreamCaptureMode))fh_real("cuStreamBeginCapture_v2"))(stream, mode));
 }
 
 /* CUDA 10.0's signature, still exported and still handed out for old version requests. */
 static CUresult hook_begin_capture_v1(CUstream stream) {
+    if (capture_refused()) return CUDA_ERROR_NOT_PERMITTED;
     return begun(((CUresult(*)(CUstream))fh_real("cuStreamBeginCapture"))(stream));
 }
 

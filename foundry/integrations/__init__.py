@@ -1,0 +1,1 @@
+"""Serving-engine integrations: plugins that put an engine's graphs through Foundry."""

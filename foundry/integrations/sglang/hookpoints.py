@@ -1,0 +1,62 @@
+"""Where the SGLang plugin patches SGLang, and the versions that table was checked against.
+
+Every entry names a function or method by its dotted path and the parameters it
+had in the checked versions. ``tests/test_sglang_contract.py`` parses those
+versions' sources (the published wheel, read with ``ast``: importing it needs
+the GPU build of torch) and fails when a hook point is gone or its parameters
+changed. The plugin refuses any other SGLang version before patching anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from foundry.errors import FoundryError
+
+CHECKED_VERSIONS = ("0.5.17",)
+
+_BACKEND = "sglang.srt.model_executor.runner_backend"
+
+
+@dataclass(frozen=True)
+class HookPoint:
+    target: str  # module path, then class and function: a.b.c.Class.method or a.b.c.function
+    module: str  # the module that defines it
+    parameters: tuple[str, ...]  # positional parameter names in the checked versions
+    why: str
+
+
+HOOK_POINTS = (
+    HookPoint("sglang.srt.managers.scheduler.Scheduler.__init__", "sglang.srt.managers.scheduler",
+              ("self", "server_args", "port_args", "gpu_id", "tp_rank", "moe_ep_rank", "pp_rank", "attn_cp_rank",
+               "moe_dp_rank", "dp_rank"),
+              "start the session in each scheduler process before its first CUDA allocation"),
+    HookPoint("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes",
+              "sglang.srt.mem_cache.kv_cache_configurator", ("self", "pre_model_load_memory"),
+              "SAVE records the KV budget it profiled; LOAD uses that budget instead of profiling again"),
+    HookPoint(f"{_BACKEND}.full_cuda_graph_backend.FullCudaGraphBackend.__init__",
+              f"{_BACKEND}.full_cuda_graph_backend", ("self", "cuda_graph_runner"),
+              "note which runner (decode, prefill, ...) a backend captures for"),
+    HookPoint(f"{_BACKEND}.full_cuda_graph_backend.FullCudaGraphBackend.capture_one",
+              f"{_BACKEND}.full_cuda_graph_backend",
+              ("self", "shape_key", "forward_fn", "capture_inputs", "post_warmup_hook"),
+              "SAVE captures through the session; LOAD installs the restored graph instead"),
+    HookPoint(f"{_BACKEND}.breakable_cuda_graph_backend.BreakableCudaGraphBackend.capture_one",
+              f"{_BACKEND}.breakable_cuda_graph_backend",
+              ("self", "shape_key", "forward_fn", "capture_inputs", "post_warmup_hook"),
+              "breakable graphs are not persisted: passed through, and the log says so"),
+    HookPoint("sglang.srt.model_executor.model_runner.ModelRunner.init_cuda_graphs",
+              "sglang.srt.model_executor.model_runner", ("self", "capture_decode_cuda_graph"),
+              "after every graph: SAVE writes the archive, LOAD checks every archived graph was restored"),
+)  # fmt: skip
+
+
+def check_version(version: str) -> None:
+    """Refuse an SGLang version the hook points were not checked against."""
+    if version not in CHECKED_VERSIONS:
+        raise FoundryError(
+            "this SGLang version was not checked against Foundry's hook points; nothing was patched",
+            field="sglang.version",
+            expected=list(CHECKED_VERSIONS),
+            found=version,
+        )

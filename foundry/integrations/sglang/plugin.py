@@ -1,0 +1,263 @@
+"""The plugin SGLang loads: hooks that SAVE or LOAD a scheduler's CUDA graphs.
+
+SGLang calls :func:`register` once in its main process and once in every
+scheduler process it spawns. SGLang logs and swallows a plugin's exceptions, so
+a plugin that cannot run stops the process itself (``SystemExit`` with the
+reason); inside the hooks a Foundry error propagates and the scheduler fails
+to start. In a scheduler:
+
+1. ``Scheduler.__init__`` (before): open the SAVE or LOAD session and reserve the
+   deterministic region before the first CUDA allocation; LOAD compares the
+   server arguments that shape memory with SAVE's, by name; report the rank active.
+2. ``KVCacheConfigurator._profile_available_bytes``: SAVE records the KV budget it
+   profiled; LOAD takes that budget (refusing when less memory is free), so the
+   KV pool and every later allocation land where they did at SAVE.
+3. ``FullCudaGraphBackend.capture_one``: SGLang's two warm-up forwards run as
+   always; then SAVE captures through the session, LOAD installs the restored
+   graph and its outputs where SGLang keeps them. Breakable graphs are passed
+   through untouched, and the log says so.
+4. ``ModelRunner.init_cuda_graphs`` (after): SAVE writes the archive; LOAD checks
+   that every archived graph was restored and nothing was captured.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from foundry.errors import DriftError, FoundryError
+from foundry.integrations.sglang.config import PluginConfig, load_config
+from foundry.integrations.sglang.hookpoints import check_version
+from foundry.integrations.sglang.server_args import check_server_args, model_config_digest, server_fingerprint
+
+RUNNERS = {"DecodeCudaGraphRunner": "decode", "PrefillCudaGraphRunner": "prefill"}
+KV_BUDGET = "sglang.kv_budget_bytes"
+MODEL_CONFIG = "sglang.model_config_sha256"
+
+
+@dataclass
+class SchedulerState:
+    """What the plugin holds in one scheduler process."""
+
+    config: PluginConfig
+    session: Any
+    rank: int
+    graphs: list[str] = field(default_factory=list)
+    passed_through: set[str] = field(default_factory=set)
+    model_checked: bool = False
+
+
+_state: SchedulerState | None = None
+
+
+def register() -> None:
+    """SGLang's entry point (group ``sglang.srt.plugins``)."""
+    try:
+        config = load_config()
+        if config.mode == "off":
+            return
+        check_version(installed_version())
+        if not config.from_launcher:
+            _prepare_children(config)
+        _install()
+    except FoundryError as err:
+        raise SystemExit(f"foundry: the SGLang plugin cannot run: {err}") from None
+
+
+def installed_version() -> str:
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        raise FoundryError("SGLang is not installed in this environment", field="sglang.version") from None
+
+
+def _say(message: str) -> None:
+    # SGLang loads plugins before it configures logging in a scheduler: plain stderr
+    print(f"foundry: {message}", file=sys.stderr, flush=True)
+
+
+def _prepare_children(config: PluginConfig) -> None:
+    """Without `foundry run`: preload the hook into the schedulers SGLang spawns and
+    describe the session to them (spawned processes inherit this environment)."""
+    from pathlib import Path
+
+    from foundry.runtime import launcher
+
+    run = launcher.RunConfig(config.mode, Path(config.archive or ""), config.region_base, config.region_size)
+    env = launcher.environment(run)
+    os.environ.update({k: v for k, v in env.items() if k == "LD_PRELOAD" or k.startswith("FOUNDRY_")})
+    if config.mode == "save":
+        os.environ["PYTHONHASHSEED"] = "0"
+        launcher.preexec(run)()  # no address-space randomisation, inherited by every child
+
+
+def _install() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    backends = "sglang.srt.model_executor.runner_backend"
+    HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.__init__", _on_scheduler_start, HookType.BEFORE)
+    HookRegistry.register("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes",
+                          _kv_budget, HookType.AROUND)  # fmt: skip
+    HookRegistry.register(f"{backends}.full_cuda_graph_backend.FullCudaGraphBackend.__init__", _note_runner,
+                          HookType.AFTER)  # fmt: skip
+    HookRegistry.register(f"{backends}.full_cuda_graph_backend.FullCudaGraphBackend.capture_one", _capture_one,
+                          HookType.AROUND)  # fmt: skip
+    HookRegistry.register(f"{backends}.breakable_cuda_graph_backend.BreakableCudaGraphBackend.capture_one",
+                          _pass_through, HookType.BEFORE)  # fmt: skip
+    HookRegistry.register("sglang.srt.model_executor.model_runner.ModelRunner.init_cuda_graphs", _on_graphs_done,
+                          HookType.AFTER)  # fmt: skip
+
+
+def _argument(args: tuple, kwargs: dict, index: int, name: str) -> Any:
+    return kwargs[name] if name in kwargs else args[index] if len(args) > index else None
+
+
+# -- hooks ---------------------------------------------------------------------------
+
+
+def _on_scheduler_start(*args: Any, **kwargs: Any) -> None:
+    global _state
+    from foundry.runtime.load import LoadSession
+    from foundry.runtime.save import SaveSession
+
+    config = load_config()
+    if config.mode == "off":
+        return
+    server_args = _argument(args, kwargs, 1, "server_args")
+    rank = _argument(args, kwargs, 4, "tp_rank") or 0
+    live = server_fingerprint(server_args, installed_version())
+    if int(live["sglang.tp_size"]) * int(live["sglang.pp_size"]) * int(live["sglang.dp_size"]) != 1:
+        raise FoundryError("the SGLang plugin persists single-GPU servers only (tp, pp and dp size 1)",
+                           field="sglang.tp_size", found=live["sglang.tp_size"])  # fmt: skip
+    if getattr(server_args, "enable_memory_saver", False):
+        raise FoundryError("the memory saver moves graph memory; it cannot be used with Foundry",
+                           field="sglang.enable_memory_saver")  # fmt: skip
+    if config.mode == "save":
+        session: Any = SaveSession(config.archive, rank=rank, model=live, keep_warmup_bytes=False,
+                                   overwrite=os.environ.get("FOUNDRY_OVERWRITE") == "1")  # fmt: skip
+    else:
+        session = LoadSession(config.archive, rank=rank, relocate=os.environ.get("FOUNDRY_RELOCATE") == "1",
+                              builder=os.environ.get("FOUNDRY_BUILDER", "python"))  # fmt: skip
+        check_server_args(session.archive.catalog.model, live)
+    session.start()
+    _state = SchedulerState(config, session, rank)
+    _say(f"scheduler (tp rank {rank}) active: mode {config.mode}, archive {config.archive}")
+
+
+def _kv_budget(original: Any, configurator: Any, *args: Any, **kwargs: Any) -> int:
+    profiled = original(configurator, *args, **kwargs)
+    if _state is None:
+        return profiled
+    if _state.config.mode == "save":
+        _state.session.model[KV_BUDGET] = str(profiled)
+        return profiled
+    recorded = _state.session.archive.catalog.model.get(KV_BUDGET)
+    if recorded is None:
+        raise DriftError("the archive records no KV budget (not saved by the SGLang plugin)", field=KV_BUDGET)
+    if profiled < int(recorded):
+        raise DriftError("less GPU memory is free for the KV cache than at SAVE", field=KV_BUDGET,
+                         expected=int(recorded), found=profiled)  # fmt: skip
+    return int(recorded)
+
+
+def _note_runner(result: Any, backend: Any, cuda_graph_runner: Any = None, *args: Any, **kwargs: Any) -> None:
+    name = type(cuda_graph_runner).__name__
+    backend._foundry_runner = RUNNERS.get(name, name.removesuffix("CudaGraphRunner").lower() or "graph")
+    backend._foundry_model_runner = getattr(cuda_graph_runner, "model_runner", None)
+
+
+def graph_name(runner: str, shape_key: Any) -> str:
+    """The archive name of one captured shape: ``decode.bs8``, ``prefill.t512``, ..."""
+    size = getattr(shape_key, "size", shape_key)
+    name = f"{runner}.{'t' if runner == 'prefill' else 'bs'}{size}"
+    stream = getattr(shape_key, "stream_idx", None)
+    variant = getattr(shape_key, "variant_label", None)
+    if stream is not None:
+        name += f".s{stream}"
+    if variant:
+        name += "." + "".join(c if c.isalnum() or c in "._-" else "_" for c in str(variant))
+    return name
+
+
+def _capture_one(original: Any, backend: Any, shape_key: Any, forward_fn: Any, capture_inputs: Any = None,
+                 post_warmup_hook: Any = None) -> None:  # fmt: skip
+    if _state is None:
+        return original(backend, shape_key, forward_fn, capture_inputs, post_warmup_hook)
+    saver = getattr(backend, "_memory_saver_adapter", None)
+    if saver is not None and getattr(saver, "enabled", False):
+        raise FoundryError("graphs captured under the memory saver cannot be persisted", field="sglang.memory_saver")
+    runner = getattr(backend, "_foundry_runner", "graph")
+    if not _state.model_checked:
+        _check_model(backend)
+    for _ in range(2):  # SGLang's own warm-ups, so that SAVE and LOAD allocate alike
+        backend._device_module.synchronize()
+        backend._tp_group.barrier()
+        forward_fn()
+        if post_warmup_hook is not None:
+            post_warmup_hook()
+    name = graph_name(runner, shape_key)
+    graph = _state.session.graph(name, forward_fn, shape_key=getattr(shape_key, "size", None), runner=runner)
+    backend._graphs[shape_key] = graph
+    backend._outputs[shape_key] = graph.outputs
+    _state.graphs.append(name)
+
+
+def _check_model(backend: Any) -> None:
+    assert _state is not None
+    model_runner = getattr(backend, "_foundry_model_runner", None)
+    digest = model_config_digest(model_runner)
+    if _state.config.mode == "save":
+        _state.session.model[MODEL_CONFIG] = digest
+    else:
+        check_server_args(_state.session.archive.catalog.model, {MODEL_CONFIG: digest})
+    _state.model_checked = True
+
+
+def _pass_through(*args: Any, **kwargs: Any) -> None:
+    if _state is None:
+        return
+    backend = args[0] if args else None
+    runner = getattr(backend, "_foundry_runner", "prefill")
+    if runner not in _state.passed_through:
+        _state.passed_through.add(runner)
+        _say(f"breakable {runner} graphs are not persisted; SGLang captures them as usual")
+
+
+def _on_graphs_done(result: Any, *args: Any, **kwargs: Any) -> None:
+    if _state is None:
+        return result
+    if _state.passed_through and _state.config.mode == "load":
+        raise FoundryError(
+            "a LOAD cannot capture breakable graphs: persist with those graphs off "
+            "(cuda_graph_backend_prefill=disabled or full)",
+            field="sglang.cuda_graph_backend_prefill",
+        )
+    report = _state.session.finish()
+    if _state.config.mode == "load":
+        _check_restored(report)
+    report["sglang_graphs"] = list(_state.graphs)
+    counters = report.get("counters", {})
+    _say(f"scheduler (tp rank {_state.rank}) {_state.config.mode}: {len(_state.graphs)} graphs "
+         f"{'saved' if _state.config.mode == 'save' else 'restored'}, "
+         f"{counters.get('stream_captures', 0)} stream captures")  # fmt: skip
+    out = os.environ.get("FOUNDRY_SGLANG_REPORT")
+    if out:
+        with open(out, "w") as handle:
+            json.dump(report, handle, indent=1, default=str)
+    return result
+
+
+def _check_restored(report: dict[str, Any]) -> None:
+    assert _state is not None
+    archived = [entry.name for entry in _state.session.record.graphs]
+    missing = sorted(set(archived) - set(_state.graphs))
+    if missing:
+        raise DriftError("the server did not ask for every archived graph (another batch-size list?)",
+                         field="sglang.graphs", expected=archived[:8], found=missing[:8])  # fmt: skip
+    captures = report.get("counters", {}).get("stream_captures", 0)
+    if captures:
+        raise DriftError("the LOAD captured graphs", field="stream_captures", found=captures)

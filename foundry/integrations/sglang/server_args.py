@@ -1,0 +1,51 @@
+"""What of an SGLang server must match between SAVE and LOAD.
+
+A restored graph reads memory at the addresses SAVE's server allocated, with
+kernels its configuration chose: the model, the arguments that size memory
+(KV pool, request slots, graph batch sizes) and the ones that choose kernels
+(attention and sampling backends, dtypes). SAVE records them in the archive's
+catalog (``model``), each as ``sglang.<argument>``; LOAD refuses the first that
+differs, by name, before anything is restored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from foundry.errors import DriftError
+
+SERVER_ARGS = (
+    "model_path", "revision", "load_format", "dtype", "quantization", "kv_cache_dtype", "context_length",
+    "page_size", "mem_fraction_static", "max_total_tokens", "max_running_requests", "chunked_prefill_size",
+    "max_prefill_tokens", "attention_backend", "decode_attention_backend", "prefill_attention_backend",
+    "sampling_backend", "tp_size", "pp_size", "dp_size", "ep_size", "random_seed", "disable_radix_cache",
+    "disable_cuda_graph", "cuda_graph_backend_decode", "cuda_graph_backend_prefill", "cuda_graph_max_bs_decode",
+    "cuda_graph_bs_decode", "cuda_graph_max_bs_prefill", "cuda_graph_bs_prefill", "triton_attention_num_kv_splits",
+    "enable_memory_saver", "skip_tokenizer_init",
+)  # fmt: skip
+
+
+def server_fingerprint(server_args: Any, version: str) -> dict[str, str]:
+    """``sglang.<argument>`` -> its value as JSON text, for every argument in
+    :data:`SERVER_ARGS` (absent ones as ``null``), plus the SGLang version."""
+    record = {f"sglang.{name}": json.dumps(getattr(server_args, name, None), default=str) for name in SERVER_ARGS}
+    record["sglang.version"] = version
+    return record
+
+
+def model_config_digest(model_runner: Any) -> str:
+    """sha256 of the model's configuration as the server loaded it."""
+    config = getattr(getattr(model_runner, "model_config", None), "hf_config", None)
+    text = config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def check_server_args(recorded: dict[str, str], live: dict[str, str]) -> None:
+    """Refuse the first of ``live``'s entries that differs from SAVE's record, by name."""
+    for key, value in live.items():
+        saved = recorded.get(key)
+        if saved != value:
+            raise DriftError(f"the live server differs from SAVE's in {key}", field=key,
+                             expected=saved if saved is not None else "(not recorded)", found=value)  # fmt: skip

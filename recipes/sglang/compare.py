@@ -1,0 +1,50 @@
+"""Compare recorded SGLang runs: identical output ids and logprobs, prompts told apart.
+
+    python recipes/sglang/compare.py REFERENCE.json OTHER.json [...]
+
+Exit 0 when every run equals the reference (and the reference's 16 outputs are
+pairwise different, so the comparison can tell prompts apart), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def differences(reference: dict, other: dict) -> list[str]:
+    found = []
+    if len(reference["outputs"]) != len(other["outputs"]):
+        return [f"{len(other['outputs'])} outputs, not {len(reference['outputs'])}"]
+    for i, (a, b) in enumerate(zip(reference["outputs"], other["outputs"], strict=True)):
+        if a["output_ids"] != b["output_ids"]:
+            pairs = enumerate(zip(a["output_ids"], b["output_ids"], strict=False))
+            step = next((k for k, (x, y) in pairs if x != y), min(len(a["output_ids"]), len(b["output_ids"])))
+            found.append(f"prompt {i}: output ids differ from step {step}")
+        elif a["logprobs"] != b["logprobs"]:
+            found.append(f"prompt {i}: logprobs differ")
+    return found
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        return 2
+    runs = [json.loads(Path(p).read_text()) for p in argv]
+    reference = runs[0]
+    ids = [tuple(o["output_ids"]) for o in reference["outputs"]]
+    distinct = len(set(ids)) == len(ids)
+    print(f"{len(ids)} prompts x {len(ids[0]) if ids else 0} tokens; pairwise different: {distinct}")
+    ok = distinct
+    for path, run in zip(argv[1:], runs[1:], strict=True):
+        found = differences(reference, run)
+        ok &= not found
+        print(f"{'identical' if not found else 'DIFFERENT'}  {path}")
+        for line in found[:8]:
+            print(f"  - {line}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

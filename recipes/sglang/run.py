@@ -1,0 +1,134 @@
+"""Serve a tiny Qwen3 (dummy weights) with real SGLang and record greedy outputs.
+
+    python recipes/sglang/run.py --out base.json                                # baseline
+    foundry run --mode save --archive A -- python recipes/sglang/run.py --out save.json
+    foundry run --mode load --archive A -- python recipes/sglang/run.py --out load.json
+    python recipes/sglang/compare.py base.json save.json load.json
+
+16 prompts given as input ids (lengths 1-64) in batches of 1, 2, 4, 8 and 1, 32
+greedy tokens each with their logprobs, through ``sglang.Engine`` (``--entry
+engine``) or an HTTP server (``--entry http``, ``python -m sglang.launch_server``).
+The graph configuration Foundry persists: decode graphs ``full`` for batch sizes
+1, 2, 4, 8; prefill graphs off (breakable ones cannot be persisted). The Foundry
+plugin's report (``FOUNDRY_SGLANG_REPORT``) is included when a session ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 256, "intermediate_size": 512,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 1024,
+    "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False, "bos_token_id": 1, "eos_token_id": 2,
+}  # fmt: skip
+SERVER = {"load_format": "dummy", "skip_tokenizer_init": True, "attention_backend": "triton",
+          "sampling_backend": "pytorch", "cuda_graph_bs_decode": [1, 2, 4, 8], "cuda_graph_backend_decode": "full",
+          "cuda_graph_backend_prefill": "disabled", "mem_fraction_static": 0.2, "max_total_tokens": 16384,
+          "max_running_requests": 8, "context_length": 2048, "disable_radix_cache": True, "random_seed": 0}  # fmt: skip
+BATCHES = (1, 2, 4, 8, 1)
+NEW_TOKENS = 32
+
+
+def prompts() -> list[list[int]]:
+    """16 prompts of lengths 1-64, distinct token ids (no EOS, id 2)."""
+    lengths = [1, 64, 3, 17, 5, 33, 8, 2, 40, 12, 64, 7, 25, 4, 50, 9]
+    return [[3 + (7 * i + 13 * j) % 1000 for j in range(n)] for i, n in enumerate(lengths)]
+
+
+def sampling() -> dict:
+    return {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
+
+
+def run_engine(model: Path) -> list[dict]:
+    import sglang as sgl
+
+    engine = sgl.Engine(model_path=str(model), **SERVER)
+    try:
+        return _batches(lambda ids: engine.generate(input_ids=ids, sampling_params=sampling(), return_logprob=True))
+    finally:
+        engine.shutdown()
+
+
+def run_http(model: Path, port: int) -> list[dict]:
+    args = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--port", str(port)]
+    for key, value in SERVER.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif isinstance(value, list):
+            args += [flag, *map(str, value)]
+        else:
+            args += [flag, str(value)]
+    server = subprocess.Popen(args)
+    try:
+        _wait(port, server)
+
+        def post(ids: list[list[int]]) -> list[dict]:
+            body = json.dumps({"input_ids": ids, "sampling_params": sampling(), "return_logprob": True}).encode()
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/generate", body,
+                                             {"Content-Type": "application/json"})  # fmt: skip
+            with urllib.request.urlopen(request, timeout=300) as response:
+                return json.loads(response.read())
+
+        return _batches(post)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def _wait(port: int, server: subprocess.Popen, timeout: float = 600) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"the server exited with {server.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                return
+        except OSError:
+            time.sleep(2)
+    raise SystemExit("the server did not become ready")
+
+
+def _batches(generate) -> list[dict]:
+    outputs, todo = [], prompts()
+    for size in BATCHES:
+        batch, todo = todo[:size], todo[size:]
+        for out in generate(batch):
+            meta = out["meta_info"]
+            outputs.append({"output_ids": out["output_ids"],
+                            "logprobs": [lp[0] for lp in meta.get("output_token_logprobs", [])]})  # fmt: skip
+    return outputs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--entry", choices=["engine", "http"], default="engine")
+    parser.add_argument("--port", type=int, default=30917)
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="foundry-sglang-"))
+    model = work / "tiny-qwen3"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(CONFIG))
+    os.environ.setdefault("FOUNDRY_SGLANG_REPORT", str(work / "foundry-report.json"))
+    started = time.time()
+    outputs = run_engine(model) if args.entry == "engine" else run_http(model, args.port)
+    report_path = Path(os.environ["FOUNDRY_SGLANG_REPORT"])
+    record = {"entry": args.entry, "outputs": outputs, "wall_s": time.time() - started,
+              "foundry": json.loads(report_path.read_text()) if report_path.is_file() else None}  # fmt: skip
+    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":  # SGLang spawns processes: the guard is required
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Contract tests against the real SGLang wheel (``sglang==0.5.17``): its sources are
+parsed with ``ast`` (importing SGLang needs the GPU build of torch), and every hook
+point the plugin patches must exist there with the parameters the table expects.
+
+The wheel is downloaded from PyPI once into ``$XDG_CACHE_HOME/foundry-tests`` (or
+taken from ``FOUNDRY_SGLANG_WHEEL``); without it these tests fail rather than skip."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import zipfile
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+from foundry.archive.outputs import RECORD_TYPES
+from foundry.integrations.sglang.hookpoints import CHECKED_VERSIONS, HOOK_POINTS
+from foundry.integrations.sglang.server_args import SERVER_ARGS
+
+
+def _download(version: str) -> Path:
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "foundry-tests"
+    cache.mkdir(parents=True, exist_ok=True)
+    found = sorted(cache.glob(f"sglang-{version}-*.whl"))
+    if found:
+        return found[0]
+    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+                           "--python-version", "3.11", "--platform", "manylinux_2_34_x86_64", "-d", str(cache),
+                           f"sglang=={version}"], capture_output=True, text=True)  # fmt: skip
+    found = sorted(cache.glob(f"sglang-{version}-*.whl"))
+    if not found:
+        pytest.fail(f"could not fetch the sglang {version} wheel (set FOUNDRY_SGLANG_WHEEL): {proc.stderr[-500:]}")
+    return found[0]
+
+
+@pytest.fixture(scope="module", params=CHECKED_VERSIONS)
+def wheel(request) -> zipfile.ZipFile:
+    given = os.environ.get("FOUNDRY_SGLANG_WHEEL")
+    path = Path(given) if given else _download(request.param)
+    with zipfile.ZipFile(path) as archive:
+        yield archive
+
+
+def _module(wheel: zipfile.ZipFile, dotted: str) -> ast.Module:
+    return ast.parse(wheel.read(dotted.replace(".", "/") + ".py"))
+
+
+def _find(tree: ast.Module, names: list[str]) -> ast.AST | None:
+    scope: ast.AST = tree
+    for name in names:
+        scope = next((n for n in ast.iter_child_nodes(scope)
+                      if isinstance(n, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and n.name == name),
+                     None)  # fmt: skip
+        if scope is None:
+            return None
+    return scope
+
+
+def test_the_wheel_is_the_checked_version(wheel):
+    source = wheel.read("sglang/_version.py").decode()
+    assert any(f"'{v}'" in source or f'"{v}"' in source for v in CHECKED_VERSIONS), source
+
+
+@pytest.mark.parametrize(
+    "point", HOOK_POINTS, ids=lambda p: p.target.rsplit(".", 2)[-2] + "." + p.target.rsplit(".", 1)[-1]
+)
+def test_every_hook_point_exists_with_its_parameters(wheel, point):
+    tree = _module(wheel, point.module)
+    found = _find(tree, point.target.removeprefix(point.module + ".").split("."))
+    assert isinstance(found, ast.FunctionDef), f"{point.target} is not in sglang's sources"
+    args = found.args
+    assert tuple(a.arg for a in (*args.posonlyargs, *args.args)) == point.parameters
+
+
+def test_plugins_load_from_the_group_foundry_registers_in(wheel):
+    source = wheel.read("sglang/srt/plugins/__init__.py").decode()
+    assert 'GENERAL_PLUGINS_GROUP = "sglang.srt.plugins"' in source
+    assert [ep.value for ep in entry_points(group="sglang.srt.plugins") if ep.name == "foundry"] == [
+        "foundry.integrations.sglang.plugin:register"
+    ]
+    registry = _module(wheel, "sglang.srt.plugins.hook_registry")
+    hook_type = _find(registry, ["HookType"])
+    members = {t.id for n in ast.walk(hook_type) if isinstance(n, ast.Assign) for t in n.targets}
+    assert {"BEFORE", "AFTER", "AROUND"} <= members
+    register = _find(registry, ["HookRegistry", "register"])
+    assert [a.arg for a in register.args.args][:4] == ["cls", "target", "hook", "hook_type"]
+
+
+def test_server_arguments_the_plugin_compares_are_server_args_fields(wheel):
+    server_args = _find(_module(wheel, "sglang.srt.server_args"), ["ServerArgs"])
+    fields = {n.target.id for n in ast.iter_child_nodes(server_args) if isinstance(n, ast.AnnAssign)}
+    assert set(SERVER_ARGS) <= fields, sorted(set(SERVER_ARGS) - fields)
+
+
+def test_allowlisted_output_records_are_dataclasses_there(wheel):
+    for name, path in RECORD_TYPES.items():
+        if not name.startswith("sglang."):
+            continue
+        module, qualname = path.split(":")
+        found = _find(_module(wheel, module), qualname.split("."))
+        assert isinstance(found, ast.ClassDef), path
+        decorators = {d.id if isinstance(d, ast.Name) else getattr(d, "attr", "") for d in found.decorator_list}
+        assert "dataclass" in decorators, path
+
+
+def test_the_full_backend_keeps_graphs_and_outputs_where_the_plugin_puts_them(wheel):
+    backend = _find(_module(wheel, "sglang.srt.model_executor.runner_backend.full_cuda_graph_backend"),
+                    ["FullCudaGraphBackend", "__init__"])  # fmt: skip
+    targets = [t for n in ast.walk(backend) if isinstance(n, ast.Assign) for t in n.targets]
+    targets += [n.target for n in ast.walk(backend) if isinstance(n, ast.AnnAssign)]
+    assigned = {t.attr for t in targets if isinstance(t, ast.Attribute)}
+    assert {"_graphs", "_outputs", "_device_module", "_tp_group", "_memory_saver_adapter"} <= assigned

@@ -1,0 +1,117 @@
+"""The SGLang plugin's own logic on the CPU: configuration, version and drift
+refusals, graph names, and failing closed when it cannot run. (The hooks
+themselves run inside SGLang's scheduler, on the GPU.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from foundry.errors import DriftError, FoundryError
+from foundry.integrations.sglang.config import PluginConfig, load_config
+from foundry.integrations.sglang.hookpoints import CHECKED_VERSIONS, check_version
+from foundry.integrations.sglang.plugin import graph_name
+from foundry.integrations.sglang.server_args import SERVER_ARGS, check_server_args, server_fingerprint
+
+
+def test_no_configuration_means_off():
+    assert load_config({}) == PluginConfig()
+
+
+def test_the_launcher_environment_configures_the_plugin():
+    config = load_config({"FOUNDRY_MODE": "load", "FOUNDRY_ARCHIVE": "/srv/a", "FOUNDRY_REGION_BASE": "0x600000000000",
+                          "FOUNDRY_REGION_SIZE": str(64 << 30)})  # fmt: skip
+    assert config == PluginConfig("load", "/srv/a", 0x600000000000, 64 << 30, from_launcher=True)
+    with pytest.raises(FoundryError, match="unknown mode"):
+        load_config({"FOUNDRY_MODE": "restore", "FOUNDRY_ARCHIVE": "/srv/a"})
+    with pytest.raises(FoundryError, match="not a number") as err:
+        load_config({"FOUNDRY_MODE": "load", "FOUNDRY_ARCHIVE": "/a", "FOUNDRY_REGION_BASE": "high"})
+    assert err.value.field == "FOUNDRY_REGION_BASE"
+
+
+def test_a_toml_file_configures_the_plugin_and_bad_ones_are_refused(tmp_path):
+    good = tmp_path / "foundry.toml"
+    good.write_text('mode = "save"\narchive = "/srv/a"\nregion_base = 0x600000000000\n')
+    assert load_config({"FOUNDRY_SGLANG_CONFIG": str(good)}) == PluginConfig("save", "/srv/a", 0x600000000000)
+    cases = {
+        "not TOML": ("mode = save", "not TOML"),
+        "unknown key": ('mode = "save"\narchive = "/a"\nbase = 1\n', "invalid plugin configuration"),
+        "no archive": ('mode = "load"\n', "needs an archive"),
+        "small region": ('mode = "load"\narchive = "/a"\nregion_size = 4096\n', "at least 1 GiB"),
+        "launcher flag": ('mode = "load"\narchive = "/a"\nfrom_launcher = true\n', "unknown setting"),
+    }
+    for name, (text, message) in cases.items():
+        path = tmp_path / f"{name.replace(' ', '-')}.toml"
+        path.write_text(text)
+        with pytest.raises(FoundryError, match=message):
+            load_config({"FOUNDRY_SGLANG_CONFIG": str(path)})
+    with pytest.raises(FoundryError, match="cannot read"):
+        load_config({"FOUNDRY_SGLANG_CONFIG": str(tmp_path / "missing.toml")})
+
+
+def test_only_checked_sglang_versions_are_accepted():
+    check_version(CHECKED_VERSIONS[0])
+    with pytest.raises(FoundryError, match="not checked against") as err:
+        check_version("0.5.18")
+    assert err.value.field == "sglang.version" and err.value.found == "0.5.18"
+
+
+def test_a_plugin_that_cannot_run_stops_the_process_with_the_reason(tmp_path):
+    # SGLang swallows a plugin's exceptions; SystemExit is not one of them. Here SGLang
+    # itself is absent, which the plugin must refuse the same way as an unknown version.
+    code = "from foundry.integrations.sglang.plugin import register; register(); print('went on')"
+    env = {"FOUNDRY_MODE": "load", "FOUNDRY_ARCHIVE": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 1 and "went on" not in proc.stdout
+    assert "foundry: the SGLang plugin cannot run" in proc.stderr and "sglang.version" in proc.stderr
+    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert off.returncode == 0 and "went on" in off.stdout  # off: nothing checked, nothing patched
+
+
+def test_graph_names_follow_runner_and_shape():
+    shape = types.SimpleNamespace(size=8, stream_idx=None, variant_label=None)
+    assert graph_name("decode", shape) == "decode.bs8"
+    assert (
+        graph_name("prefill", types.SimpleNamespace(size=512, stream_idx=1, variant_label="tp/2"))
+        == "prefill.t512.s1.tp_2"
+    )
+
+
+def test_server_arguments_that_shape_memory_are_compared_by_name():
+    args = types.SimpleNamespace(model_path="/m", mem_fraction_static=0.2, cuda_graph_max_bs_decode=8,
+                                 attention_backend="triton", tp_size=1)  # fmt: skip
+    saved = server_fingerprint(args, "0.5.17")
+    assert set(saved) == {f"sglang.{n}" for n in SERVER_ARGS} | {"sglang.version"}
+    check_server_args(saved, server_fingerprint(args, "0.5.17"))
+    for name, value in (("mem_fraction_static", 0.3), ("cuda_graph_max_bs_decode", 16), ("attention_backend", "fa3")):
+        live = server_fingerprint(types.SimpleNamespace(**{**vars(args), name: value}), "0.5.17")
+        with pytest.raises(DriftError, match=f"differs from SAVE's in sglang.{name}") as err:
+            check_server_args(saved, live)
+        assert err.value.field == f"sglang.{name}"
+    with pytest.raises(DriftError, match=r"sglang\.model_config_sha256"):
+        check_server_args(saved, {"sglang.model_config_sha256": "ab" * 32})
+
+
+def test_the_recipe_comparison_tells_runs_and_prompts_apart(tmp_path):
+    import json
+
+    def record(name, outputs):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"outputs": [{"output_ids": ids, "logprobs": lps} for ids, lps in outputs]}))
+        return str(path)
+
+    base = record("base", [([5, 6, 7], [-0.5, -0.25, -1.0]), ([8, 9, 9], [-0.125, -2.0, -3.0])])
+    same = record("same", [([5, 6, 7], [-0.5, -0.25, -1.0]), ([8, 9, 9], [-0.125, -2.0, -3.0])])
+    token = record("token", [([5, 6, 7], [-0.5, -0.25, -1.0]), ([8, 4, 9], [-0.125, -2.0, -3.0])])
+    logprob = record("logprob", [([5, 6, 7], [-0.5, -0.25, -1.5]), ([8, 9, 9], [-0.125, -2.0, -3.0])])
+    alike = record("alike", [([5, 6, 7], [-0.5, -0.25, -1.0]), ([5, 6, 7], [-0.5, -0.25, -1.0])])
+    script = [sys.executable, str(Path(__file__).resolve().parent.parent / "recipes" / "sglang" / "compare.py")]
+    assert subprocess.run([*script, base, same], capture_output=True).returncode == 0
+    out = subprocess.run([*script, base, token, logprob], capture_output=True, text=True)
+    assert out.returncode == 1 and "prompt 1: output ids differ from step 1" in out.stdout
+    assert "prompt 0: logprobs differ" in out.stdout
+    assert subprocess.run([*script, alike, alike], capture_output=True).returncode == 1  # prompts not told apart
