@@ -176,6 +176,11 @@ def render_diff(console: Console, d: ArchiveDiff) -> None:
         if g.status is not Status.CHANGED:
             continue
         console.print(f"  fingerprint A {g.fingerprint_a}\n  fingerprint B {g.fingerprint_b}")
+        if not (g.nodes or g.edges_only_a or g.edges_only_b):
+            console.print(
+                "  no field differs, yet the graphs do not fingerprint alike (a recorded fingerprint "
+                "that does not match its graph? `foundry archive verify` checks)"
+            )
         for n in g.nodes:
             ids = f"A:{'-' if n.a is None else n.a} B:{'-' if n.b is None else n.b}"
             if n.status is Status.CHANGED:

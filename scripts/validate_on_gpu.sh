@@ -4,7 +4,9 @@
 #   scripts/validate_on_gpu.sh RESULTS_DIR [SECTION ...]
 #
 # Sections, in order (all when none is named): tests recipe relocation negative
-# bench. relocation and negative need recipe's archive in RESULTS_DIR.
+# bench sglang. relocation and negative need recipe's archive in RESULTS_DIR;
+# sglang needs SGLang 0.5.17 importable (and this package installed, so SGLang
+# finds the plugin's entry point).
 #
 # Needs torch with CUDA, cuda-bindings, zstandard, nvcc and this package
 # (installed, so its backends' entry points exist) with the native hook built.
@@ -13,7 +15,7 @@
 set -uo pipefail
 RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|recipe|relocation|negative|bench ...]}
 shift
-SECTIONS=${*:-tests recipe relocation negative bench}
+SECTIONS=${*:-tests recipe relocation negative bench sglang}
 wants() { [[ " $SECTIONS " == *" $1 "* ]]; }
 cd "$(dirname "$0")/.."
 mkdir -p "$RESULTS"
@@ -73,6 +75,24 @@ fi
 # 5. cold start at the Qwen3-0.6B shape
 if wants bench; then
     step cold-start python3 bench/cold_start.py --out "$RESULTS/bench"
+fi
+
+# 6. SGLang: a tiny Qwen3 served by SGLang, baseline vs SAVE vs SAVE2 vs LOAD (Engine and HTTP)
+if wants sglang; then
+SG="python3 recipes/sglang/run.py"
+rm -rf "$RESULTS/sg" && mkdir -p "$RESULTS/sg"
+step sg-baseline $SG --out "$RESULTS/sg/baseline.json"
+step sg-save2 python3 -m foundry run --mode save --archive "$RESULTS/sg/save" -- $SG --out "$RESULTS/sg/save.json"
+mv "$RESULTS/sg/save" "$RESULTS/sg/save2" && mv "$RESULTS/sg/save.json" "$RESULTS/sg/save2.json"
+step sg-save python3 -m foundry run --mode save --archive "$RESULTS/sg/save" -- $SG --out "$RESULTS/sg/save.json"
+step sg-load python3 -m foundry run --mode load --archive "$RESULTS/sg/save" -- $SG --out "$RESULTS/sg/load.json"
+step sg-load-http python3 -m foundry run --mode load --archive "$RESULTS/sg/save" -- $SG --entry http --out "$RESULTS/sg/load-http.json"
+step sg-compare python3 recipes/sglang/compare.py "$RESULTS"/sg/baseline.json "$RESULTS"/sg/save.json "$RESULTS"/sg/save2.json \
+    "$RESULTS"/sg/load.json "$RESULTS"/sg/load-http.json
+step sg-diff python3 -m foundry archive diff "$RESULTS/sg/save" "$RESULTS/sg/save2"
+step sg-lint python3 -m foundry graph lint "$RESULTS/sg/save" --expect nccl-allreduce=0
+# the plugin excluded: the LOAD must fail rather than capture again (exit code must be non-zero)
+SGLANG_PLUGINS=none step sg-load-without-plugin python3 -m foundry run --mode load --archive "$RESULTS/sg/save" -- $SG --out "$RESULTS/sg/load-without-plugin.json"
 fi
 
 echo

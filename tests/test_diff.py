@@ -153,3 +153,21 @@ def _flip(ir, node_id: int, offset: int) -> None:
     params = bytearray(node.params)
     params[offset] ^= 0xFF
     ir.replace_node(msgspec.structs.replace(node, params=bytes(params)))
+
+
+def test_a_stale_recorded_fingerprint_is_not_taken_for_marks(tmp_path):
+    # No field differs, but B's recorded fingerprint is not its graph's: the graphs are
+    # not "the same up to undefined bytes"; the diff says they differ and why to look.
+    a, b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(FIXTURES / "saveload-a", a)
+    shutil.copytree(FIXTURES / "saveload-a", b)
+
+    def stale(session):
+        session["graphs"][0]["fingerprint"] = "fp1:" + "0" * 64
+
+    edit_json(b / "rank0" / "session.json", stale, root=b, graphs=False)
+    d = diff_archives(Archive.open(a), Archive.open(b))
+    graph = next(g for g in d.graphs if g.fingerprint_b == "fp1:" + "0" * 64)
+    assert graph.status is Status.CHANGED and not graph.undefined_only and not graph.nodes
+    result = CliRunner().invoke(main, ["archive", "diff", str(a), str(b)])
+    assert result.exit_code == 1 and "a recorded fingerprint" in result.stdout

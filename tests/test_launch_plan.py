@@ -130,3 +130,66 @@ def test_verify_packs_each_graph_again_and_compares_its_plan(tmp_path):
     assert stale.returncode == 1
     report = json.loads(stale.stdout)
     assert report["fingerprint_mismatches"] == [] and [m["graph"] for m in report["plan_mismatches"]] == ["decode.bs8"]
+
+
+def _desc(*nodes: bytes) -> bytes:
+    return b"FGB1" + struct.pack("<III", 1, len(nodes), 0) + b"".join(nodes)
+
+
+def _memset(dst: int, width: int) -> bytes:
+    return struct.pack("<IQIIQQQ", 3, dst, 0, 4, width, 1, 0)
+
+
+def _memcpy(src_type: int, dst_type: int, src: int, dst: int, width: int) -> bytes:
+    return struct.pack("<III", 2, src_type, dst_type) + struct.pack("<QQ3Q3QQQQQ3Q", src, dst, 0, 0, 0, 0, 0, 0, 0, 0,
+                                                                      0, 0, width, 1, 1)  # fmt: skip
+
+
+def _kernel(attribute: int) -> bytes:
+    return (struct.pack("<IQ3I3III", 1, 0, 1, 1, 1, 32, 1, 1, 0, 0) + struct.pack("<III", 1, 0, 4)
+            + struct.pack("<I", 4) + bytes(4) + struct.pack("<III", 1, attribute, 0) + bytes(64))  # fmt: skip
+
+
+def test_plans_copy_and_set_device_memory_inside_the_region_only(lib):
+    region = (0x600000000000, 0x600000000000 + (1 << 20))
+    plan = _plan_record(b"", ())  # no kernels in these descriptions
+    inside = _desc(_memset(region[0] + 4096, 256), _memcpy(2, 2, region[0], region[0] + 8192, 512))
+    assert check_plan(lib, inside, plan, region) == (2, 0)
+    cases = {
+        "memset past the end": _desc(_memset(region[1] - 512, 256)),
+        "memset below": _desc(_memset(region[0] - 4096, 16)),
+        "copy out of the region": _desc(_memcpy(2, 2, region[0], region[1], 512)),
+        "copy from host memory": _desc(_memcpy(1, 2, 0x7FFF0000, region[0], 64)),
+        "wrapping length": _desc(_memset(region[0], (1 << 62))),
+    }
+    for name, desc in cases.items():
+        with pytest.raises(IRError, match="outside the region"):
+            check_plan(lib, desc, plan, region)
+            pytest.fail(f"accepted: {name}")
+
+
+def test_plans_carry_only_the_launch_attributes_foundry_records(lib):
+    from foundry.archive.schema import PlanKernel
+
+    plan = _plan_record(b"", (PlanKernel("0" * 64, "k"),))
+    assert check_plan(lib, _desc(_kernel(4)), plan) == (1, 0)  # cluster dimension
+    with pytest.raises(IRError, match="launch attribute 7 is not one a plan may carry"):
+        check_plan(lib, _desc(_kernel(7)), plan)  # an event: a handle the driver would follow
+
+
+def test_verify_without_cuda_bindings_says_the_plans_were_not_compared(tmp_path):
+    import subprocess
+    import sys
+
+    source = Archive.open(SAVE_A)
+    ir = source.graph(0, "decode.bs8")
+    writer = ArchiveWriter(tmp_path / "a", environment=source.catalog.environment)
+    rank = writer.rank(0)
+    rank.add_graph(ir, plan=make_plan(ir))
+    rank.seal()
+    writer.commit()
+    code = ("import sys; sys.modules['cuda'] = None; from foundry.cli import main; "
+            f"main(['archive', 'verify', {str(tmp_path / 'a')!r}])")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "1 launch plan(s) not compared: packing needs cuda-bindings" in proc.stdout

@@ -279,11 +279,13 @@ def test_the_second_save_run_moves_the_layout(tmp_path, with_hook):
     # H200 SAVE to the archive path it is given and notes the padding it saw.
     seen = tmp_path / "pads.txt"
     code = ("import os, shutil, sys; shutil.copytree(sys.argv[1], os.environ['FOUNDRY_ARCHIVE']); "
-            "open(sys.argv[2], 'a').write(str(len(os.environ.get('FOUNDRY_LAYOUT_PAD', ''))) + ' ')")  # fmt: skip
+            "open(sys.argv[2], 'a').write(str(len(os.environ.get('FOUNDRY_LAYOUT_PAD', ''))) + ' ' "
+            "+ os.environ.get('FOUNDRY_SAVE_FIRST_RUN', '-') + ' ')")  # fmt: skip
     config = launcher.RunConfig("save", tmp_path / "a")
     code_ = launcher.run(config, [sys.executable, "-c", code, str(SAVE_A), str(seen)], log=lambda _: None)
-    first, second = (int(n) for n in seen.read_text().split())
-    assert code_ == 0 and first == 0 and second > 4096 and second % 16  # moves the stack by more than a page
+    first, first_ref, second, second_ref = seen.read_text().split()
+    assert code_ == 0 and int(first) == 0 and int(second) > 4096 and int(second) % 16  # moves the stack > a page
+    assert first_ref == "-" and second_ref == str((tmp_path / "a").resolve())  # later runs see the first's archive
     assert not list(tmp_path.glob(".a.run*"))  # the second run's archive is merged and removed
 
 

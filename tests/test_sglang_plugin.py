@@ -115,3 +115,31 @@ def test_the_recipe_comparison_tells_runs_and_prompts_apart(tmp_path):
     assert out.returncode == 1 and "prompt 1: output ids differ from step 1" in out.stdout
     assert "prompt 0: logprobs differ" in out.stdout
     assert subprocess.run([*script, alike, alike], capture_output=True).returncode == 1  # prompts not told apart
+
+
+def test_servers_the_plugin_cannot_persist_are_refused_by_field():
+    from foundry.integrations.sglang.plugin import _check_supported
+
+    def args(**changes):
+        phase = types.SimpleNamespace(backend="disabled")
+        base = {"tp_size": 1, "pp_size": 1, "dp_size": 1, "enable_memory_saver": False,
+                "speculative_algorithm": None, "cuda_graph_config": types.SimpleNamespace(prefill=phase),
+                "disable_prefill_cuda_graph": False}  # fmt: skip
+        return types.SimpleNamespace(**{**base, **changes})
+
+    _check_supported(args())
+    _check_supported(args(cuda_graph_config=types.SimpleNamespace(prefill=types.SimpleNamespace(backend="full"))))
+    _check_supported(args(cuda_graph_config=types.SimpleNamespace(prefill=types.SimpleNamespace(backend="breakable")),
+                          disable_prefill_cuda_graph=True))  # fmt: skip
+    refused = {
+        "sglang.tp_size": args(tp_size=2),
+        "sglang.enable_memory_saver": args(enable_memory_saver=True),
+        "sglang.speculative_algorithm": args(speculative_algorithm="EAGLE"),
+        "sglang.cuda_graph_backend_prefill": args(
+            cuda_graph_config=types.SimpleNamespace(prefill=types.SimpleNamespace(backend="breakable"))
+        ),
+    }
+    for field_name, server_args in refused.items():
+        with pytest.raises(FoundryError) as err:
+            _check_supported(server_args)
+        assert err.value.field == field_name

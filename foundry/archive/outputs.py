@@ -164,7 +164,12 @@ def rebuild(value: OutputValue, tensor: Callable[[TensorSpec], Any]) -> Any:
         items = [rebuild(v, tensor) for v in value.items]
         return tuple(items) if value.container == "tuple" else items
     if isinstance(value, RecordValue):
-        return _record_class(value.record)(**{k: rebuild(v, tensor) for k, v in value.fields.items()})
+        fields = {k: rebuild(v, tensor) for k, v in value.fields.items()}
+        try:
+            return _record_class(value.record)(**fields)
+        except TypeError as err:  # fields the live class does not have (another version of it)
+            raise ArchiveError(f"record fields do not match the live class: {err}", field="outputs",
+                               found=value.record) from None  # fmt: skip
     return {k: rebuild(v, tensor) for k, v in value.items.items()}
 
 

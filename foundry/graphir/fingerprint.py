@@ -10,6 +10,7 @@ kernel, launch config, scalar bytes, operand target or edges changes it.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -52,7 +53,8 @@ def _launch_view(launch: LaunchConfig) -> tuple[Any, ...]:
     return (launch.grid, launch.block, launch.shared_mem, tuple(attributes))
 
 
-def node_view(node: Node, operands: tuple[Operand, ...]) -> tuple[Any, ...]:
+def node_view(node: Node, operands: tuple[Operand, ...],
+              also_undefined: tuple[tuple[int, int], ...] = ()) -> tuple[Any, ...]:  # fmt: skip
     """The semantic view of one node (see module docstring)."""
     targets = tuple((o.site.value, o.param, o.offset, *operand_target(o)) for o in operands)
     if isinstance(node, KernelNode):
@@ -62,7 +64,7 @@ def node_view(node: Node, operands: tuple[Operand, ...]) -> tuple[Any, ...]:
             node.kernel.image,
             _launch_view(node.launch),
             (node.layout.offsets, node.layout.sizes),
-            scalar_bytes(node, operands),
+            scalar_bytes(node, operands, also_undefined),
             node.arg_mode,
             tuple((a.name, a.value) for a in node.func_attrs),
             targets,
@@ -79,12 +81,14 @@ def node_view(node: Node, operands: tuple[Operand, ...]) -> tuple[Any, ...]:
     return (str(node.kind), tuple(sorted(fields.items())), targets)
 
 
-def fingerprint(ir: GraphIR) -> str:
-    """``fp1:<sha256>`` over node views in id order and edges with their data."""
+def fingerprint(ir: GraphIR, also_undefined: Mapping[int, tuple[tuple[int, int], ...]] | None = None) -> str:
+    """``fp1:<sha256>`` over node views in id order and edges with their data.
+    ``also_undefined``: more undefined runs by node id (another SAVE's marks), for comparing."""
     digest = hashlib.sha256()
     encode = msgspec.msgpack.Encoder().encode
+    extra = also_undefined or {}
     for node in ir.nodes():
-        digest.update(encode(node_view(node, ir.operands.of(node.id))))
+        digest.update(encode(node_view(node, ir.operands.of(node.id), extra.get(node.id, ()))))
     for edge in ir.edges():
         digest.update(encode((edge.src, edge.dst, edge.data.from_port, edge.data.to_port, edge.data.type)))
     return f"{FINGERPRINT_SCHEME}:{digest.hexdigest()}"

@@ -35,7 +35,8 @@ def describe_outputs(outputs: Any, resolver: AddressResolver) -> OutputValue:
     def tensor(value: Any) -> TensorSpec | None:
         if not isinstance(value, torch.Tensor):
             return None
-        hit = resolver.resolve(value.data_ptr())
+        # the storage's start: the spec's storage_offset places the tensor in it again at LOAD
+        hit = resolver.resolve(value.untyped_storage().data_ptr())
         return TensorSpec(
             dtype=str(value.dtype).removeprefix("torch."),
             shape=tuple(value.shape),

@@ -67,11 +67,13 @@ def make_plan(ir: GraphIR) -> tuple[bytes, tuple[PlanKernel, ...]] | None:
     return pack(ir, table), tuple(table.kernels)
 
 
-def check_plan(lib: ctypes.CDLL, data: bytes, plan: LaunchPlan) -> tuple[int, int]:
-    """Parse a plan with the native reader, function indices bounded by its table:
-    ``(nodes, edges)``, or IRError saying why not."""
+def check_plan(lib: ctypes.CDLL, data: bytes, plan: LaunchPlan, bounds: tuple[int, int] = (0, 0)) -> tuple[int, int]:
+    """Parse a plan with the native reader as LOAD would: function indices bounded by its
+    table, known launch attributes only, copies and sets inside ``bounds`` (device
+    addresses; (0, 0): unchecked). ``(nodes, edges)``, or IRError saying why not."""
     nodes, edges, err = ctypes.c_uint32(), ctypes.c_uint32(), ctypes.create_string_buffer(256)
     status = lib.foundry_graph_check_indexed(data, ctypes.c_size_t(len(data)), ctypes.c_size_t(len(plan.kernels)),
+                                             ctypes.c_uint64(bounds[0]), ctypes.c_uint64(bounds[1]),
                                              ctypes.byref(nodes), ctypes.byref(edges), err, 256)  # fmt: skip
     if status:
         raise IRError(f"launch plan refused: {err.value.decode(errors='replace')}", path=plan.file)
@@ -79,9 +81,11 @@ def check_plan(lib: ctypes.CDLL, data: bytes, plan: LaunchPlan) -> tuple[int, in
 
 
 def build_plans(lib: ctypes.CDLL, plans: Sequence[tuple[str, bytes, LaunchPlan]],
-                function: Callable[[PlanKernel], int], *, threads: int = 1) -> list[tuple[Any, Any]]:  # fmt: skip
+                function: Callable[[PlanKernel], int], bounds: tuple[int, int], *,
+                threads: int = 1) -> list[tuple[Any, Any]]:  # fmt: skip
     """Build and instantiate every ``(name, data, plan)``: ``(CUgraph, CUgraphExec)`` each.
-    ``function(kernel)`` returns the live handle with the kernel's attributes applied."""
+    ``function(kernel)`` returns the live handle with the kernel's attributes applied;
+    every copy and set must lie in ``bounds``, the region SAVE used."""
     from foundry.cuda import driver
 
     if not plans:
@@ -96,8 +100,9 @@ def build_plans(lib: ctypes.CDLL, plans: Sequence[tuple[str, bytes, LaunchPlan]]
     nfuncs = (ctypes.c_size_t * count)(*(len(p.kernels) for _, _, p in plans))
     graphs, execs = (ctypes.c_uint64 * count)(), (ctypes.c_uint64 * count)()
     err = ctypes.create_string_buffer(256)
-    status = lib.foundry_graph_build_many(descs, lens, ctypes.c_uint32(count), funcs, nfuncs, ctypes.c_uint32(threads),
-                                          graphs, execs, err, ctypes.c_size_t(256))  # fmt: skip
+    lo, hi = ctypes.c_uint64(bounds[0]), ctypes.c_uint64(bounds[1])
+    status = lib.foundry_graph_build_many(descs, lens, ctypes.c_uint32(count), funcs, nfuncs, lo, hi,
+                                          ctypes.c_uint32(threads), graphs, execs, err, 256)  # fmt: skip
     if status:
         message = err.value.decode(errors="replace")
         index = _graph_index(message)

@@ -42,6 +42,7 @@ class RunConfig:
     build_threads: int = 1  # LOAD, native builder: threads that build and instantiate
     overwrite: bool = False  # SAVE: replace an archive already at the path
     layout_pad: int = 0  # SAVE: bytes of padding in the environment (moves the stack and heap)
+    first_run: Path | None = None  # SAVE runs after the first: its archive (sizes that must not be profiled again)
 
 
 ADDR_NO_RANDOMIZE = 0x0040000
@@ -97,6 +98,10 @@ def environment(config: RunConfig, base_env: dict[str, str] | None = None) -> di
         env["FOUNDRY_LAYOUT_PAD"] = "." * config.layout_pad
     else:
         env.pop("FOUNDRY_LAYOUT_PAD", None)
+    if config.first_run is not None:
+        env["FOUNDRY_SAVE_FIRST_RUN"] = str(config.first_run.resolve())
+    else:
+        env.pop("FOUNDRY_SAVE_FIRST_RUN", None)
     if base is not None:
         env["FOUNDRY_REGION_BASE"] = hex(base)
     if size is not None:
@@ -141,7 +146,8 @@ def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Calla
         log(f"foundry: SAVE run {run_index} of {save_runs} (a fresh process, to find bytes the runs disagree on)")
         try:
             pad = LAYOUT_PAD + 40 * run_index
-            again = RunConfig(**{**config.__dict__, "archive": extra, "overwrite": True, "layout_pad": pad})
+            again = RunConfig(**{**config.__dict__, "archive": extra, "overwrite": True, "layout_pad": pad,
+                                 "first_run": config.archive})  # fmt: skip
             code = _start(command, again)
             if code != 0:
                 log(f"foundry: SAVE run {run_index} failed (exit {code}); {config.archive} holds the first run's "

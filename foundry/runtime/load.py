@@ -271,7 +271,8 @@ class LoadSession(Session):
             resolving[0] += time.perf_counter() - begun
             return handle
 
-        built = build_plans(self.hook.lib, plans, function, threads=self.build_threads)
+        bounds = (region.base, region.base + region.final_offset)  # plans are used only at SAVE's base
+        built = build_plans(self.hook.lib, plans, function, bounds, threads=self.build_threads)
         base_of = partial(_region_base_at_save, region.base)
         graphs = {
             entry.name: RestoredGraph(

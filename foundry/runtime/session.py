@@ -24,7 +24,8 @@ The program runs the same code in every mode; the session decides what
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from foundry.errors import FoundryError, HookError
@@ -121,10 +122,36 @@ class Session:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph(keep_graph=True)
-        with torch.cuda.graph(graph, pool=self.pool):
+        with capturing(graph, self.pool):
             outputs = fn()
         torch.cuda.synchronize()
         return graph, outputs
+
+
+_capture_stream: Any = None
+
+
+@contextmanager
+def capturing(graph: Any, pool: Any) -> Iterator[None]:
+    """``torch.cuda.graph`` without its ``empty_cache()``. Handing the allocator's
+    cached blocks back to the driver before each capture makes the next eager
+    warm-up (engines warm each shape up right before capturing it) allocate afresh:
+    a late allocation SAVE refuses, and one a LOAD, which never captures, would not
+    make. Captures on one side stream, as torch does."""
+    global _capture_stream
+    import torch
+
+    torch.cuda.synchronize()
+    if _capture_stream is None:
+        _capture_stream = torch.cuda.Stream()
+    _capture_stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(_capture_stream):
+        graph.capture_begin(pool=pool)
+        try:
+            yield
+        finally:
+            graph.capture_end()
+    torch.cuda.current_stream().wait_stream(_capture_stream)
 
 
 def open_session(*, device: int = 0, model: dict[str, str] | None = None) -> Session:

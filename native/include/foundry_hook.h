@@ -139,15 +139,17 @@ int foundry_call_shifted(size_t shift, size_t poison, int pattern, void (*fn)(vo
 int foundry_graph_build(const void *desc, size_t len, uint64_t *graph, uint64_t *exec, char *err, size_t errlen);
 /* Parse a packed description without building it: node and edge counts, or why not. */
 int foundry_graph_check(const void *desc, size_t len, uint32_t *nodes, uint32_t *edges, char *err, size_t errlen);
-/* The same for a description whose kernel funcs index a table of nfuncs functions. */
-int foundry_graph_check_indexed(const void *desc, size_t len, size_t nfuncs, uint32_t *nodes, uint32_t *edges,
-                                char *err, size_t errlen);
+/* The same for a launch plan: kernel funcs index a table of nfuncs functions, only the
+ * launch attributes Foundry records are allowed, and copies and sets must be device
+ * memory inside [lo, hi) (unchecked when both are 0). */
+int foundry_graph_check_indexed(const void *desc, size_t len, size_t nfuncs, uint64_t lo, uint64_t hi,
+                                uint32_t *nodes, uint32_t *edges, char *err, size_t errlen);
 /* Build and instantiate `count` descriptions (funcs[i]: description i's function table of
- * nfuncs[i] entries; funcs NULL when they hold handles) on `threads` threads (1-64) in the caller's context. All or nothing:
+ * nfuncs[i] entries, checked as plans against [lo, hi); funcs NULL when they hold handles) on `threads` threads (1-64) in the caller's context. All or nothing:
  * on failure nothing stays built and err names the graph. */
 int foundry_graph_build_many(const void *const *descs, const size_t *lens, uint32_t count,
-                             const uint64_t *const *funcs, const size_t *nfuncs, uint32_t threads, uint64_t *graphs,
-                             uint64_t *execs, char *err, size_t errlen);
+                             const uint64_t *const *funcs, const size_t *nfuncs, uint64_t lo, uint64_t hi,
+                             uint32_t threads, uint64_t *graphs, uint64_t *execs, char *err, size_t errlen);
 /* Copies up to max entries; *count receives the total. FOUNDRY_ETRUNC when max < total. */
 int foundry_region_trace(foundry_alloc_t *out, size_t max, size_t *count);
 /* Counters by name: "stream_captures", "graph_instantiates", "allocations", "refused", "images". */

@@ -90,16 +90,60 @@ typedef struct {
     int indexed;
     const uint64_t *funcs;
     size_t nfuncs;
+    uint64_t lo, hi; /* indexed: every copy and set must stay in [lo, hi); 0, 0: unchecked */
 } build_t;
+
+/* The launch attributes Foundry's IR records; a plan from an archive may carry no other
+ * (some attributes hold host pointers the driver would follow). */
+static int plan_attribute(uint32_t id) {
+    switch (id) {
+    case CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW:
+    case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
+    case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+    case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+    case CU_LAUNCH_ATTRIBUTE_PRIORITY:
+    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
+    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
+    case CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+    case CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE: return 1;
+    default: return 0; /* events and programmatic launches hold handles the driver would follow */
+    }
+}
+
+/* Whether [addr + offset, + span) lies in the plan's device range [lo, hi); always true
+ * without a range (descriptions packed in this process). */
+static int in_range(const build_t *b, uint64_t addr, uint64_t offset, uint64_t span) {
+    if (b->lo == 0 && b->hi == 0) return 1;
+    uint64_t start, end;
+    if (__builtin_add_overflow(addr, offset, &start) || __builtin_add_overflow(start, span, &end)) return 0;
+    return start >= b->lo && end <= b->hi;
+}
+
+/* Bytes from a 3D copy's base to one past its last byte. */
+static int copy_span(uint64_t x, uint64_t y, uint64_t z, uint64_t pitch, uint64_t height, uint64_t width,
+                     uint64_t rows, uint64_t depth, uint64_t *offset, uint64_t *span) {
+    uint64_t slice, zoff, yoff, last_rows, last_slices;
+    if (rows == 0 || depth == 0) return 0;
+    if (__builtin_mul_overflow(pitch, height, &slice) || __builtin_mul_overflow(z, slice, &zoff) ||
+        __builtin_mul_overflow(y, pitch, &yoff) || __builtin_add_overflow(zoff, yoff, offset) ||
+        __builtin_add_overflow(*offset, x, offset) || __builtin_mul_overflow(depth - 1, slice, &last_slices) ||
+        __builtin_mul_overflow(rows - 1, pitch, &last_rows) || __builtin_add_overflow(last_slices, last_rows, span) ||
+        __builtin_add_overflow(*span, width, span))
+        return 0;
+    return 1;
+}
 
 static CUresult add_kernel(reader_t *r, build_t *b, CUgraphNode *out) {
     CUDA_KERNEL_NODE_PARAMS p;
     memset(&p, 0, sizeof p);
     uint64_t func = u64(r);
-    if (b->indexed && func >= b->nfuncs && !r->failed)
-        fail(r, "kernel function %llu is not in the %zu-entry function table", (unsigned long long)func, b->nfuncs);
-    else if (b->indexed && b->funcs)
-        func = b->funcs[func];
+    if (b->indexed) {
+        if (func >= b->nfuncs)
+            fail(r, "kernel function %llu is not in the %zu-entry function table", (unsigned long long)func,
+                 b->nfuncs);
+        else if (b->funcs)
+            func = b->funcs[func];
+    }
     p.func = (CUfunction)(uintptr_t)func;
     p.gridDimX = u32(r), p.gridDimY = u32(r), p.gridDimZ = u32(r);
     p.blockDimX = u32(r), p.blockDimY = u32(r), p.blockDimZ = u32(r);
@@ -112,6 +156,11 @@ static CUresult add_kernel(reader_t *r, build_t *b, CUgraphNode *out) {
     const unsigned char *bytes = take(r, nbytes);
     uint32_t nattrs = u32(r);
     const unsigned char *attrs = take(r, (size_t)nattrs * (8 + ATTR_VALUE_BYTES));
+    for (uint32_t i = 0; b->indexed && attrs && i < nattrs; i++) {
+        uint32_t id;
+        memcpy(&id, attrs + i * (8 + ATTR_VALUE_BYTES), 4);
+        if (!plan_attribute(id)) fail(r, "launch attribute %u is not one a plan may carry", id);
+    }
     if (r->failed) return CUDA_ERROR_INVALID_VALUE;
     void **pointers = calloc(nparams ? nparams : 1, sizeof *pointers);
     if (pointers == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -159,6 +208,19 @@ static CUresult add_memcpy(reader_t *r, build_t *b, CUgraphNode *out) {
     p.srcPitch = u64(r), p.srcHeight = u64(r), p.dstPitch = u64(r), p.dstHeight = u64(r);
     p.WidthInBytes = u64(r), p.Height = u64(r), p.Depth = u64(r);
     if (r->failed) return CUDA_ERROR_INVALID_VALUE;
+    if (b->indexed) { /* a plan copies device memory inside the region only */
+        uint64_t soff, sspan, doff, dspan;
+        int device = (p.srcMemoryType == CU_MEMORYTYPE_DEVICE || p.srcMemoryType == CU_MEMORYTYPE_UNIFIED) &&
+                     (p.dstMemoryType == CU_MEMORYTYPE_DEVICE || p.dstMemoryType == CU_MEMORYTYPE_UNIFIED);
+        if (!device || !copy_span(p.srcXInBytes, p.srcY, p.srcZ, p.srcPitch, p.srcHeight, p.WidthInBytes, p.Height,
+                                  p.Depth, &soff, &sspan) ||
+            !copy_span(p.dstXInBytes, p.dstY, p.dstZ, p.dstPitch, p.dstHeight, p.WidthInBytes, p.Height, p.Depth,
+                       &doff, &dspan) ||
+            !in_range(b, src, soff, sspan) || !in_range(b, dst, doff, dspan)) {
+            fail(r, "a copy reaches outside the region (or not device to device)");
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
     if (p.srcMemoryType == CU_MEMORYTYPE_HOST)
         p.srcHost = (const void *)(uintptr_t)src;
     else
@@ -178,6 +240,15 @@ static CUresult add_memset(reader_t *r, build_t *b, CUgraphNode *out) {
     p.elementSize = u32(r);
     p.width = u64(r), p.height = u64(r), p.pitch = u64(r);
     if (r->failed) return CUDA_ERROR_INVALID_VALUE;
+    if (b->indexed) {
+        uint64_t rows, row, span;
+        if (p.height == 0 || __builtin_mul_overflow(p.height - 1, (uint64_t)p.pitch, &rows) ||
+            __builtin_mul_overflow(p.width, (uint64_t)p.elementSize, &row) ||
+            __builtin_add_overflow(rows, row, &span) || !in_range(b, p.dst, 0, span)) {
+            fail(r, "a memset reaches outside the region");
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
     return b->graph ? DRIVER(cuGraphAddMemsetNode)(out, b->graph, NULL, 0, &p, b->ctx) : CUDA_SUCCESS;
 }
 
@@ -265,11 +336,11 @@ int foundry_graph_check(const void *desc, size_t len, uint32_t *nodes, uint32_t 
     return run(desc, len, &b, nodes, edges, err, errlen) == CUDA_SUCCESS ? FOUNDRY_OK : FOUNDRY_EINVAL;
 }
 
-int foundry_graph_check_indexed(const void *desc, size_t len, size_t nfuncs, uint32_t *nodes, uint32_t *edges,
-                                char *err, size_t errlen) {
+int foundry_graph_check_indexed(const void *desc, size_t len, size_t nfuncs, uint64_t lo, uint64_t hi,
+                                uint32_t *nodes, uint32_t *edges, char *err, size_t errlen) {
     if (desc == NULL) return FOUNDRY_EINVAL;
     build_t b = {0};
-    b.indexed = 1, b.nfuncs = nfuncs;
+    b.indexed = 1, b.nfuncs = nfuncs, b.lo = lo, b.hi = hi;
     return run(desc, len, &b, nodes, edges, err, errlen) == CUDA_SUCCESS ? FOUNDRY_OK : FOUNDRY_EINVAL;
 }
 
@@ -289,10 +360,10 @@ static int driver_ready(char *err, size_t errlen) {
 }
 
 /* Build and instantiate one description in the current context. */
-static int build_one(const void *desc, size_t len, const uint64_t *funcs, size_t nfuncs, uint64_t *graph_out,
-                     uint64_t *exec_out, char *err, size_t errlen) {
+static int build_one(const void *desc, size_t len, int indexed, const uint64_t *funcs, size_t nfuncs, uint64_t lo,
+                     uint64_t hi, uint64_t *graph_out, uint64_t *exec_out, char *err, size_t errlen) {
     build_t b = {0};
-    b.indexed = funcs != NULL, b.funcs = funcs, b.nfuncs = nfuncs;
+    b.indexed = indexed, b.funcs = funcs, b.nfuncs = nfuncs, b.lo = lo, b.hi = hi;
     CUresult rc = DRIVER(cuCtxGetCurrent)(&b.ctx);
     if (rc == CUDA_SUCCESS) rc = DRIVER(cuGraphCreate)(&b.graph, 0);
     if (rc != CUDA_SUCCESS) {
@@ -325,7 +396,7 @@ int foundry_graph_build(const void *desc, size_t len, uint64_t *graph_out, uint6
                         size_t errlen) {
     if (desc == NULL || graph_out == NULL || exec_out == NULL) return FOUNDRY_EINVAL;
     if (!driver_ready(err, errlen)) return FOUNDRY_ESTATE;
-    return build_one(desc, len, NULL, 0, graph_out, exec_out, err, errlen);
+    return build_one(desc, len, 0, NULL, 0, 0, 0, graph_out, exec_out, err, errlen);
 }
 
 /* Work shared by the threads of one foundry_graph_build_many call. */
@@ -335,6 +406,7 @@ typedef struct {
     uint32_t count;
     const uint64_t *const *funcs; /* per description, or NULL: they hold handles */
     const size_t *nfuncs;
+    uint64_t lo, hi;
     CUcontext ctx;
     uint64_t *graphs, *execs;
     pthread_mutex_t lock;
@@ -361,8 +433,15 @@ static void *batch_worker(void *arg) {
         uint32_t i = w->status == FOUNDRY_OK && w->next < w->count ? w->next++ : w->count;
         pthread_mutex_unlock(&w->lock);
         if (i >= w->count) return NULL;
-        int status = build_one(w->descs[i], w->lens[i], w->funcs ? w->funcs[i] : NULL, w->funcs ? w->nfuncs[i] : 0,
-                               &w->graphs[i], &w->execs[i], err, sizeof err);
+        int status;
+        if (w->funcs && w->funcs[i] == NULL) { /* a plan without its table: never read as handles */
+            snprintf(err, sizeof err, "no function table");
+            status = FOUNDRY_EINVAL;
+        } else {
+            status = build_one(w->descs[i], w->lens[i], w->funcs != NULL, w->funcs ? w->funcs[i] : NULL,
+                               w->funcs ? w->nfuncs[i] : 0, w->lo, w->hi, &w->graphs[i], &w->execs[i], err,
+                               sizeof err);
+        }
         if (status != FOUNDRY_OK) {
             pthread_mutex_lock(&w->lock);
             if (w->status == FOUNDRY_OK) {
@@ -375,8 +454,8 @@ static void *batch_worker(void *arg) {
 }
 
 int foundry_graph_build_many(const void *const *descs, const size_t *lens, uint32_t count,
-                             const uint64_t *const *funcs, const size_t *nfuncs, uint32_t threads, uint64_t *graphs,
-                             uint64_t *execs, char *err, size_t errlen) {
+                             const uint64_t *const *funcs, const size_t *nfuncs, uint64_t lo, uint64_t hi,
+                             uint32_t threads, uint64_t *graphs, uint64_t *execs, char *err, size_t errlen) {
     if (descs == NULL || lens == NULL || graphs == NULL || execs == NULL || threads == 0 || threads > 64 ||
         (funcs != NULL && nfuncs == NULL))
         return FOUNDRY_EINVAL;
@@ -384,8 +463,8 @@ int foundry_graph_build_many(const void *const *descs, const size_t *lens, uint3
     if (!driver_ready(err, errlen)) return FOUNDRY_ESTATE;
     memset(graphs, 0, count * sizeof *graphs);
     memset(execs, 0, count * sizeof *execs);
-    batch_t w = {descs, lens, count, funcs, nfuncs, NULL, graphs, execs, PTHREAD_MUTEX_INITIALIZER, 0, FOUNDRY_OK,
-                 err, errlen};
+    batch_t w = {descs, lens, count, funcs, nfuncs, lo, hi, NULL, graphs, execs, PTHREAD_MUTEX_INITIALIZER, 0,
+                 FOUNDRY_OK, err, errlen};
     if (DRIVER(cuCtxGetCurrent)(&w.ctx) != CUDA_SUCCESS || w.ctx == NULL) {
         if (err && errlen) snprintf(err, errlen, "no current CUDA context");
         return FOUNDRY_ESTATE;

@@ -115,11 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--entry", choices=["engine", "http"], default="engine")
     parser.add_argument("--port", type=int, default=30917)
+    parser.add_argument("--model-dir", type=Path, default=Path(tempfile.gettempdir()) / "foundry-sglang-tiny-qwen3",
+                        help="where the model's config.json is written (the same path in SAVE and LOAD: "
+                        "model_path is a server argument LOAD compares)")  # fmt: skip
     args = parser.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="foundry-sglang-"))
-    model = work / "tiny-qwen3"
-    model.mkdir()
+    model = args.model_dir
+    model.mkdir(parents=True, exist_ok=True)
     (model / "config.json").write_text(json.dumps(CONFIG))
+    work = Path(tempfile.mkdtemp(prefix="foundry-sglang-"))
     os.environ.setdefault("FOUNDRY_SGLANG_REPORT", str(work / "foundry-report.json"))
     started = time.time()
     outputs = run_engine(model) if args.entry == "engine" else run_http(model, args.port)

@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from foundry.archive.reader import Archive
-from foundry.graphir.fingerprint import operand_target, scalar_bytes
+from foundry.graphir.fingerprint import fingerprint, operand_target, scalar_bytes
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.nodes import KernelNode, Node
 from foundry.graphir.operands import Operand
@@ -266,6 +266,16 @@ def _environment_changes(a: Archive, b: Archive) -> list[FieldChange]:
     return changes
 
 
+def _marks(ir: GraphIR) -> dict[int, tuple[tuple[int, int], ...]]:
+    return {node.id: node.undefined for node in ir.kernels() if node.undefined}
+
+
+def _same_under_both_marks(a: GraphIR, b: GraphIR) -> bool:
+    """Whether the two graphs fingerprint alike once each also leaves out the other's
+    undefined bytes (recomputed: the recorded fingerprints are not trusted for this)."""
+    return fingerprint(a, _marks(b)) == fingerprint(b, _marks(a))
+
+
 def diff_archives(a: Archive, b: Archive) -> ArchiveDiff:
     """Environment, graph set, fingerprints and node-level differences of two archives."""
     result = ArchiveDiff(str(a.root), str(b.root), _environment_changes(a, b))
@@ -281,8 +291,12 @@ def diff_archives(a: Archive, b: Archive) -> ArchiveDiff:
             elif ea.fingerprint == eb.fingerprint:
                 result.graphs.append(GraphDiff(rank, name, Status.SAME, ea.fingerprint, eb.fingerprint))
             else:
-                graph = diff_graphs(a.graph(rank, ea), b.graph(rank, eb), rank=rank)
+                ga, gb = a.graph(rank, ea), b.graph(rank, eb)
+                graph = diff_graphs(ga, gb, rank=rank)
                 graph.fingerprint_a, graph.fingerprint_b = ea.fingerprint, eb.fingerprint
-                graph.undefined_only = graph.status is Status.SAME
+                if graph.status is Status.SAME:  # no field differs: honest records that agree over both marks
+                    honest = fingerprint(ga) == ea.fingerprint and fingerprint(gb) == eb.fingerprint
+                    graph.undefined_only = honest and _same_under_both_marks(ga, gb)
+                    graph.status = Status.SAME if graph.undefined_only else Status.CHANGED
                 result.graphs.append(graph)
     return result

@@ -37,6 +37,16 @@ from foundry.integrations.sglang.server_args import check_server_args, model_con
 RUNNERS = {"DecodeCudaGraphRunner": "decode", "PrefillCudaGraphRunner": "prefill"}
 KV_BUDGET = "sglang.kv_budget_bytes"
 MODEL_CONFIG = "sglang.model_config_sha256"
+PERSISTED_PREFILL = ("disabled", "full")  # breakable and tc_piecewise prefill graphs cannot be persisted
+_BACKENDS = "sglang.srt.model_executor.runner_backend"
+HOOKS = (  # (target, hook type name, function name in this module)
+    ("sglang.srt.managers.scheduler.Scheduler.__init__", "BEFORE", "_on_scheduler_start"),
+    ("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes", "AROUND", "_kv_budget"),
+    (f"{_BACKENDS}.full_cuda_graph_backend.FullCudaGraphBackend.__init__", "AFTER", "_note_runner"),
+    (f"{_BACKENDS}.full_cuda_graph_backend.FullCudaGraphBackend.capture_one", "AROUND", "_capture_one"),
+    (f"{_BACKENDS}.breakable_cuda_graph_backend.BreakableCudaGraphBackend.capture_one", "BEFORE", "_pass_through"),
+    ("sglang.srt.model_executor.model_runner.ModelRunner.init_cuda_graphs", "AFTER", "_on_graphs_done"),
+)
 
 
 @dataclass
@@ -49,6 +59,7 @@ class SchedulerState:
     graphs: list[str] = field(default_factory=list)
     passed_through: set[str] = field(default_factory=set)
     model_checked: bool = False
+    finished: bool = False
 
 
 _state: SchedulerState | None = None
@@ -98,18 +109,20 @@ def _prepare_children(config: PluginConfig) -> None:
 def _install() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    backends = "sglang.srt.model_executor.runner_backend"
-    HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.__init__", _on_scheduler_start, HookType.BEFORE)
-    HookRegistry.register("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes",
-                          _kv_budget, HookType.AROUND)  # fmt: skip
-    HookRegistry.register(f"{backends}.full_cuda_graph_backend.FullCudaGraphBackend.__init__", _note_runner,
-                          HookType.AFTER)  # fmt: skip
-    HookRegistry.register(f"{backends}.full_cuda_graph_backend.FullCudaGraphBackend.capture_one", _capture_one,
-                          HookType.AROUND)  # fmt: skip
-    HookRegistry.register(f"{backends}.breakable_cuda_graph_backend.BreakableCudaGraphBackend.capture_one",
-                          _pass_through, HookType.BEFORE)  # fmt: skip
-    HookRegistry.register("sglang.srt.model_executor.model_runner.ModelRunner.init_cuda_graphs", _on_graphs_done,
-                          HookType.AFTER)  # fmt: skip
+    for target, kind, name in HOOKS:
+        HookRegistry.register(target, globals()[name], getattr(HookType, kind))
+
+
+def _check_patched() -> None:
+    """SGLang applies hooks target by target and logs, rather than raises, a target it
+    could not patch: every one must be in place before the session starts."""
+    import pkgutil
+
+    for target, _, _ in HOOKS:
+        module_and_class, _, attribute = target.rpartition(".")
+        owner = pkgutil.resolve_name(module_and_class)
+        if not hasattr(getattr(owner, attribute, None), "__wrapped__"):
+            raise FoundryError("SGLang did not apply one of the plugin's hooks", field="sglang.hooks", found=target)
 
 
 def _argument(args: tuple, kwargs: dict, index: int, name: str) -> Any:
@@ -127,35 +140,71 @@ def _on_scheduler_start(*args: Any, **kwargs: Any) -> None:
     config = load_config()
     if config.mode == "off":
         return
+    _check_patched()
     server_args = _argument(args, kwargs, 1, "server_args")
+    device = _argument(args, kwargs, 3, "gpu_id") or 0
     rank = _argument(args, kwargs, 4, "tp_rank") or 0
+    _check_supported(server_args)
     live = server_fingerprint(server_args, installed_version())
-    if int(live["sglang.tp_size"]) * int(live["sglang.pp_size"]) * int(live["sglang.dp_size"]) != 1:
-        raise FoundryError("the SGLang plugin persists single-GPU servers only (tp, pp and dp size 1)",
-                           field="sglang.tp_size", found=live["sglang.tp_size"])  # fmt: skip
-    if getattr(server_args, "enable_memory_saver", False):
-        raise FoundryError("the memory saver moves graph memory; it cannot be used with Foundry",
-                           field="sglang.enable_memory_saver")  # fmt: skip
     if config.mode == "save":
-        session: Any = SaveSession(config.archive, rank=rank, model=live, keep_warmup_bytes=False,
+        session: Any = SaveSession(config.archive, device=device, rank=rank, model=live, keep_warmup_bytes=False,
                                    overwrite=os.environ.get("FOUNDRY_OVERWRITE") == "1")  # fmt: skip
     else:
-        session = LoadSession(config.archive, rank=rank, relocate=os.environ.get("FOUNDRY_RELOCATE") == "1",
-                              builder=os.environ.get("FOUNDRY_BUILDER", "python"))  # fmt: skip
+        threads = os.environ.get("FOUNDRY_BUILD_THREADS", "1")
+        session = LoadSession(config.archive, device=device, rank=rank,
+                              relocate=os.environ.get("FOUNDRY_RELOCATE") == "1",
+                              builder=os.environ.get("FOUNDRY_BUILDER", "python"),
+                              build_threads=int(threads) if threads.isdigit() else 0)  # fmt: skip
         check_server_args(session.archive.catalog.model, live)
     session.start()
     _state = SchedulerState(config, session, rank)
     _say(f"scheduler (tp rank {rank}) active: mode {config.mode}, archive {config.archive}")
 
 
+def _check_supported(server_args: Any) -> None:
+    """Refuse what the plugin cannot persist, by field, before anything is allocated."""
+    sizes = {name: getattr(server_args, name, 1) or 1 for name in ("tp_size", "pp_size", "dp_size")}
+    if any(size != 1 for size in sizes.values()):
+        raise FoundryError("the SGLang plugin persists single-GPU servers only (tp, pp and dp size 1)",
+                           field="sglang.tp_size", found=sizes)  # fmt: skip
+    if getattr(server_args, "enable_memory_saver", False):
+        raise FoundryError("the memory saver moves graph memory; it cannot be used with Foundry",
+                           field="sglang.enable_memory_saver")  # fmt: skip
+    if getattr(server_args, "speculative_algorithm", None):
+        raise FoundryError("speculative decoding (several model runners) is not persisted yet",
+                           field="sglang.speculative_algorithm", found=server_args.speculative_algorithm)  # fmt: skip
+    prefill = _prefill_backend(server_args)
+    if prefill not in PERSISTED_PREFILL:
+        raise FoundryError("prefill graphs of this backend cannot be persisted, and capturing them first would move "
+                           "every later allocation; set cuda_graph_backend_prefill to disabled or full",
+                           field="sglang.cuda_graph_backend_prefill", expected=list(PERSISTED_PREFILL),
+                           found=prefill)  # fmt: skip
+
+
+def _prefill_backend(server_args: Any) -> str:
+    """The prefill graph backend ServerArgs resolved (its JSON config, flags and defaults)."""
+    if getattr(server_args, "disable_prefill_cuda_graph", False) or getattr(server_args, "disable_cuda_graph", False):
+        return "disabled"
+    resolved = getattr(getattr(server_args, "cuda_graph_config", None), "prefill", None)
+    backend = getattr(resolved, "backend", None) or getattr(server_args, "cuda_graph_backend_prefill", None)
+    return str(getattr(backend, "value", backend))
+
+
 def _kv_budget(original: Any, configurator: Any, *args: Any, **kwargs: Any) -> int:
     profiled = original(configurator, *args, **kwargs)
     if _state is None:
         return profiled
-    if _state.config.mode == "save":
+    first_run = os.environ.get("FOUNDRY_SAVE_FIRST_RUN")  # a later run of a SAVE sizes its pool like the first
+    if _state.config.mode == "save" and not first_run:
         _state.session.model[KV_BUDGET] = str(profiled)
         return profiled
-    recorded = _state.session.archive.catalog.model.get(KV_BUDGET)
+    if first_run:
+        from foundry.archive.reader import Archive
+
+        recorded = Archive.open(first_run).catalog.model.get(KV_BUDGET)
+        _state.session.model[KV_BUDGET] = str(recorded)
+    else:
+        recorded = _state.session.archive.catalog.model.get(KV_BUDGET)
     if recorded is None:
         raise DriftError("the archive records no KV budget (not saved by the SGLang plugin)", field=KV_BUDGET)
     if profiled < int(recorded):
@@ -220,6 +269,9 @@ def _check_model(backend: Any) -> None:
 def _pass_through(*args: Any, **kwargs: Any) -> None:
     if _state is None:
         return
+    if _state.config.mode == "load":
+        raise FoundryError("a LOAD cannot capture breakable graphs; SAVE and LOAD with those graphs off",
+                           field="sglang.cuda_graph_backend_prefill")  # fmt: skip
     backend = args[0] if args else None
     runner = getattr(backend, "_foundry_runner", "prefill")
     if runner not in _state.passed_through:

@@ -20,11 +20,15 @@ SERVER_ARGS = (
     "model_path", "revision", "load_format", "dtype", "quantization", "kv_cache_dtype", "context_length",
     "page_size", "mem_fraction_static", "max_total_tokens", "max_running_requests", "chunked_prefill_size",
     "max_prefill_tokens", "attention_backend", "decode_attention_backend", "prefill_attention_backend",
-    "sampling_backend", "tp_size", "pp_size", "dp_size", "ep_size", "random_seed", "disable_radix_cache",
-    "disable_cuda_graph", "cuda_graph_backend_decode", "cuda_graph_backend_prefill", "cuda_graph_max_bs_decode",
-    "cuda_graph_bs_decode", "cuda_graph_max_bs_prefill", "cuda_graph_bs_prefill", "triton_attention_num_kv_splits",
-    "enable_memory_saver", "skip_tokenizer_init",
+    "sampling_backend", "tp_size", "pp_size", "dp_size", "ep_size", "disable_radix_cache",
+    "disable_cuda_graph", "disable_prefill_cuda_graph", "disable_decode_cuda_graph", "cuda_graph_config",
+    "cuda_graph_backend_decode", "cuda_graph_backend_prefill", "cuda_graph_max_bs_decode", "cuda_graph_bs_decode",
+    "cuda_graph_max_bs_prefill", "cuda_graph_bs_prefill", "triton_attention_num_kv_splits", "enable_memory_saver",
+    "enable_torch_compile", "speculative_algorithm", "enable_lora", "enable_pdmux", "skip_tokenizer_init",
 )  # fmt: skip
+# cuda_graph_config is the resolved per-phase configuration after ServerArgs.__post_init__
+# (its JSON overrides the per-phase flags); compared through its repr. random_seed is not
+# compared: it changes no graph (only dummy weights' values).
 
 
 def server_fingerprint(server_args: Any, version: str) -> dict[str, str]:
