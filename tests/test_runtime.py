@@ -421,3 +421,11 @@ def test_inspect_reports_what_a_load_relies_on():
     assert facts["region"]["late_allocations"] == 0 and facts["images"] == 27 and facts["globals_unknown"] == []
     assert [g["graph"] for g in data["graphs"] if g["rng"]] == ["sample.bs8"]
     assert all(g["undefined_bytes"] > 0 for g in data["graphs"])
+
+
+def test_a_save_stopped_after_writing_says_the_second_run_was_not_made(tmp_path, with_hook):
+    code = "import os, shutil, sys; shutil.copytree(sys.argv[1], os.environ['FOUNDRY_ARCHIVE']); sys.exit(143)"
+    lines: list[str] = []
+    config = launcher.RunConfig("save", tmp_path / "a")
+    assert launcher.run(config, [sys.executable, "-c", code, str(SAVE_A)], log=lines.append) == 143
+    assert len(lines) == 1 and "exited with 143 after writing" in lines[0] and "--save-runs 1" in lines[0]

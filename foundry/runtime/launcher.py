@@ -134,6 +134,11 @@ def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Calla
     if config.mode == "save" and (config.archive / CATALOG_FILE).exists() and not config.overwrite:
         raise FoundryError("already holds an archive (pass --overwrite to replace it)", path=str(config.archive))
     code = _start(command, config)
+    if config.mode == "save" and code != 0 and (config.archive / CATALOG_FILE).is_file() and save_runs > 1:
+        log(
+            f"foundry: the program exited with {code} after writing {config.archive}; no further SAVE run "
+            "was made, so the archive lacks the cross-run marks (a server stopped by a signal: --save-runs 1)"
+        )
     if config.mode != "save" or code != 0:
         return code
     if not (config.archive / CATALOG_FILE).is_file():
