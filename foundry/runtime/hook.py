@@ -17,7 +17,8 @@ from foundry.errors import HookError
 
 ABI = 2
 LIBRARY = "libfoundry_hook.so"
-COUNTERS = ("stream_captures", "graph_instantiates", "allocations", "refused", "images", "native_instantiate_us")
+COUNTERS = ("stream_captures", "graph_instantiates", "allocations", "refused", "images", "native_instantiate_us",
+            "ipc_imports")
 
 
 class _Alloc(ctypes.Structure):

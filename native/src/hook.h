@@ -18,6 +18,14 @@ void *fh_real(const char *exported);
 CUresult fh_mem_alloc(CUdeviceptr *dptr, size_t bytesize);
 CUresult fh_mem_free(CUdeviceptr dptr);
 int fh_region_mode(void);
+/* The live region allocation holding p: its offset, size and physical handle (0: none). */
+int fh_region_lookup(CUdeviceptr p, size_t *offset, size_t *size, CUmemGenericAllocationHandle *handle);
+/* The region's base, size and access descriptor; whether it is reserved yet. */
+int fh_region_geometry(CUdeviceptr *base, size_t *size, CUmemAccessDesc *access);
+/* ipc_driver.c: the driver's IPC calls on region memory, through Foundry handles. */
+CUresult fh_ipc_get_mem_handle(CUipcMemHandle *handle, CUdeviceptr dptr);
+CUresult fh_ipc_open_mem_handle(CUdeviceptr *dptr, CUipcMemHandle handle, unsigned int flags);
+CUresult fh_ipc_close_mem_handle(CUdeviceptr dptr);
 void fh_capture_begin(void);
 void fh_capture_end(void);
 

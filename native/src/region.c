@@ -125,6 +125,8 @@ static CUresult reserve(void) {
     region.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     region.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     region.prop.location.id = device;
+    /* exportable as a POSIX descriptor, so cuIpcGetMemHandle on region memory works (ipc_driver.c) */
+    region.prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     region.access.location = region.prop.location;
     region.access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     rc = DRIVER(cuMemGetAllocationGranularity)(&region.granularity, &region.prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
@@ -272,6 +274,27 @@ CUresult fh_mem_free(CUdeviceptr dptr) {
     else if (rc != CUDA_SUCCESS)
         fh_event("error: free of 0x%llx failed (driver status %d)", (unsigned long long)dptr, (int)rc);
     return rc;
+}
+
+int fh_region_lookup(CUdeviceptr p, size_t *offset, size_t *size, CUmemGenericAllocationHandle *handle) {
+    int found = 0;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; region.reserved && i < region.count && !found; i++) {
+        foundry_alloc_t *a = &region.trace[i];
+        if (a->freed || p < region.base + a->offset || p >= region.base + a->offset + a->size) continue;
+        *offset = a->offset, *size = a->size, *handle = region.handles[i];
+        found = 1;
+    }
+    pthread_mutex_unlock(&lock);
+    return found;
+}
+
+int fh_region_geometry(CUdeviceptr *base, size_t *size, CUmemAccessDesc *access) {
+    pthread_mutex_lock(&lock);
+    int reserved = region.reserved;
+    *base = region.base, *size = region.size, *access = region.access;
+    pthread_mutex_unlock(&lock);
+    return reserved;
 }
 
 int foundry_region_map_to(uint64_t offset) {

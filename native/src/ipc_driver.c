@@ -1,0 +1,221 @@
+/*
+ * ipc_driver.c - the driver's IPC calls on region memory, through Foundry handles.
+ *
+ * In SAVE or LOAD mode, cuIpcGetMemHandle on region memory exports the allocation's
+ * physical memory as a POSIX descriptor and returns a Foundry handle in the 64 bytes
+ * of a CUipcMemHandle (ipc.c carries the descriptor between processes).
+ * cuIpcOpenMemHandle on such a handle fetches the descriptor from the exporter and
+ * maps it in this process's import zone: one reservation at a fixed address
+ * (FOUNDRY_IMPORT_BASE), one slot of the region's size per rank, the allocation at
+ * its offset in the exporter's region. Peer memory therefore has the same address
+ * in every SAVE and LOAD process. Each open is counted and needs its own close; the
+ * mapping goes with the last one. Memory outside the region, handles that are not
+ * Foundry's, a peer whose region sits elsewhere and a taken import zone are refused
+ * by name in the event log: none of them could be reproduced.
+ */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hook.h"
+
+#define DRIVER(fn) ((__typeof__(&fn))fh_real(#fn))
+#define GiB (1ULL << 30)
+#define DEFAULT_ZONE 0x700000000000ULL
+#define MAX_SLOTS 8
+#define MAX_EXPORTS 1024
+#define MAX_MAPPINGS 1024
+
+typedef CUresult (*get_fn)(CUipcMemHandle *, CUdeviceptr);
+typedef CUresult (*open_fn)(CUdeviceptr *, CUipcMemHandle, unsigned int);
+typedef CUresult (*close_fn)(CUdeviceptr);
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    size_t offset; /* the allocation's offset in this process's region */
+    foundry_ipc_handle_t handle;
+} exported[MAX_EXPORTS];
+static size_t exported_count;
+
+static struct {
+    int used;
+    foundry_ipc_handle_t handle;
+    CUdeviceptr address;
+    size_t size;
+    CUmemGenericAllocationHandle memory;
+} mapped[MAX_MAPPINGS];
+
+static CUdeviceptr zone;   /* the import zone, once reserved */
+static size_t slot_size;   /* the region's size: a peer's whole region fits in its slot */
+
+__attribute__((format(printf, 2, 3))) static CUresult refuse(CUresult rc, const char *fmt, ...) {
+    fh_count("refused");
+    char message[256];
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(message, sizeof message, fmt, args);
+    va_end(args);
+    fh_event("error: %s", message);
+    return rc;
+}
+
+static uint16_t rank_slot(void) {
+    const char *text = getenv("FOUNDRY_RANK");
+    long rank = text ? strtol(text, NULL, 10) : 0;
+    return rank >= 0 && rank < MAX_SLOTS ? (uint16_t)rank : 0;
+}
+
+CUresult fh_ipc_get_mem_handle(CUipcMemHandle *out, CUdeviceptr dptr) {
+    if (fh_region_mode() == FOUNDRY_MODE_OFF) return ((get_fn)fh_real("cuIpcGetMemHandle"))(out, dptr);
+    if (out == NULL) return CUDA_ERROR_INVALID_VALUE;
+    size_t offset, size;
+    CUmemGenericAllocationHandle memory;
+    CUdeviceptr base;
+    CUmemAccessDesc access;
+    if (!fh_region_lookup(dptr, &offset, &size, &memory) || !fh_region_geometry(&base, &slot_size, &access))
+        return refuse(CUDA_ERROR_INVALID_VALUE, "cuIpcGetMemHandle of 0x%llx: not region memory",
+                      (unsigned long long)dptr);
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < exported_count; i++) {
+        if (exported[i].offset == offset) { /* one export per allocation: its handle again */
+            memcpy(out, &exported[i].handle, sizeof *out);
+            pthread_mutex_unlock(&lock);
+            return CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    int fd = -1;
+    CUresult rc = DRIVER(cuMemExportToShareableHandle)(&fd, memory, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (rc != CUDA_SUCCESS)
+        return refuse(rc, "cuIpcGetMemHandle of 0x%llx: the allocation cannot be exported (status %d)",
+                      (unsigned long long)dptr, (int)rc);
+    foundry_ipc_handle_t handle;
+    int status = foundry_ipc_export(fd, rank_slot(), base, offset, size, &handle);
+    close(fd); /* the exporter keeps its own copy */
+    if (status != FOUNDRY_OK)
+        return refuse(CUDA_ERROR_OPERATING_SYSTEM, "cuIpcGetMemHandle of 0x%llx: export failed (%d)",
+                      (unsigned long long)dptr, status);
+    pthread_mutex_lock(&lock);
+    if (exported_count < MAX_EXPORTS) {
+        exported[exported_count].offset = offset;
+        exported[exported_count].handle = handle;
+        exported_count++;
+    }
+    pthread_mutex_unlock(&lock);
+    memcpy(out, &handle, sizeof *out);
+    return CUDA_SUCCESS;
+}
+
+/* The import zone, reserved on first use at its fixed address. Call with the lock held. */
+static CUresult reserve_zone(void) {
+    if (zone) return CUDA_SUCCESS;
+    const char *text = getenv("FOUNDRY_IMPORT_BASE");
+    CUdeviceptr want = text && *text ? strtoull(text, NULL, 0) : DEFAULT_ZONE, got = 0;
+    CUresult rc = DRIVER(cuMemAddressReserve)(&got, slot_size * MAX_SLOTS, GiB, want, 0);
+    if (rc != CUDA_SUCCESS || got != want) {
+        if (rc == CUDA_SUCCESS) DRIVER(cuMemAddressFree)(got, slot_size * MAX_SLOTS);
+        return refuse(CUDA_ERROR_OUT_OF_MEMORY, "the import zone at 0x%llx is taken (the driver gave 0x%llx)",
+                      (unsigned long long)want, (unsigned long long)got);
+    }
+    zone = got;
+    fh_event("ipc: import zone 0x%llx, %d slots of %zu bytes", (unsigned long long)zone, MAX_SLOTS, slot_size);
+    return CUDA_SUCCESS;
+}
+
+static int same_handle(const foundry_ipc_handle_t *a, const foundry_ipc_handle_t *b) {
+    return a->pid == b->pid && a->export_id == b->export_id && memcmp(a->token, b->token, sizeof a->token) == 0;
+}
+
+/* Map the descriptor at the handle's address in the zone; the mapping's index or -1. */
+static int map_import(const foundry_ipc_handle_t *h, int fd, CUdeviceptr at, const CUmemAccessDesc *access) {
+    int slot = -1;
+    for (int i = 0; i < MAX_MAPPINGS && slot < 0; i++)
+        if (!mapped[i].used) slot = i;
+    if (slot < 0) return -1;
+    CUmemGenericAllocationHandle memory;
+    CUresult rc = DRIVER(cuMemImportFromShareableHandle)(&memory, (void *)(intptr_t)fd,
+                                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    if (rc != CUDA_SUCCESS) return -1;
+    rc = DRIVER(cuMemMap)(at, h->size, 0, memory, 0);
+    if (rc == CUDA_SUCCESS) rc = DRIVER(cuMemSetAccess)(at, h->size, access, 1);
+    if (rc != CUDA_SUCCESS) {
+        DRIVER(cuMemUnmap)(at, h->size);
+        DRIVER(cuMemRelease)(memory);
+        return -1;
+    }
+    mapped[slot].used = 1, mapped[slot].handle = *h, mapped[slot].address = at, mapped[slot].size = h->size;
+    mapped[slot].memory = memory;
+    return slot;
+}
+
+CUresult fh_ipc_open_mem_handle(CUdeviceptr *dptr, CUipcMemHandle raw, unsigned int flags) {
+    if (fh_region_mode() == FOUNDRY_MODE_OFF) return ((open_fn)fh_real("cuIpcOpenMemHandle_v2"))(dptr, raw, flags);
+    if (dptr == NULL) return CUDA_ERROR_INVALID_VALUE;
+    foundry_ipc_handle_t h;
+    memcpy(&h, &raw, sizeof h);
+    CUdeviceptr base;
+    CUmemAccessDesc access;
+    if (foundry_ipc_check(&h) == FOUNDRY_IPC_EFORMAT)
+        return refuse(CUDA_ERROR_INVALID_HANDLE, "cuIpcOpenMemHandle: not a Foundry handle (the exporter ran "
+                      "without the hook?)");
+    if (!fh_region_geometry(&base, &slot_size, &access))
+        return refuse(CUDA_ERROR_NOT_INITIALIZED, "cuIpcOpenMemHandle before this process's region exists");
+    if (h.region_base != base)
+        return refuse(CUDA_ERROR_INVALID_HANDLE, "cuIpcOpenMemHandle: the peer's region is at 0x%llx, this one at 0x%llx",
+                      (unsigned long long)h.region_base, (unsigned long long)base);
+    if (h.rank_slot >= MAX_SLOTS || h.offset > slot_size || h.size > slot_size - h.offset)
+        return refuse(CUDA_ERROR_INVALID_HANDLE, "cuIpcOpenMemHandle: rank slot %u, offset %llu out of the zone",
+                      (unsigned)h.rank_slot, (unsigned long long)h.offset);
+    int fd = -1;
+    int status = foundry_ipc_open(&h, &fd); /* one reference per open */
+    if (status != FOUNDRY_IPC_OK)
+        return refuse(CUDA_ERROR_INVALID_HANDLE, "cuIpcOpenMemHandle of rank %u's memory refused (status %d)",
+                      (unsigned)h.rank_slot, status);
+    pthread_mutex_lock(&lock);
+    CUresult rc = reserve_zone();
+    CUdeviceptr at = zone + (CUdeviceptr)h.rank_slot * slot_size + h.offset;
+    for (int i = 0; rc == CUDA_SUCCESS && i < MAX_MAPPINGS; i++) {
+        if (mapped[i].used && same_handle(&mapped[i].handle, &h)) { /* opened before: the same address */
+            pthread_mutex_unlock(&lock);
+            *dptr = mapped[i].address;
+            return CUDA_SUCCESS;
+        }
+    }
+    if (rc == CUDA_SUCCESS && map_import(&h, fd, at, &access) < 0)
+        rc = refuse(CUDA_ERROR_OUT_OF_MEMORY, "cannot map rank %u's memory at 0x%llx", (unsigned)h.rank_slot,
+                    (unsigned long long)at);
+    pthread_mutex_unlock(&lock);
+    if (rc != CUDA_SUCCESS) {
+        foundry_ipc_close(&h, NULL);
+        return rc;
+    }
+    fh_count("ipc_imports");
+    *dptr = at;
+    return CUDA_SUCCESS;
+}
+
+CUresult fh_ipc_close_mem_handle(CUdeviceptr dptr) {
+    if (fh_region_mode() == FOUNDRY_MODE_OFF) return ((close_fn)fh_real("cuIpcCloseMemHandle"))(dptr);
+    pthread_mutex_lock(&lock);
+    int slot = -1;
+    for (int i = 0; i < MAX_MAPPINGS && slot < 0; i++)
+        if (mapped[i].used && mapped[i].address == dptr) slot = i;
+    CUresult rc = CUDA_SUCCESS;
+    uint32_t left = 1;
+    if (slot < 0 || foundry_ipc_close(&mapped[slot].handle, &left) != FOUNDRY_OK) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (left == 0) { /* the last close releases the mapping */
+        DRIVER(cuCtxSynchronize)();
+        rc = DRIVER(cuMemUnmap)(mapped[slot].address, mapped[slot].size);
+        if (rc == CUDA_SUCCESS) rc = DRIVER(cuMemRelease)(mapped[slot].memory);
+        mapped[slot].used = 0;
+    }
+    pthread_mutex_unlock(&lock);
+    if (slot < 0)
+        return refuse(CUDA_ERROR_INVALID_VALUE, "cuIpcCloseMemHandle of 0x%llx: not an open import",
+                      (unsigned long long)dptr);
+    return rc;
+}
