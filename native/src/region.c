@@ -175,6 +175,13 @@ static CUresult map_at_cursor(CUdeviceptr *dptr, size_t bytesize) {
     CUdeviceptr at = region.base + region.cursor;
     CUmemGenericAllocationHandle handle;
     CUresult rc = DRIVER(cuMemCreate)(&handle, mapped, &region.prop, 0);
+    if (rc != CUDA_SUCCESS && region.prop.requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE) {
+        /* a driver or container without shareable memory: the region works, IPC on it will not */
+        fh_event("region: memory cannot be created exportable (status %d); cuIpcGetMemHandle on it will fail",
+                 (int)rc);
+        region.prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+        rc = DRIVER(cuMemCreate)(&handle, mapped, &region.prop, 0);
+    }
     if (rc != CUDA_SUCCESS) return rc;
     rc = DRIVER(cuMemMap)(at, mapped, 0, handle, 0);
     if (rc == CUDA_SUCCESS) rc = DRIVER(cuMemSetAccess)(at, mapped, &region.access, 1);
