@@ -35,7 +35,7 @@ RUN="python3 recipes/torch/run.py"
 SHIFTED=0x600400000000  # the default base + 16 GiB
 
 # 1. GPU tests (sessions, native builder, relocation, symmetric memory, the hook, lowering)
-wants tests && step gpu-tests python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py tests/test_gpu_hook.py tests/test_gpu_session.py
+wants tests && step gpu-tests python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py tests/test_gpu_hook.py tests/test_gpu_session.py tests/test_gpu_ipc.py
 
 # 2. the decoder recipe: baseline, two-run SAVE, a second two-run SAVE, LOADs
 if wants recipe; then
