@@ -15,7 +15,7 @@ from pathlib import Path
 
 from foundry.errors import HookError
 
-ABI = 2
+ABI = 3
 LIBRARY = "libfoundry_hook.so"
 COUNTERS = ("stream_captures", "graph_instantiates", "allocations", "refused", "images", "native_instantiate_us",
             "ipc_imports")

@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#define FOUNDRY_HOOK_ABI 2
+#define FOUNDRY_HOOK_ABI 3
 
 enum foundry_status {
     FOUNDRY_OK = 0,
