@@ -14,6 +14,7 @@ import msgspec
 from foundry import __version__
 from foundry.archive.files import atomic_write, sha256_hex
 from foundry.archive.outputs import OutputValue, check_output
+from foundry.archive.rank_parts import RankPart, commit_when_complete, write_part
 from foundry.archive.schema import (
     ARCHIVE_FORMAT,
     CATALOG_FILE,
@@ -158,6 +159,12 @@ class ArchiveWriter:
     An existing archive is never replaced unless ``overwrite`` is set; then its
     catalog is removed first, so a SAVE that dies leaves no archive that looks
     valid rather than a mixture of old and new.
+
+    With ``save_id``, this process writes only some ranks of an archive other
+    processes write the rest of (:mod:`foundry.archive.rank_parts`): :meth:`commit`
+    leaves each sealed rank's part, and the catalog is written by whichever
+    process completes the set. ``overwrite`` then removes only the catalog; the
+    ranks' files are replaced by their own processes.
     """
 
     def __init__(
@@ -168,15 +175,19 @@ class ArchiveWriter:
         world_size: int = 1,
         model: dict[str, str] | None = None,
         overwrite: bool = False,
+        save_id: str | None = None,
     ) -> None:
         self.root = Path(path)
+        self.save_id = save_id
         catalog = self.root / CATALOG_FILE
         if catalog.exists() and not overwrite:
             raise ArchiveError("already holds an archive (pass overwrite to replace it)", path=str(self.root))
         if self.root.exists() and not self.root.is_dir():
             raise ArchiveError("exists and is not a directory", path=str(self.root))
         self.root.mkdir(parents=True, exist_ok=True)
-        if catalog.exists():  # overwrite: invalidate first, then clear what the old archive owned
+        if catalog.exists() and save_id is not None:  # shared: the other ranks' files are theirs
+            catalog.unlink(missing_ok=True)
+        elif catalog.exists():  # overwrite: invalidate first, then clear what the old archive owned
             catalog.unlink()
             for owned in [*self.root.glob("rank[0-9]*"), self.root / "modules"]:
                 if owned.is_dir() and not owned.is_symlink():
@@ -204,8 +215,12 @@ class ArchiveWriter:
         self.module_state = ModuleState.COMPLETE
         return digest
 
-    def commit(self) -> Path:
-        """Write the catalog once every rank is sealed; the archive exists from here on."""
+    def commit(self) -> Path | None:
+        """Write the catalog once every rank is sealed; the archive exists from here on.
+        Shared (``save_id``): leave this process's parts and write the catalog if they
+        complete the set; None when another process's commit is still to come."""
+        if self.save_id is not None:
+            return self._commit_shared()
         missing = [r for r in range(self.world_size) if r not in self.ranks or self.ranks[r].sealed is None]
         if missing:
             raise ArchiveError("cannot commit before every rank is sealed", path=str(self.root), found=missing)
@@ -222,3 +237,16 @@ class ArchiveWriter:
         )
         atomic_write(self.root / CATALOG_FILE, encode_record(catalog))
         return self.root
+
+    def _commit_shared(self) -> Path | None:
+        assert self.save_id is not None
+        unsealed = [r for r, writer in self.ranks.items() if writer.sealed is None]
+        if unsealed or not self.ranks:
+            raise ArchiveError("cannot commit before this process's ranks are sealed", path=str(self.root),
+                               found=unsealed)  # fmt: skip
+        blobs = tuple(sorted(self.modules.values(), key=lambda b: b.sha256))
+        for writer in self.ranks.values():
+            assert writer.sealed is not None
+            write_part(self.root, RankPart(self.save_id, self.world_size, writer.sealed, self.environment, blobs,
+                                           dict(self.model)))  # fmt: skip
+        return self.root if commit_when_complete(self.root, self.world_size, self.save_id) else None

@@ -17,8 +17,15 @@ from foundry.errors import HookError
 
 ABI = 3
 LIBRARY = "libfoundry_hook.so"
-COUNTERS = ("stream_captures", "graph_instantiates", "allocations", "refused", "images", "native_instantiate_us",
-            "ipc_imports")
+COUNTERS = (
+    "stream_captures",
+    "graph_instantiates",
+    "allocations",
+    "refused",
+    "images",
+    "native_instantiate_us",
+    "ipc_imports",
+)
 
 
 class _Alloc(ctypes.Structure):

@@ -4,6 +4,7 @@ region and write the archive with images, device globals and the allocation trac
 from __future__ import annotations
 
 import ctypes
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -196,12 +197,17 @@ class SaveSession(Session):
                         node=node.id,
                         kernel=node.kernel.name,
                     )
+        save_id = os.environ.get("FOUNDRY_SAVE_ID") if self.world_size > 1 else None
+        if self.world_size > 1 and not save_id:
+            raise FoundryError("a SAVE of several ranks needs FOUNDRY_SAVE_ID, the same in every rank's process",
+                               field="FOUNDRY_SAVE_ID")  # fmt: skip
         writer = ArchiveWriter(
             self.path,
             environment=self.environment,
             world_size=self.world_size,
             model=self.model,
             overwrite=self.overwrite,
+            save_id=save_id,  # several ranks: one process per rank, the catalog by whoever finishes last
         )
         records: list[ImageRecord] = []
         for sha256, image in sorted(self.images.used.items()):
@@ -220,11 +226,12 @@ class SaveSession(Session):
             rank.add_backend_state(owner.record(process))
         rank.set_region(self._region_record(rank))
         rank.seal()
-        writer.commit()
+        committed = writer.commit() is not None
         return {
             "mode": "save",
             "archive": str(self.path),
             "graphs": len(self.entries),
+            "committed": committed,  # False: another rank's process writes the catalog
             "plans": planned,
             "images": len(records),
             "undefined_bytes": self.undefined_bytes,

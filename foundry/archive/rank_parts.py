@@ -1,0 +1,109 @@
+"""One archive written by several processes, one rank each.
+
+A multi-GPU SAVE has a process per rank. Each seals its own ``rank<N>/`` (graphs,
+session) and writes ``rank<N>/part.json``: what the catalog needs from it (its
+session's hash, its module images, its environment and model description)
+under the SAVE's id, which every rank's process is given. Whichever process
+finds every rank's part of this SAVE present writes the catalog, once (an
+exclusive lock file decides who), after checking that the parts agree; a part
+left by an earlier SAVE in the same directory carries another id and counts as
+missing. The archive exists only from that moment: a rank that dies leaves no
+catalog, and readers refuse a directory without one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from pathlib import Path
+
+import msgspec
+
+from foundry import __version__
+from foundry.archive.files import atomic_write
+from foundry.archive.reader import decode_typed
+from foundry.archive.schema import (
+    ARCHIVE_FORMAT,
+    CATALOG_FILE,
+    FORMAT_VERSION,
+    Catalog,
+    Environment,
+    ModuleBlob,
+    ModuleIndex,
+    ModuleState,
+    RankEntry,
+)
+from foundry.errors import ArchiveError
+
+PART_FILE = "part.json"
+LOCK_FILE = ".commit.lock"
+
+
+class RankPart(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What one rank's process contributes to the catalog."""
+
+    save_id: str
+    world_size: int
+    rank: RankEntry
+    environment: Environment
+    modules: tuple[ModuleBlob, ...] = ()
+    model: dict[str, str] = {}
+
+
+def write_part(root: Path, part: RankPart) -> None:
+    atomic_write(root / f"rank{part.rank.rank}" / PART_FILE, msgspec.json.encode(part))
+
+
+def commit_when_complete(root: Path, world_size: int, save_id: str) -> bool:
+    """Write the catalog if every rank's part of SAVE ``save_id`` is present and no
+    other process took the commit; True when this call wrote it."""
+    from foundry.archive.writer import encode_record
+
+    parts = [_part(root / f"rank{r}" / PART_FILE, save_id) for r in range(world_size)]
+    if any(part is None for part in parts):
+        return False
+    try:
+        lock = os.open(root / f"{LOCK_FILE}.{save_id}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:  # another rank's process commits
+        return False
+    os.close(lock)
+    atomic_write(root / CATALOG_FILE, encode_record(_catalog([p for p in parts if p], world_size)))
+    return True
+
+
+def _part(path: Path, save_id: str) -> RankPart | None:
+    if not path.is_file():
+        return None
+    part = decode_typed(path.read_bytes(), RankPart, path=path)
+    return part if part.save_id == save_id else None  # an earlier SAVE's
+
+
+def _catalog(parts: list[RankPart], world_size: int) -> Catalog:
+    first = parts[0]
+    model: dict[str, str] = {}
+    modules: dict[str, ModuleBlob] = {}
+    for index, part in enumerate(parts):
+        if part.rank.rank != index or part.world_size != world_size:
+            raise ArchiveError("a rank's part does not belong to this archive", field=f"rank{index}.part",
+                               expected=f"rank {index} of {world_size}",
+                               found=f"rank {part.rank.rank} of {part.world_size}")  # fmt: skip
+        if part.environment != first.environment:
+            raise ArchiveError("ranks saved in different environments", field=f"rank{index}.environment")
+        for key, value in part.model.items():
+            if model.setdefault(key, value) != value:
+                raise ArchiveError("ranks describe the model differently", field=f"model.{key}",
+                                   expected=model[key], found=value)  # fmt: skip
+        modules.update((blob.sha256, blob) for blob in part.modules)
+    index = ModuleIndex(ModuleState.COMPLETE if modules else ModuleState.ABSENT,
+                        tuple(sorted(modules.values(), key=lambda b: b.sha256)))  # fmt: skip
+    return Catalog(
+        format=ARCHIVE_FORMAT,
+        format_version=FORMAT_VERSION,
+        tool_version=__version__,
+        created=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        environment=first.environment,
+        world_size=world_size,
+        ranks=tuple(part.rank for part in parts),
+        modules=index,
+        model=dict(sorted(model.items())),
+    )
