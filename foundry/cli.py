@@ -402,6 +402,8 @@ def _address(text: str) -> int:
 @click.option("--warmup", type=click.Choice(["replay", "restore"]), default="replay",
               help="LOAD: repeat the program's warm-up, or skip it and restore the bytes it left")  # fmt: skip
 @click.option("--rank", type=click.IntRange(min=0), default=0, help="this process's rank")
+@click.option("--world-size", type=click.IntRange(1, 1024), default=1, show_default=True,
+              help="SAVE: ranks in the archive, one process each (they share FOUNDRY_SAVE_ID)")  # fmt: skip
 @click.option("--builder", type=click.Choice(["python", "native"]), default="python",
               help="LOAD: build graphs via cuda-bindings, or via the hook from SAVE's launch plans")  # fmt: skip
 @click.option("--build-threads", type=click.IntRange(1, 64), default=1, show_default=True,
@@ -413,7 +415,7 @@ def _address(text: str) -> int:
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @guarded
 def run(mode: str, archive: Path, region_base: int | None, region_size: int | None, warmup: str, rank: int,
-        builder: str, build_threads: int, overwrite: bool, keep_aslr: bool, save_runs: int,
+        world_size: int, builder: str, build_threads: int, overwrite: bool, keep_aslr: bool, save_runs: int,
         command: tuple[str, ...]) -> int:  # fmt: skip
     """Run COMMAND (after --) with the native hook and a SAVE or LOAD session.
 
@@ -422,7 +424,10 @@ def run(mode: str, archive: Path, region_base: int | None, region_size: int | No
     keeps the first run's archive, marked with the bytes the runs disagree on."""
     from foundry.runtime import launcher
 
-    config = launcher.RunConfig(mode, archive, region_base, region_size, warmup, rank, fixed_layout=not keep_aslr,
+    if rank >= world_size and mode == "save":
+        raise click.BadParameter(f"rank {rank} is not below the world size {world_size}", param_hint="--rank")
+    config = launcher.RunConfig(mode, archive, region_base, region_size, warmup, rank, world_size,
+                                fixed_layout=not keep_aslr,
                                 builder=builder, build_threads=build_threads, overwrite=overwrite)  # fmt: skip
     try:
         return launcher.run(config, list(command), save_runs=save_runs, log=lambda line: click.echo(line, err=True))

@@ -66,3 +66,39 @@ def test_a_taken_import_zone_is_refused(tmp_path, hook_library):
     _, imported = _pair(tmp_path, hook_library, "take-zone")
     assert imported["open_status"] != 0
     assert any("the import zone at 0x700000000000 is taken" in line for line in imported["events"]), imported
+
+
+def _ranks(tmp_path, phase: str, mode: str, archive: Path, **env: str) -> list[dict]:
+    """Both ranks of the peer all-reduce recipe at once, under `foundry run`; their reports."""
+    procs = []
+    for rank in (0, 1):
+        run = [sys.executable, "-m", "foundry", "run", "--mode", mode, "--rank", str(rank), "--archive", str(archive)]
+        if mode == "save":
+            run += ["--world-size", "2", "--save-runs", "1"]
+        out = tmp_path / f"{phase}{rank}.json"
+        cmd = [*run, "--", sys.executable, str(ROOT / "recipes" / "ipc" / "peer_allreduce.py"), "--rank", str(rank),
+               "--exchange", str(tmp_path / f"exchange-{phase}"), "--out", str(out)]  # fmt: skip
+        full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **env}
+        procs.append((subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+                      out))  # fmt: skip
+    reports = []
+    for proc, out in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        reports.append(json.loads(out.read_text()))
+    return reports
+
+
+def test_two_processes_save_and_load_a_peer_allreduce_identically(tmp_path):
+    from foundry.archive import Archive
+
+    saved = _ranks(tmp_path, "save", "save", tmp_path / "a", FOUNDRY_SAVE_ID="save-a")
+    saved2 = _ranks(tmp_path, "save2", "save", tmp_path / "b", FOUNDRY_SAVE_ID="save-b")
+    loaded = _ranks(tmp_path, "load", "load", tmp_path / "a")
+    assert Archive.open(tmp_path / "a").ranks == [0, 1]
+    for rank in (0, 1):
+        first, second, load = saved[rank], saved2[rank], loaded[rank]
+        assert first["correct"] and second["correct"] and load["correct"], (first, load)
+        assert first["out_sha256"] == second["out_sha256"] == load["out_sha256"]
+        assert first["peer_address"] == second["peer_address"] == load["peer_address"]  # the same peer address
+        assert load["session"]["counters"]["stream_captures"] == 0 and load["counters"]["ipc_imports"] == 1

@@ -143,3 +143,17 @@ def test_another_user_is_refused(exporter, hook_library):
     out = subprocess.run([sys.executable, "-c", code, str(hook_library), root, raw.hex()], capture_output=True,
                          text=True, timeout=60)  # fmt: skip
     assert "another user" in out.stdout, out.stdout + out.stderr
+
+
+def test_the_import_zone_is_where_the_configuration_puts_it(hook_library):
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; from pathlib import Path; from foundry.runtime.hook import Hook; "
+            "print(Hook.open_library(Path(sys.argv[1])).import_zone())")  # fmt: skip
+    env = {**os.environ, "FOUNDRY_MODE": "save", "FOUNDRY_IMPORT_BASE": "0x710000000000",
+           "FOUNDRY_REGION_SIZE": str(32 << 30)}  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code, str(hook_library)], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str((0x710000000000, 32 << 30, 8))

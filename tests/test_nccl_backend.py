@@ -66,3 +66,25 @@ def test_load_with_other_nccl_settings_is_refused():
     state = backend.record(process())
     with pytest.raises(BackendError, match="another NCCL_LOCAL_REGISTER"):
         backend.validate(state, [], process(env={"NCCL_LOCAL_REGISTER": "1"}))
+
+
+def test_peers_in_the_import_zone_are_named_regions_and_the_zone_must_not_move():
+    backend = NcclIpcBackend()
+    zone = (0x700000000000, 64 << 30, 8)
+    facts = backend.facts(world_size=2, rank=0, nccl_version="none", env=dict(PINNED_ENV), import_zone=zone, peers=[1])
+    regions = backend.regions_for(facts)
+    assert [(r.name, r.base, r.size) for r in regions] == [("ipc.peer1", 0x700000000000 + (64 << 30), 64 << 30)]
+    assert all(backend.owns(r.name) for r in regions)
+
+    def live(**changes) -> ProcessFacts:
+        return ProcessFacts(0, 2, {"nccl-ipc": {**facts, **changes}, "vmm": {"base": BASE}})
+
+    state = backend.record(live())
+    backend.validate(state, [], live())
+    with pytest.raises(BackendError, match="in import_zone") as err:
+        backend.validate(state, [], live(import_zone=[0x710000000000, 64 << 30, 8]))
+    assert err.value.field == "nccl-ipc.import_zone"
+    with pytest.raises(BackendError, match="in peers"):
+        backend.validate(state, [], live(peers=[]))
+    with pytest.raises(BackendError, match="no slot in the import zone"):
+        backend.facts(world_size=2, rank=0, nccl_version="none", import_zone=zone, peers=[8])

@@ -12,6 +12,12 @@ deterministic region (``NCCL_CUMEM_ENABLE=0``, no graph or local buffer
 registration), the region must sit at SAVE's base, and the communicator must be
 the same (world size, rank, NCCL version). Its operands then relocate to
 themselves.
+
+Peer memory opened through the hook's IPC path lies in the import zone at
+``zone + peer rank x slot + offset`` (``native/src/ipc_driver.c``); given the zone
+and the peers (``session.attach("nccl-ipc", ..., import_zone=hook.import_zone(),
+peers=[...])``), the backend names one region ``ipc.peer<r>`` per peer so SAVE
+resolves those pointers, and LOAD requires the zone where SAVE had it.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from foundry.errors import BackendError
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import KernelIdentity
 from foundry.graphir.operands import Operand
+from foundry.graphir.regions import Region, RegionKind
 
 _COLLECTIVE = re.compile(r"^nccl(?:Symk)?DevKernel_([A-Za-z]+?)(V)?(?:_|$)")
 _MULTICAST = re.compile(r"_[A-Za-z]*MC(?:_|$)")
@@ -46,7 +53,7 @@ _ARGS = roles("args")
 # The settings that make NCCL allocate its buffers through cudaMalloc (so through the
 # deterministic region) and never register graph or user buffers behind Foundry's back.
 PINNED_ENV = {"NCCL_CUMEM_ENABLE": "0", "NCCL_GRAPH_REGISTER": "0", "NCCL_LOCAL_REGISTER": "0"}
-_EXACT = ("world_size", "rank", "nccl_version", "region_base")
+_EXACT = ("world_size", "rank", "nccl_version", "region_base", "import_zone", "peers")
 
 
 class NcclIpcBackend(Backend):
@@ -63,16 +70,32 @@ class NcclIpcBackend(Backend):
         nccl_version: str,
         env: dict[str, str] | None = None,
         region_base: int | None = None,
+        import_zone: tuple[int, int, int] | None = None,
+        peers: list[int] | None = None,
     ) -> dict[str, Any]:
-        """The communicator as the program sees it; ``env`` defaults to this process's."""
+        """The communicator as the program sees it; ``env`` defaults to this process's.
+        ``import_zone`` is the hook's ``(base, slot size, slots)``; ``peers`` the ranks
+        whose memory this process opened there."""
         source = os.environ if env is None else env
+        zone = None if import_zone is None else [int(v) for v in import_zone]
+        if zone is not None and any(not 0 <= int(p) < zone[2] for p in peers or ()):
+            raise BackendError("a peer rank has no slot in the import zone", field="nccl-ipc.peers", found=peers)
         return {
             "world_size": int(world_size),
             "rank": int(rank),
             "nccl_version": str(nccl_version),
             "region_base": region_base,
+            "import_zone": zone,
+            "peers": sorted(int(p) for p in peers or ()),
             "env": {k: source.get(k) for k in PINNED_ENV},
         }
+
+    def regions_for(self, facts: dict[str, Any]) -> list[Region]:
+        zone = facts.get("import_zone")
+        if not zone:
+            return []
+        base, slot, _ = zone
+        return [Region(f"ipc.peer{p}", RegionKind.BACKEND, base + p * slot, slot) for p in facts.get("peers", ())]
 
     def record(self, save: SaveState) -> BackendState:
         facts = save.backend_facts(self.name)

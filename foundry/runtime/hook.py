@@ -259,6 +259,14 @@ class Hook:
                     "foundry_registry_copy")  # fmt: skip
         return buf.raw
 
+    def import_zone(self) -> tuple[int, int, int]:
+        """``(base, slot size, slots)`` of this process's import zone: peer rank r's
+        region offset o maps at base + r * slot size + o."""
+        base, slot, slots = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint32()
+        self._check(self.lib.foundry_ipc_zone(ctypes.byref(base), ctypes.byref(slot), ctypes.byref(slots)),
+                    "foundry_ipc_zone")  # fmt: skip
+        return base.value, slot.value, slots.value
+
     def events(self) -> list[str]:
         needed = ctypes.c_size_t()
         self.lib.foundry_events(None, 0, ctypes.byref(needed))

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from foundry.archive.rank_parts import PART_FILE
 from foundry.archive.reader import Archive
 from foundry.archive.schema import CATALOG_FILE
 from foundry.errors import DriftError, FoundryError, HookError
@@ -37,6 +38,7 @@ class RunConfig:
     region_size: int | None = None
     warmup: str = "replay"
     rank: int = 0
+    world_size: int = 1  # SAVE: ranks in the archive (one process each; FOUNDRY_SAVE_ID shared when > 1)
     fixed_layout: bool = True  # SAVE: no address-space randomisation, fixed hash seed
     builder: str = "python"  # LOAD: python (cuda-bindings) or native (the hook's builder)
     build_threads: int = 1  # LOAD, native builder: threads that build and instantiate
@@ -88,6 +90,7 @@ def environment(config: RunConfig, base_env: dict[str, str] | None = None) -> di
         FOUNDRY_ARCHIVE=str(config.archive.resolve()),
         FOUNDRY_LOAD_WARMUP=config.warmup,
         FOUNDRY_RANK=str(config.rank),
+        FOUNDRY_WORLD_SIZE=str(config.world_size),
         FOUNDRY_BUILDER=config.builder,
         FOUNDRY_BUILD_THREADS=str(config.build_threads),
         FOUNDRY_OVERWRITE="1" if config.overwrite else "0",
@@ -141,10 +144,15 @@ def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Calla
         )
     if config.mode != "save" or code != 0:
         return code
-    if not (config.archive / CATALOG_FILE).is_file():
+    # one rank of several: its part is written; the catalog comes with the last rank to finish
+    written = config.archive / (CATALOG_FILE if config.world_size == 1 else f"rank{config.rank}/{PART_FILE}")
+    if not written.is_file():
         raise FoundryError("the program finished but wrote no archive (does it open a session and call finish()?)",
                            path=str(config.archive))  # fmt: skip
     if save_runs < 2:
+        return code
+    if config.world_size > 1:
+        log("foundry: a SAVE of several ranks runs once (--save-runs 1): the ranks' processes run together")
         return code
     for run_index in range(2, save_runs + 1):
         extra = config.archive.parent / f".{config.archive.name}.run{run_index}"

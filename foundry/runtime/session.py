@@ -156,9 +156,9 @@ def capturing(graph: Any, pool: Any) -> Iterator[None]:
 
 def open_session(*, device: int = 0, model: dict[str, str] | None = None) -> Session:
     """The session ``foundry run`` asked for (``FOUNDRY_MODE``, ``FOUNDRY_ARCHIVE``,
-    ``FOUNDRY_RANK``, ``FOUNDRY_LOAD_WARMUP``, ``FOUNDRY_BUILDER``, ``FOUNDRY_BUILD_THREADS``, ``FOUNDRY_RELOCATE``,
-    ``FOUNDRY_OVERWRITE``); mode ``off`` when none. Programs that need more control
-    construct :class:`~foundry.runtime.save.SaveSession` or
+    ``FOUNDRY_RANK``, ``FOUNDRY_WORLD_SIZE``, ``FOUNDRY_LOAD_WARMUP``, ``FOUNDRY_BUILDER``,
+    ``FOUNDRY_BUILD_THREADS``, ``FOUNDRY_RELOCATE``, ``FOUNDRY_OVERWRITE``); mode ``off``
+    when none. Programs that need more control construct :class:`~foundry.runtime.save.SaveSession` or
     :class:`~foundry.runtime.load.LoadSession` themselves."""
     mode = os.environ.get("FOUNDRY_MODE", "off") or "off"
     if mode not in MODES:
@@ -175,8 +175,12 @@ def open_session(*, device: int = 0, model: dict[str, str] | None = None) -> Ses
     if mode == "save":
         from foundry.runtime.save import SaveSession
 
+        size = os.environ.get("FOUNDRY_WORLD_SIZE", "1")
+        if not size.isdigit() or not 0 <= rank < int(size):
+            raise FoundryError("FOUNDRY_WORLD_SIZE must be a number above FOUNDRY_RANK", field="FOUNDRY_WORLD_SIZE",
+                               found=size)  # fmt: skip
         overwrite = os.environ.get("FOUNDRY_OVERWRITE") == "1"
-        return SaveSession(archive, device=device, rank=rank, model=model, overwrite=overwrite)
+        return SaveSession(archive, device=device, rank=rank, world_size=int(size), model=model, overwrite=overwrite)
     from foundry.runtime.load import LoadSession
 
     warmup = os.environ.get("FOUNDRY_LOAD_WARMUP", "replay")

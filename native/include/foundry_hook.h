@@ -106,6 +106,9 @@ int foundry_ipc_export(int fd, uint16_t rank_slot, uint64_t region_base, uint64_
 int foundry_ipc_check(const foundry_ipc_handle_t *handle);
 /* Take a reference on the exported descriptor (fetched from the exporter on first open). */
 int foundry_ipc_open(const foundry_ipc_handle_t *handle, int *fd);
+/* This process's import zone: base address, slot size (a region's) and slot count; peer
+ * rank r's region offset o maps at base + r * slot + o. */
+int foundry_ipc_zone(uint64_t *base, uint64_t *slot, uint32_t *slots);
 /* Give one reference back; the descriptor is closed with the last. */
 int foundry_ipc_close(const foundry_ipc_handle_t *handle, uint32_t *refs_left);
 

@@ -109,11 +109,26 @@ CUresult fh_ipc_get_mem_handle(CUipcMemHandle *out, CUdeviceptr dptr) {
     return CUDA_SUCCESS;
 }
 
+static CUdeviceptr zone_base(void) {
+    const char *text = getenv("FOUNDRY_IMPORT_BASE");
+    return text && *text ? strtoull(text, NULL, 0) : DEFAULT_ZONE;
+}
+
+int foundry_ipc_zone(uint64_t *base, uint64_t *slot, uint32_t *slots) {
+    if (base == NULL || slot == NULL || slots == NULL) return FOUNDRY_EINVAL;
+    CUdeviceptr region_base;
+    size_t region_size;
+    CUmemAccessDesc access;
+    fh_region_mode(); /* reads the configuration on first use */
+    fh_region_geometry(&region_base, &region_size, &access); /* the configured size, reserved or not */
+    *base = zone_base(), *slot = region_size, *slots = MAX_SLOTS;
+    return FOUNDRY_OK;
+}
+
 /* The import zone, reserved on first use at its fixed address. Call with the lock held. */
 static CUresult reserve_zone(void) {
     if (zone) return CUDA_SUCCESS;
-    const char *text = getenv("FOUNDRY_IMPORT_BASE");
-    CUdeviceptr want = text && *text ? strtoull(text, NULL, 0) : DEFAULT_ZONE, got = 0;
+    CUdeviceptr want = zone_base(), got = 0;
     CUresult rc = DRIVER(cuMemAddressReserve)(&got, slot_size * MAX_SLOTS, GiB, want, 0);
     if (rc != CUDA_SUCCESS || got != want) {
         if (rc == CUDA_SUCCESS) DRIVER(cuMemAddressFree)(got, slot_size * MAX_SLOTS);
