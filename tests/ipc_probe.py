@@ -38,9 +38,12 @@ def main() -> int:
         again_err, again = driver.cuIpcGetMemHandle(x.data_ptr())
         (work / "handle.bin").write_bytes(bytes(handle.reserved))
         same = int(again_err) == 0 and bytes(again.reserved) == bytes(handle.reserved)
-        (work / "export.json").write_text(json.dumps({
-            "status": int(err), "same_handle_again": same, "address": x.data_ptr(), "sum": float(x.sum().item()),
-            "region": hook.region().base}))  # fmt: skip
+        _, start, _ = driver.cuMemGetAddressRange(x.data_ptr())
+        report = json.dumps({"status": int(err), "same_handle_again": same, "address": x.data_ptr(),
+                             "allocation": int(start), "sum": float(x.sum().item()),
+                             "region": hook.region().base})  # fmt: skip
+        (work / "export.tmp").write_text(report)
+        (work / "export.tmp").replace(work / "export.json")  # whole, or not there
         deadline = time.time() + 120
         while not (work / "done").exists() and time.time() < deadline:
             time.sleep(0.1)

@@ -42,15 +42,20 @@ def _pair(tmp_path, hook_library, role: str, **importer_env: str) -> tuple[dict,
         return exported, json.loads(lines[-1])
     finally:
         (tmp_path / "done").write_text("")
-        exporter.wait(timeout=60)
+        try:
+            exporter.communicate(timeout=60)  # drains its pipes
+        except subprocess.TimeoutExpired:
+            exporter.kill()
+            exporter.communicate()
 
 
 def test_a_peer_tensor_maps_at_its_deterministic_address_and_is_counted(tmp_path, hook_library):
     exported, imported = _pair(tmp_path, hook_library, "import")
     assert exported["status"] == 0 and exported["same_handle_again"]
     assert imported["open_status"] == 0 and imported["second_status"] == 0, imported
-    offset = exported["address"] - exported["region"]
+    offset = exported["allocation"] - exported["region"]  # the open returns the allocation's start
     assert imported["first"] == imported["second"] == ZONE + 0 * SLOT + offset  # rank 0's slot, its offset
+    assert exported["address"] == exported["allocation"]  # the probe's tensor starts its allocation
     assert imported["sum"] == exported["sum"] == imported["sum_after_one_close"]
     assert imported["close1"] == imported["close2"] == 0 and imported["close3"] != 0
     assert imported["counters"]["ipc_imports"] == 1  # two opens, one mapping

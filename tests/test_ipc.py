@@ -157,3 +157,37 @@ def test_the_import_zone_is_where_the_configuration_puts_it(hook_library):
     out = subprocess.run([sys.executable, "-c", code, str(hook_library)], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str((0x710000000000, 32 << 30, 8))
+
+
+WITHDRAWING = r"""
+import ctypes, os, sys
+sys.path.insert(0, sys.argv[2])
+from foundry.runtime.ipc import Ipc
+lib = ctypes.CDLL(sys.argv[1])
+fd = os.memfd_create("foundry-ipc-test")
+os.write(fd, b"freed soon")
+print(Ipc(lib).export(fd, rank_slot=0, region_base=0x600000000000, offset=0, size=4096).hex(), flush=True)
+sys.stdin.readline()
+print(lib.foundry_ipc_unexport(0), lib.foundry_ipc_unexport(0), flush=True)  # the memory was freed
+sys.stdin.readline()
+"""
+
+
+def test_a_withdrawn_export_is_refused_to_later_importers(hook_library, ipc):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "-c", WITHDRAWING, str(hook_library), root], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        raw = bytes.fromhex(proc.stdout.readline().strip())
+        fd = ipc.open(raw)  # before: the import works and keeps its descriptor
+        proc.stdin.write("withdraw\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().split() == ["0", "-1"]  # withdrawn once; a second time is refused
+        assert os.pread(fd, 10, 0) == b"freed soon"  # an import already made keeps what it holds
+        assert ipc.close(raw) == 0
+        with pytest.raises(IpcError, match="wrong token"):
+            ipc.open(raw)
+    finally:
+        proc.stdin.write("done\n")
+        proc.stdin.flush()
+        proc.wait(timeout=30)

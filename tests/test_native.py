@@ -33,7 +33,7 @@ def test_builds_with_warnings_as_errors_and_exports_only_its_api(built):
         "foundry_region_reserve", "foundry_region_set_owner", "foundry_region_expect", "foundry_trace_diverges",
         "foundry_call_shifted", "foundry_graph_build", "foundry_graph_check", "foundry_graph_check_indexed",
             "foundry_graph_build_many", "foundry_ipc_export",
-        "foundry_ipc_check", "foundry_ipc_open", "foundry_ipc_close", "foundry_ipc_zone",
+        "foundry_ipc_check", "foundry_ipc_open", "foundry_ipc_close", "foundry_ipc_zone", "foundry_ipc_unexport",
     }  # fmt: skip
 
 

@@ -89,3 +89,16 @@ def test_ranks_saved_in_different_environments_are_refused(tmp_path):
     with pytest.raises(ArchiveError, match="different environments"):
         commit_when_complete(root, 2, "s")
     assert not (root / CATALOG_FILE).exists()
+
+
+def test_a_save_id_is_used_once_and_stays_inside_the_archive(tmp_path):
+    root = tmp_path / "a"
+    for rank in (0, 1):
+        assert run_rank(root, rank, "save-1").wait(timeout=120) == 0
+    again = run_rank(root, 0, "save-1")
+    _, err = again.communicate(timeout=120)
+    assert again.returncode != 0 and "committed here already" in err
+    source = Archive.open(SAVE_A)
+    with pytest.raises(ArchiveError, match="SAVE id is 1-64") as refused:
+        ArchiveWriter(tmp_path / "b", environment=source.catalog.environment, world_size=2, save_id="../x")
+    assert refused.value.field == "FOUNDRY_SAVE_ID"

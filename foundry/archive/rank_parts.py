@@ -5,16 +5,19 @@ session) and writes ``rank<N>/part.json``: what the catalog needs from it (its
 session's hash, its module images, its environment and model description)
 under the SAVE's id, which every rank's process is given. Whichever process
 finds every rank's part of this SAVE present writes the catalog, once (an
-exclusive lock file decides who), after checking that the parts agree; a part
-left by an earlier SAVE in the same directory carries another id and counts as
-missing. The archive exists only from that moment: a rank that dies leaves no
-catalog, and readers refuse a directory without one.
+lock on ``.commit.lock`` serialises the check, and ``.committed.<id>`` records
+that it was done), after checking that the parts agree; a part left by an
+earlier SAVE in the same directory carries another id and counts as missing, and
+an id already committed there is refused up front. The archive exists only from
+that moment: a rank that dies leaves no catalog, and readers refuse a directory
+without one.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import os
+import fcntl
+import re
 from pathlib import Path
 
 import msgspec
@@ -37,6 +40,7 @@ from foundry.errors import ArchiveError
 
 PART_FILE = "part.json"
 LOCK_FILE = ".commit.lock"
+SAVE_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
 class RankPart(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -47,7 +51,21 @@ class RankPart(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     rank: RankEntry
     environment: Environment
     modules: tuple[ModuleBlob, ...] = ()
+    module_state: ModuleState = ModuleState.ABSENT
     model: dict[str, str] = {}
+
+
+def check_save_id(root: Path, save_id: str) -> None:
+    """Refuse an id that could leave the archive directory or was committed there before."""
+    if not SAVE_ID.match(save_id):
+        raise ArchiveError("a SAVE id is 1-64 of A-Z a-z 0-9 . _ -", field="FOUNDRY_SAVE_ID", found=save_id)
+    if (root / f".committed.{save_id}").exists():
+        raise ArchiveError("this SAVE id was committed here already; give the new SAVE a new FOUNDRY_SAVE_ID",
+                           path=str(root), field="FOUNDRY_SAVE_ID", found=save_id)  # fmt: skip
+
+
+def read_part(path: Path) -> RankPart:
+    return decode_typed(path.read_bytes(), RankPart, path=path)
 
 
 def write_part(root: Path, part: RankPart) -> None:
@@ -59,22 +77,25 @@ def commit_when_complete(root: Path, world_size: int, save_id: str) -> bool:
     other process took the commit; True when this call wrote it."""
     from foundry.archive.writer import encode_record
 
+    if not SAVE_ID.match(save_id):
+        raise ArchiveError("a SAVE id is 1-64 of A-Z a-z 0-9 . _ -", field="FOUNDRY_SAVE_ID", found=save_id)
     parts = [_part(root / f"rank{r}" / PART_FILE, save_id) for r in range(world_size)]
     if any(part is None for part in parts):
         return False
-    try:
-        lock = os.open(root / f"{LOCK_FILE}.{save_id}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:  # another rank's process commits
-        return False
-    os.close(lock)
-    atomic_write(root / CATALOG_FILE, encode_record(_catalog([p for p in parts if p], world_size)))
+    marker = root / f".committed.{save_id}"
+    with open(root / LOCK_FILE, "a") as lock:  # released when this process ends, however it ends
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if marker.exists():  # another rank's process committed
+            return False
+        atomic_write(root / CATALOG_FILE, encode_record(_catalog([p for p in parts if p], world_size)))
+        atomic_write(marker, b"")
     return True
 
 
 def _part(path: Path, save_id: str) -> RankPart | None:
     if not path.is_file():
         return None
-    part = decode_typed(path.read_bytes(), RankPart, path=path)
+    part = read_part(path)
     return part if part.save_id == save_id else None  # an earlier SAVE's
 
 
@@ -93,9 +114,11 @@ def _catalog(parts: list[RankPart], world_size: int) -> Catalog:
             if model.setdefault(key, value) != value:
                 raise ArchiveError("ranks describe the model differently", field=f"model.{key}",
                                    expected=model[key], found=value)  # fmt: skip
+        if part.module_state != first.module_state:
+            raise ArchiveError("ranks stored their module images differently", field=f"rank{index}.module_state",
+                               expected=first.module_state, found=part.module_state)  # fmt: skip
         modules.update((blob.sha256, blob) for blob in part.modules)
-    index = ModuleIndex(ModuleState.COMPLETE if modules else ModuleState.ABSENT,
-                        tuple(sorted(modules.values(), key=lambda b: b.sha256)))  # fmt: skip
+    index = ModuleIndex(first.module_state, tuple(sorted(modules.values(), key=lambda b: b.sha256)))
     return Catalog(
         format=ARCHIVE_FORMAT,
         format_version=FORMAT_VERSION,

@@ -14,7 +14,7 @@ import msgspec
 from foundry import __version__
 from foundry.archive.files import atomic_write, sha256_hex
 from foundry.archive.outputs import OutputValue, check_output
-from foundry.archive.rank_parts import RankPart, commit_when_complete, write_part
+from foundry.archive.rank_parts import RankPart, check_save_id, commit_when_complete, write_part
 from foundry.archive.schema import (
     ARCHIVE_FORMAT,
     CATALOG_FILE,
@@ -179,6 +179,8 @@ class ArchiveWriter:
     ) -> None:
         self.root = Path(path)
         self.save_id = save_id
+        if save_id is not None:
+            check_save_id(self.root, save_id)
         catalog = self.root / CATALOG_FILE
         if catalog.exists() and not overwrite:
             raise ArchiveError("already holds an archive (pass overwrite to replace it)", path=str(self.root))
@@ -248,5 +250,5 @@ class ArchiveWriter:
         for writer in self.ranks.values():
             assert writer.sealed is not None
             write_part(self.root, RankPart(self.save_id, self.world_size, writer.sealed, self.environment, blobs,
-                                           dict(self.model)))  # fmt: skip
+                                           self.module_state, dict(self.model)))  # fmt: skip
         return self.root if commit_when_complete(self.root, self.world_size, self.save_id) else None

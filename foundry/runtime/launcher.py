@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from foundry.archive.rank_parts import PART_FILE
+from foundry.archive.rank_parts import PART_FILE, read_part
 from foundry.archive.reader import Archive
 from foundry.archive.schema import CATALOG_FILE
 from foundry.errors import DriftError, FoundryError, HookError
@@ -144,8 +144,11 @@ def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Calla
         )
     if config.mode != "save" or code != 0:
         return code
-    # one rank of several: its part is written; the catalog comes with the last rank to finish
+    # one rank of several: its part of this SAVE is written; the catalog comes with the last rank to finish
     written = config.archive / (CATALOG_FILE if config.world_size == 1 else f"rank{config.rank}/{PART_FILE}")
+    if written.is_file() and config.world_size > 1 and read_part(written).save_id != os.environ.get("FOUNDRY_SAVE_ID"):
+        raise FoundryError("the program finished, but its rank's part belongs to an earlier SAVE",
+                           path=str(written))  # fmt: skip
     if not written.is_file():
         raise FoundryError("the program finished but wrote no archive (does it open a session and call finish()?)",
                            path=str(config.archive))  # fmt: skip

@@ -102,6 +102,8 @@ typedef struct foundry_ipc_handle {
 /* Export an open file descriptor (a shareable memory handle) under a new handle. */
 int foundry_ipc_export(int fd, uint16_t rank_slot, uint64_t region_base, uint64_t offset, uint64_t size,
                        foundry_ipc_handle_t *out);
+/* Withdraw an export (its memory was freed): the descriptor is closed, later opens refused. */
+int foundry_ipc_unexport(uint32_t export_id);
 /* FOUNDRY_IPC_OK when the handle is well-formed, of this version, and its exporter alive. */
 int foundry_ipc_check(const foundry_ipc_handle_t *handle);
 /* Take a reference on the exported descriptor (fetched from the exporter on first open). */

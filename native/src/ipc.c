@@ -128,13 +128,16 @@ static void serve(int conn) {
     pthread_mutex_lock(&lock);
     int fd = req.export_id < export_count ? exports[req.export_id].fd : -1;
     int match = fd >= 0 && memcmp(exports[req.export_id].token, req.token, sizeof req.token) == 0;
+    fd = match ? dup(fd) : -1; /* ours to send: an unexport may close the original meanwhile */
     pthread_mutex_unlock(&lock);
-    if (!match) {
-        fh_event("error: ipc: pid %d asked for export %u with a wrong token", (int)peer.pid, req.export_id);
+    if (fd < 0) {
+        fh_event("error: ipc: pid %d asked for export %u with a wrong token (or one withdrawn)", (int)peer.pid,
+                 req.export_id);
         send_reply(conn, FOUNDRY_IPC_ETOKEN, -1);
         return;
     }
     send_reply(conn, FOUNDRY_IPC_OK, fd);
+    close(fd);
 }
 
 static void *server_loop(void *arg) {
@@ -223,6 +226,18 @@ int foundry_ipc_export(int fd, uint16_t rank_slot, uint64_t region_base, uint64_
     }
     pthread_mutex_unlock(&lock);
     if (own >= 0) close(own);
+    return status;
+}
+
+int foundry_ipc_unexport(uint32_t export_id) {
+    pthread_mutex_lock(&lock);
+    int status = export_id < export_count && exports[export_id].fd >= 0 ? FOUNDRY_OK : FOUNDRY_EINVAL;
+    if (status == FOUNDRY_OK) { /* importers that already hold the memory keep it; no new one gets it */
+        close(exports[export_id].fd);
+        exports[export_id].fd = -1;
+        memset(exports[export_id].token, 0, sizeof exports[export_id].token);
+    }
+    pthread_mutex_unlock(&lock);
     return status;
 }
 

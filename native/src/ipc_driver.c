@@ -62,51 +62,86 @@ __attribute__((format(printf, 2, 3))) static CUresult refuse(CUresult rc, const 
     return rc;
 }
 
-static uint16_t rank_slot(void) {
+/* This process's slot in its peers' import zones (its rank), or -1 when it has none. */
+static int rank_slot(void) {
     const char *text = getenv("FOUNDRY_RANK");
-    long rank = text ? strtol(text, NULL, 10) : 0;
-    return rank >= 0 && rank < MAX_SLOTS ? (uint16_t)rank : 0;
+    if (text == NULL || *text == '\0') return 0;
+    char *end = NULL;
+    long rank = strtol(text, &end, 10);
+    return *end == '\0' && rank >= 0 && rank < MAX_SLOTS ? (int)rank : -1;
+}
+
+/* The driver's VMM sharing calls, present or refused by name (no call through NULL). */
+static int sharing_present(void) {
+    return fh_real("cuMemExportToShareableHandle") && fh_real("cuMemImportFromShareableHandle") &&
+           fh_real("cuMemAddressReserve") && fh_real("cuMemMap") && fh_real("cuMemSetAccess");
+}
+
+/* The cached export of the allocation at `offset`, or -1. Call with the lock held. */
+static int cached_export(size_t offset) {
+    for (size_t i = 0; i < exported_count; i++)
+        if (exported[i].offset == offset) return (int)i;
+    return -1;
 }
 
 CUresult fh_ipc_get_mem_handle(CUipcMemHandle *out, CUdeviceptr dptr) {
     if (fh_region_mode() == FOUNDRY_MODE_OFF) return ((get_fn)fh_real("cuIpcGetMemHandle"))(out, dptr);
     if (out == NULL) return CUDA_ERROR_INVALID_VALUE;
-    size_t offset, size;
+    size_t offset, size, region_size;
     CUmemGenericAllocationHandle memory;
     CUdeviceptr base;
     CUmemAccessDesc access;
-    if (!fh_region_lookup(dptr, &offset, &size, &memory) || !fh_region_geometry(&base, &slot_size, &access))
+    int slot = rank_slot();
+    if (!fh_region_lookup(dptr, &offset, &size, &memory) || !fh_region_geometry(&base, &region_size, &access))
         return refuse(CUDA_ERROR_INVALID_VALUE, "cuIpcGetMemHandle of 0x%llx: not region memory",
                       (unsigned long long)dptr);
+    if (slot < 0)
+        return refuse(CUDA_ERROR_INVALID_VALUE, "cuIpcGetMemHandle: FOUNDRY_RANK=%s has no slot in an import zone "
+                      "(ranks 0-%d)", getenv("FOUNDRY_RANK"), MAX_SLOTS - 1);
+    if (!sharing_present())
+        return refuse(CUDA_ERROR_NOT_SUPPORTED, "cuIpcGetMemHandle: the driver lacks the VMM sharing calls");
     pthread_mutex_lock(&lock);
-    for (size_t i = 0; i < exported_count; i++) {
-        if (exported[i].offset == offset) { /* one export per allocation: its handle again */
-            memcpy(out, &exported[i].handle, sizeof *out);
-            pthread_mutex_unlock(&lock);
-            return CUDA_SUCCESS;
-        }
-    }
+    int hit = cached_export(offset); /* one export per allocation: its handle again */
+    if (hit >= 0) memcpy(out, &exported[hit].handle, sizeof *out);
     pthread_mutex_unlock(&lock);
+    if (hit >= 0) return CUDA_SUCCESS;
     int fd = -1;
     CUresult rc = DRIVER(cuMemExportToShareableHandle)(&fd, memory, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     if (rc != CUDA_SUCCESS)
         return refuse(rc, "cuIpcGetMemHandle of 0x%llx: the allocation cannot be exported (status %d)",
                       (unsigned long long)dptr, (int)rc);
     foundry_ipc_handle_t handle;
-    int status = foundry_ipc_export(fd, rank_slot(), base, offset, size, &handle);
+    int status = foundry_ipc_export(fd, (uint16_t)slot, base, offset, size, &handle);
     close(fd); /* the exporter keeps its own copy */
     if (status != FOUNDRY_OK)
         return refuse(CUDA_ERROR_OPERATING_SYSTEM, "cuIpcGetMemHandle of 0x%llx: export failed (%d)",
                       (unsigned long long)dptr, status);
     pthread_mutex_lock(&lock);
-    if (exported_count < MAX_EXPORTS) {
+    hit = cached_export(offset); /* another thread exported it meanwhile: keep the first handle */
+    if (hit < 0 && exported_count < MAX_EXPORTS) {
         exported[exported_count].offset = offset;
         exported[exported_count].handle = handle;
-        exported_count++;
+        hit = (int)exported_count++;
+    } else if (hit >= 0) {
+        foundry_ipc_unexport(handle.export_id);
+    }
+    if (hit >= 0) memcpy(out, &exported[hit].handle, sizeof *out);
+    pthread_mutex_unlock(&lock);
+    if (hit < 0) {
+        foundry_ipc_unexport(handle.export_id);
+        return refuse(CUDA_ERROR_OUT_OF_MEMORY, "cuIpcGetMemHandle: more than %d live exports", MAX_EXPORTS);
+    }
+    return CUDA_SUCCESS;
+}
+
+void fh_ipc_forget(size_t offset) {
+    pthread_mutex_lock(&lock);
+    int hit = cached_export(offset);
+    if (hit >= 0) { /* the memory was freed: withdraw its export so it can be released */
+        foundry_ipc_unexport(exported[hit].handle.export_id);
+        exported[hit] = exported[--exported_count];
     }
     pthread_mutex_unlock(&lock);
-    memcpy(out, &handle, sizeof *out);
-    return CUDA_SUCCESS;
 }
 
 static CUdeviceptr zone_base(void) {
@@ -155,7 +190,11 @@ static int map_import(const foundry_ipc_handle_t *h, int fd, CUdeviceptr at, con
                                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     if (rc != CUDA_SUCCESS) return -1;
     rc = DRIVER(cuMemMap)(at, h->size, 0, memory, 0);
-    if (rc == CUDA_SUCCESS) rc = DRIVER(cuMemSetAccess)(at, h->size, access, 1);
+    if (rc != CUDA_SUCCESS) { /* nothing of ours is mapped there: leave the range alone */
+        DRIVER(cuMemRelease)(memory);
+        return -1;
+    }
+    rc = DRIVER(cuMemSetAccess)(at, h->size, access, 1);
     if (rc != CUDA_SUCCESS) {
         DRIVER(cuMemUnmap)(at, h->size);
         DRIVER(cuMemRelease)(memory);
@@ -173,15 +212,16 @@ CUresult fh_ipc_open_mem_handle(CUdeviceptr *dptr, CUipcMemHandle raw, unsigned 
     memcpy(&h, &raw, sizeof h);
     CUdeviceptr base;
     CUmemAccessDesc access;
+    size_t region_size;
     if (foundry_ipc_check(&h) == FOUNDRY_IPC_EFORMAT)
         return refuse(CUDA_ERROR_INVALID_HANDLE, "cuIpcOpenMemHandle: not a Foundry handle (the exporter ran "
                       "without the hook?)");
-    if (!fh_region_geometry(&base, &slot_size, &access))
+    if (!fh_region_geometry(&base, &region_size, &access))
         return refuse(CUDA_ERROR_NOT_INITIALIZED, "cuIpcOpenMemHandle before this process's region exists");
     if (h.region_base != base)
         return refuse(CUDA_ERROR_INVALID_HANDLE, "cuIpcOpenMemHandle: the peer's region is at 0x%llx, this one at 0x%llx",
                       (unsigned long long)h.region_base, (unsigned long long)base);
-    if (h.rank_slot >= MAX_SLOTS || h.offset > slot_size || h.size > slot_size - h.offset)
+    if (h.rank_slot >= MAX_SLOTS || h.offset > region_size || h.size > region_size - h.offset)
         return refuse(CUDA_ERROR_INVALID_HANDLE, "cuIpcOpenMemHandle: rank slot %u, offset %llu out of the zone",
                       (unsigned)h.rank_slot, (unsigned long long)h.offset);
     int fd = -1;
@@ -190,6 +230,7 @@ CUresult fh_ipc_open_mem_handle(CUdeviceptr *dptr, CUipcMemHandle raw, unsigned 
         return refuse(CUDA_ERROR_INVALID_HANDLE, "cuIpcOpenMemHandle of rank %u's memory refused (status %d)",
                       (unsigned)h.rank_slot, status);
     pthread_mutex_lock(&lock);
+    slot_size = region_size;
     CUresult rc = reserve_zone();
     CUdeviceptr at = zone + (CUdeviceptr)h.rank_slot * slot_size + h.offset;
     for (int i = 0; rc == CUDA_SUCCESS && i < MAX_MAPPINGS; i++) {
@@ -199,6 +240,14 @@ CUresult fh_ipc_open_mem_handle(CUdeviceptr *dptr, CUipcMemHandle raw, unsigned 
             return CUDA_SUCCESS;
         }
     }
+    for (int i = 0; rc == CUDA_SUCCESS && i < MAX_MAPPINGS; i++) { /* another import already holds that range */
+        if (mapped[i].used && at < mapped[i].address + mapped[i].size && mapped[i].address < at + h.size)
+            rc = refuse(CUDA_ERROR_ALREADY_MAPPED, "cuIpcOpenMemHandle: rank %u's memory at 0x%llx overlaps an "
+                        "open import (an older export of the same place?)", (unsigned)h.rank_slot,
+                        (unsigned long long)at);
+    }
+    if (rc == CUDA_SUCCESS && !sharing_present())
+        rc = refuse(CUDA_ERROR_NOT_SUPPORTED, "cuIpcOpenMemHandle: the driver lacks the VMM sharing calls");
     if (rc == CUDA_SUCCESS && map_import(&h, fd, at, &access) < 0)
         rc = refuse(CUDA_ERROR_OUT_OF_MEMORY, "cannot map rank %u's memory at 0x%llx", (unsigned)h.rank_slot,
                     (unsigned long long)at);
@@ -214,6 +263,7 @@ CUresult fh_ipc_open_mem_handle(CUdeviceptr *dptr, CUipcMemHandle raw, unsigned 
 
 CUresult fh_ipc_close_mem_handle(CUdeviceptr dptr) {
     if (fh_region_mode() == FOUNDRY_MODE_OFF) return ((close_fn)fh_real("cuIpcCloseMemHandle"))(dptr);
+    DRIVER(cuCtxSynchronize)(); /* like the driver's close; outside the lock, so other threads' calls go on */
     pthread_mutex_lock(&lock);
     int slot = -1;
     for (int i = 0; i < MAX_MAPPINGS && slot < 0; i++)
@@ -223,10 +273,14 @@ CUresult fh_ipc_close_mem_handle(CUdeviceptr dptr) {
     if (slot < 0 || foundry_ipc_close(&mapped[slot].handle, &left) != FOUNDRY_OK) {
         rc = CUDA_ERROR_INVALID_VALUE;
     } else if (left == 0) { /* the last close releases the mapping */
-        DRIVER(cuCtxSynchronize)();
         rc = DRIVER(cuMemUnmap)(mapped[slot].address, mapped[slot].size);
-        if (rc == CUDA_SUCCESS) rc = DRIVER(cuMemRelease)(mapped[slot].memory);
-        mapped[slot].used = 0;
+        if (rc == CUDA_SUCCESS) {
+            rc = DRIVER(cuMemRelease)(mapped[slot].memory);
+            mapped[slot].used = 0;
+        } else {
+            fh_event("error: cuIpcCloseMemHandle of 0x%llx: unmap failed (status %d); the import stays",
+                     (unsigned long long)dptr, (int)rc);
+        }
     }
     pthread_mutex_unlock(&lock);
     if (slot < 0)

@@ -175,7 +175,8 @@ static CUresult map_at_cursor(CUdeviceptr *dptr, size_t bytesize) {
     CUdeviceptr at = region.base + region.cursor;
     CUmemGenericAllocationHandle handle;
     CUresult rc = DRIVER(cuMemCreate)(&handle, mapped, &region.prop, 0);
-    if (rc != CUDA_SUCCESS && region.prop.requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE) {
+    if ((rc == CUDA_ERROR_NOT_SUPPORTED || rc == CUDA_ERROR_INVALID_VALUE || rc == CUDA_ERROR_NOT_PERMITTED) &&
+        region.prop.requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE) {
         /* a driver or container without shareable memory: the region works, IPC on it will not */
         fh_event("region: memory cannot be created exportable (status %d); cuIpcGetMemHandle on it will fail",
                  (int)rc);
@@ -276,6 +277,7 @@ CUresult fh_mem_free(CUdeviceptr dptr) {
         break;
     }
     pthread_mutex_unlock(&lock);
+    if (found && rc == CUDA_SUCCESS) fh_ipc_forget(dptr - region.base); /* an exported descriptor would keep it */
     if (!found)
         fh_event("error: free of 0x%llx, not the start of a live region allocation", (unsigned long long)dptr);
     else if (rc != CUDA_SUCCESS)

@@ -1,6 +1,6 @@
 """Two processes on one GPU add each other's buffers through deterministic peer memory.
 
-    FOUNDRY_SAVE_ID=s1 foundry run --mode save --rank R --save-runs 1 --archive A -- \\
+    FOUNDRY_SAVE_ID=s1 foundry run --mode save --rank R --world-size 2 --save-runs 1 --archive A -- \\
         python recipes/ipc/peer_allreduce.py --rank R --exchange DIR --out R.json      # both ranks at once
     foundry run --mode load --rank R --archive A -- \\
         python recipes/ipc/peer_allreduce.py --rank R --exchange DIR2 --out R.json
@@ -10,7 +10,8 @@ Foundry handle, through the hook), opens the peer's with ``cuIpcOpenMemHandle``
 (mapped in the import zone at the same address in every run) and captures
 ``out = mine + peer`` through the session, the ``nccl-ipc`` backend naming the
 peer's memory. The handles travel through files in ``--exchange`` (a fresh
-directory per run); both ranks wait for each other before they exit, so the
+directory per run), with the buffer's offset inside its allocation (the open
+returns the allocation's start); both ranks wait for each other before they exit, so the
 exporter's memory outlives the importer's replays. The report holds the output's
 sha256, whether it equals the expected sum, and the peer's address.
 """
@@ -66,16 +67,20 @@ def main(argv: list[str] | None = None) -> int:
     out = torch.empty_like(mine)
     torch.cuda.synchronize()
     err, handle = driver.cuIpcGetMemHandle(mine.data_ptr())
-    if int(err):
-        raise SystemExit(f"cuIpcGetMemHandle failed: {err}")
-    publish(args.exchange / f"handle{rank}.bin", bytes(handle.reserved))
+    err2, start, _ = driver.cuMemGetAddressRange(mine.data_ptr())
+    if int(err) or int(err2):
+        raise SystemExit(f"cuIpcGetMemHandle failed: {err} / {err2}")
+    inside = mine.data_ptr() - int(start)  # the caching allocator's block within the allocation
+    publish(args.exchange / f"handle{rank}.bin", bytes(handle.reserved) + inside.to_bytes(8, "little"))
     wait_for(args.exchange / f"handle{peer_rank}.bin")
+    blob = (args.exchange / f"handle{peer_rank}.bin").read_bytes()
     raw = driver.CUipcMemHandle()
-    raw.reserved = (args.exchange / f"handle{peer_rank}.bin").read_bytes()
-    err, peer_ptr = driver.cuIpcOpenMemHandle(raw, driver.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+    raw.reserved = blob[:64]
+    err, peer_start = driver.cuIpcOpenMemHandle(raw, driver.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
     if int(err):
         raise SystemExit(f"cuIpcOpenMemHandle failed: {err}")
-    peer = tensor_at(int(peer_ptr), torch.float32, (N,))
+    peer_ptr = int(peer_start) + int.from_bytes(blob[64:72], "little")
+    peer = tensor_at(peer_ptr, torch.float32, (N,))
     hook = Hook.attach()
     session.attach("nccl-ipc", world_size=2, rank=rank, nccl_version="none", region_base=hook.region().base,
                    import_zone=hook.import_zone(), peers=[peer_rank])  # fmt: skip
@@ -93,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     expected = torch.arange(N, dtype=torch.float32, device="cuda") * (rank + 1 + peer_rank + 1)
     data = out.detach().cpu().numpy().tobytes()
     report.update(out_sha256=hashlib.sha256(data).hexdigest(), correct=bool(torch.equal(out, expected)),
-                  peer_address=hex(int(peer_ptr)), counters=hook.counters())  # fmt: skip
+                  peer_address=hex(peer_ptr), counters=hook.counters())  # fmt: skip
     args.out.write_text(json.dumps(report, indent=1, default=str) + "\n")
     publish(args.exchange / f"done{rank}", b"")
     wait_for(args.exchange / f"done{peer_rank}")
