@@ -193,3 +193,21 @@ def test_verify_without_cuda_bindings_says_the_plans_were_not_compared(tmp_path)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "1 launch plan(s) not compared: packing needs cuda-bindings" in proc.stdout
+
+
+def test_archived_images_are_read_ahead_and_checked(tmp_path, hook_library):
+    from foundry.runtime.functions import ArchiveFunctions
+    from foundry.runtime.hook import Hook
+
+    from .archive_tools import write_archive
+
+    blobs = (b"\x7fELF" + bytes(300), b"\x7fELF" + bytes(500))
+    archive = write_archive(tmp_path / "a", [Archive.open(SAVE_A).graph(0, "sample.bs8")], like=SAVE_A, modules=blobs)
+    shas = {b.sha256 for b in archive.catalog.modules.blobs}
+    functions = ArchiveFunctions(Hook.open_library(hook_library), archive, None)
+    assert functions.prefetch(shas) == 2  # no live copies in this process: both read
+    assert sorted(functions._blobs.values(), key=len) == list(blobs)
+    victim = next(iter(shas))
+    (tmp_path / "a" / "modules" / f"{victim}.bin").write_bytes(b"\x7fELF" + bytes(299) + b"!")
+    with pytest.raises(ArchiveError):
+        ArchiveFunctions(Hook.open_library(hook_library), Archive.open(tmp_path / "a"), None).prefetch({victim})

@@ -31,6 +31,7 @@ class ArchiveFunctions:
         self.records = records  # None: an archive without image records; globals are not checked
         self.moved_from = moved_from  # SAVE's region range when LOAD relocates: restored globals must not point there
         self._images: dict[str, tuple[str, int]] = {}  # sha256 -> (kind, CUmodule/CUlibrary)
+        self._blobs: dict[str, bytes] = {}  # archived images read ahead (prefetch)
         self._functions: dict[tuple[str, str], int] = {}
         self.bound_live: set[str] = set()
         self.loaded: set[str] = set()
@@ -45,6 +46,17 @@ class ArchiveFunctions:
             self._functions[key] = self._lookup(kind, handle, kernel)
         return self._functions[key]
 
+    def prefetch(self, images: set[str], *, threads: int = 8) -> int:
+        """Read and check the archived images that have no live copy, several at a time
+        (reading and hashing release the interpreter lock); the driver then loads each
+        from memory. Returns how many were read."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        wanted = sorted(s for s in images if s not in self._images and self._live_copy(s) is None)
+        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(wanted)))) as pool:
+            self._blobs.update(zip(wanted, pool.map(self.archive.module, wanted), strict=True))
+        return len(wanted)
+
     def _image(self, sha256: str) -> tuple[str, int]:
         if sha256 not in self._images:
             live = self._live_copy(sha256)
@@ -56,7 +68,8 @@ class ArchiveFunctions:
                 self._images[sha256] = (live.kind, live.handle)
                 self.bound_live.add(sha256)
             else:
-                data = ctypes.create_string_buffer(self.archive.module(sha256))  # checked against its sha256
+                blob = self._blobs.pop(sha256, None) or self.archive.module(sha256)  # checked against its sha256
+                data = ctypes.create_string_buffer(blob)
                 # the driver keeps its own copy of the image (no CU_LIBRARY_BINARY_IS_PRESERVED)
                 library = handle_value(cu("cuLibraryLoadData", ctypes.addressof(data), None, None, 0, None, None, 0))
                 try:

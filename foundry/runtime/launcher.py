@@ -161,7 +161,7 @@ def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Calla
         extra = config.archive.parent / f".{config.archive.name}.run{run_index}"
         log(f"foundry: SAVE run {run_index} of {save_runs} (a fresh process, to find bytes the runs disagree on)")
         try:
-            pad = LAYOUT_PAD + 40 * run_index
+            pad = LAYOUT_PAD * (run_index - 1) + 24 * run_index  # each later run a page or more further
             again = RunConfig(**{**config.__dict__, "archive": extra, "overwrite": True, "layout_pad": pad,
                                  "first_run": config.archive})  # fmt: skip
             code = _start(command, again)

@@ -261,6 +261,9 @@ class LoadSession(Session):
             self._restore_warmup_bytes(region)
         mapped = time.perf_counter()
         functions = ArchiveFunctions(self.hook, self.archive, {r.sha256: r for r in self.record.images})
+        begun = time.perf_counter()
+        prefetched = functions.prefetch({k.image for _, _, plan in plans for k in plan.kernels})
+        prefetch_s = time.perf_counter() - begun
         applied: set[int] = set()
         resolving = [0.0]  # seconds spent binding kernels (finding live images, loading archived ones)
 
@@ -287,6 +290,8 @@ class LoadSession(Session):
             builder="native-plans",
             build_threads=self.build_threads,
             functions_s=resolving[0],
+            prefetch_s=prefetch_s,
+            prefetched_images=prefetched,
             map_s=mapped - started,
             build_s=time.perf_counter() - mapped,
             restore_s=time.perf_counter() - started,
