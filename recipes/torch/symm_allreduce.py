@@ -6,8 +6,10 @@
         python recipes/torch/symm_allreduce.py --out L.json --move-buffer
 
 World size 1 on one GPU (torch symmetric memory works there; NCCL sets up the
-group). The program attaches its rendezvous handle to the session, so SAVE
-records the torch-symm-mem state and LOAD validates and relocates against the
+group), or ``--rank R --world-size N`` in N processes, one per GPU (``foundry run
+--rank R --world-size N`` with a shared ``FOUNDRY_SAVE_ID`` for a SAVE). The
+program attaches its rendezvous handle to the session, so SAVE records the
+torch-symm-mem state and LOAD validates and relocates against the
 live handle. ``--move-buffer`` allocates another symmetric buffer first, so the
 LOAD's buffer lives at another address than SAVE's; ``--buffer-rows`` and
 ``--buffer-dtype`` size and type the symmetric buffer (the drift tests LOAD with
@@ -43,22 +45,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--move-buffer", action="store_true", help="put the symmetric buffer at another address")
     parser.add_argument("--buffer-rows", type=int, default=16, help="the symmetric buffer holds ROWS x 256 elements")
     parser.add_argument("--buffer-dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument("--rank", type=int, default=0, help="this process's rank (one process per GPU)")
+    parser.add_argument("--world-size", type=int, default=1)
     args = parser.parse_args(argv)
+    if not 0 <= args.rank < args.world_size:
+        parser.error("--rank must be below --world-size")
     if args.buffer_rows * 256 < NUMEL:
         parser.error(f"--buffer-rows must be at least {NUMEL // 256}")
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29531")
-    session = open_session(model={"recipe": "symm-allreduce"})
+    session = open_session(device=args.rank, model={"recipe": "symm-allreduce"})
     session.start()
-    dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+    torch.cuda.set_device(args.rank)
+    dist.init_process_group("nccl", rank=args.rank, world_size=args.world_size,
+                            device_id=torch.device("cuda", args.rank))  # fmt: skip
     group = dist.group.WORLD.group_name
     spare = symm_mem.empty(NUMEL * 4, dtype=torch.bfloat16, device="cuda") if args.move_buffer else None
     dtype = getattr(torch, args.buffer_dtype)
     buf = symm_mem.empty(args.buffer_rows * 256, dtype=dtype, device="cuda")
     handle = symm_mem.rendezvous(buf, group)
     session.attach("torch-symm-mem", handle=handle, group=group, dtype=args.buffer_dtype)
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device="cuda").manual_seed(args.rank)  # each rank its own inputs
     x = torch.randn(16, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
     w = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
 
