@@ -127,6 +127,10 @@ def _render_restore(console: Console, s: ArchiveSummary) -> None:
     if rng or undefined:
         console.print(f"  graphs drawing random numbers: {', '.join(rng) or 'none'}; "
                       f"undefined parameter bytes (ignored by fingerprints): {undefined}")  # fmt: skip
+    planned = sum(g.plan for g in s.graphs)
+    if s.restore:
+        console.print(f"  launch plans (LOAD --builder native without decoding the IR): {planned} of "
+                      f"{len(s.graphs)} graphs")  # fmt: skip
 
 
 def render_lint(console: Console, report: LintReport, *, strict: bool = False) -> None:

@@ -211,3 +211,23 @@ def test_archived_images_are_read_ahead_and_checked(tmp_path, hook_library):
     (tmp_path / "a" / "modules" / f"{victim}.bin").write_bytes(b"\x7fELF" + bytes(299) + b"!")
     with pytest.raises(ArchiveError):
         ArchiveFunctions(Hook.open_library(hook_library), Archive.open(tmp_path / "a"), None).prefetch({victim})
+
+
+def test_inspect_says_which_graphs_have_launch_plans(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    source = Archive.open(SAVE_A)
+    writer = ArchiveWriter(tmp_path / "a", environment=source.catalog.environment)
+    rank = writer.rank(0)
+    for name, planned in (("decode.bs8", True), ("sample.bs8", False)):
+        ir = source.graph(0, name)
+        rank.add_graph(ir, plan=make_plan(ir) if planned else None)
+    rank.seal()
+    writer.commit()
+    run = [sys.executable, "-m", "foundry", "archive", "inspect", str(tmp_path / "a")]
+    data = json.loads(subprocess.run([*run, "--json"], capture_output=True, text=True, check=True).stdout)
+    assert {g["graph"]: g["plan"] for g in data["graphs"]} == {"decode.bs8": True, "sample.bs8": False}
+    text = subprocess.run(run, capture_output=True, text=True, check=True).stdout
+    assert "launch plans (LOAD --builder native without decoding the IR): 1 of 2 graphs" in text

@@ -31,6 +31,7 @@ class GraphSummary:
     unresolved: list[dict[str, Any]]
     undefined_bytes: int = 0
     rng: bool = False
+    plan: bool = False  # a launch plan: LOAD with --builder native builds it without the IR
 
 
 @dataclass
@@ -73,6 +74,7 @@ class ArchiveSummary:
                     "unresolved": len(g.unresolved),
                     "undefined_bytes": g.undefined_bytes,
                     "rng": g.rng,
+                    "plan": g.plan,
                 }
                 for g in self.graphs
             ],
@@ -115,6 +117,7 @@ def summarize_graph(ir: GraphIR, registry: BackendRegistry, *, rank: int, entry:
         unresolved=unresolved,
         undefined_bytes=sum(length for node in ir.kernels() for _, length in node.undefined),
         rng=entry.rng is not None,
+        plan=entry.plan is not None,
     )
 
 
