@@ -32,8 +32,8 @@ def test_builds_with_warnings_as_errors_and_exports_only_its_api(built):
         "foundry_registry_entry", "foundry_registry_find", "foundry_registry_copy", "foundry_region_map_to",
         "foundry_region_reserve", "foundry_region_set_owner", "foundry_region_expect", "foundry_trace_diverges",
         "foundry_call_shifted", "foundry_graph_build", "foundry_graph_check", "foundry_graph_check_indexed",
-            "foundry_graph_build_many", "foundry_ipc_export",
-        "foundry_ipc_check", "foundry_ipc_open", "foundry_ipc_close", "foundry_ipc_zone", "foundry_ipc_unexport",
+        "foundry_graph_build_many", "foundry_ipc_export", "foundry_ipc_check", "foundry_ipc_open", "foundry_ipc_close",
+        "foundry_ipc_zone", "foundry_ipc_unexport", "foundry_region_passthrough",
     }  # fmt: skip
 
 
@@ -126,3 +126,16 @@ def test_call_shifted_runs_the_callback_and_propagates_its_errors(built):
         with pytest.raises(HookError):
             hook.call_shifted(lambda: calls.append("bad"), **bad)
     assert calls == ["ran"]
+
+
+def test_passed_through_captures_are_balanced(hook_library):
+    from foundry.errors import HookError
+    from foundry.runtime.hook import Hook
+
+    hook = Hook.open_library(hook_library)
+    with hook.passthrough(), hook.passthrough():  # nested: each level undone once
+        pass
+    with pytest.raises(HookError):  # one more end than begins is refused, and the count stays at zero
+        hook._check(hook.lib.foundry_region_passthrough(0), "foundry_region_passthrough")
+    with hook.passthrough():
+        pass

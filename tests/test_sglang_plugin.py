@@ -129,14 +129,15 @@ def test_servers_the_plugin_cannot_persist_are_refused_by_field():
 
     _check_supported(args())
     _check_supported(args(cuda_graph_config=types.SimpleNamespace(prefill=types.SimpleNamespace(backend="full"))))
-    _check_supported(args(cuda_graph_config=types.SimpleNamespace(prefill=types.SimpleNamespace(backend="breakable")),
+    _check_supported(args(cuda_graph_config=types.SimpleNamespace(prefill=types.SimpleNamespace(backend="breakable"))))
+    _check_supported(args(cuda_graph_config=types.SimpleNamespace(prefill=types.SimpleNamespace(backend="tc_piecewise")),
                           disable_prefill_cuda_graph=True))  # fmt: skip
     refused = {
         "sglang.tp_size": args(tp_size=2),
         "sglang.enable_memory_saver": args(enable_memory_saver=True),
         "sglang.speculative_algorithm": args(speculative_algorithm="EAGLE"),
         "sglang.cuda_graph_backend_prefill": args(
-            cuda_graph_config=types.SimpleNamespace(prefill=types.SimpleNamespace(backend="breakable"))
+            cuda_graph_config=types.SimpleNamespace(prefill=types.SimpleNamespace(backend="tc_piecewise"))
         ),
     }
     for field_name, server_args in refused.items():

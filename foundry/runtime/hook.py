@@ -7,9 +7,10 @@ is not there.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -258,6 +259,16 @@ class Hook:
         self._check(self.lib.foundry_registry_copy(ctypes.c_size_t(image.index), buf, image.size),
                     "foundry_registry_copy")  # fmt: skip
         return buf.raw
+
+    @contextlib.contextmanager
+    def passthrough(self) -> Iterator[None]:
+        """Captures inside are the program's own, not persisted: they neither end the
+        warm-up nor are refused by a LOAD (counted as ``passthrough_captures``)."""
+        self._check(self.lib.foundry_region_passthrough(1), "foundry_region_passthrough")
+        try:
+            yield
+        finally:
+            self._check(self.lib.foundry_region_passthrough(0), "foundry_region_passthrough")
 
     def import_zone(self) -> tuple[int, int, int]:
         """``(base, slot size, slots)`` of this process's import zone: peer rank r's

@@ -73,6 +73,21 @@ static CUresult begun(CUresult rc) {
     return rc;
 }
 
+/* Captures the program marks as passed through (foundry_region_passthrough): graphs an
+ * engine captures itself because they cannot be persisted. They neither end the
+ * warm-up nor are refused in LOAD mode: SAVE and LOAD make them alike, and their
+ * allocations stay in the warm-up trace both compare. */
+static atomic_int passthrough;
+
+int foundry_region_passthrough(int on) {
+    if (on) atomic_fetch_add(&passthrough, 1);
+    else if (atomic_fetch_sub(&passthrough, 1) <= 0) {
+        atomic_fetch_add(&passthrough, 1); /* unbalanced: stay at zero */
+        return FOUNDRY_EINVAL;
+    }
+    return FOUNDRY_OK;
+}
+
 /* A LOAD restores its graphs; a process that captures one again (an engine whose
  * Foundry plugin did not load, say) would run without anyone noticing, so a
  * capture in LOAD mode fails unless FOUNDRY_LOAD_CAPTURES=allow says the program
@@ -89,18 +104,29 @@ static int capture_refused(void) {
 }
 
 static CUresult hook_begin_capture(CUstream stream, CUstreamCaptureMode mode) {
+    CUresult (*real)(CUstream, CUstreamCaptureMode) = fh_real("cuStreamBeginCapture_v2");
+    if (atomic_load(&passthrough) > 0) {
+        fh_count("passthrough_captures");
+        return real(stream, mode);
+    }
     if (capture_refused()) return CUDA_ERROR_NOT_PERMITTED;
-    return begun(((CUresult(*)(CUstream, CUstreamCaptureMode))fh_real("cuStreamBeginCapture_v2"))(stream, mode));
+    return begun(real(stream, mode));
 }
 
 /* CUDA 10.0's signature, still exported and still handed out for old version requests. */
 static CUresult hook_begin_capture_v1(CUstream stream) {
+    CUresult (*real)(CUstream) = fh_real("cuStreamBeginCapture");
+    if (atomic_load(&passthrough) > 0) {
+        fh_count("passthrough_captures");
+        return real(stream);
+    }
     if (capture_refused()) return CUDA_ERROR_NOT_PERMITTED;
-    return begun(((CUresult(*)(CUstream))fh_real("cuStreamBeginCapture"))(stream));
+    return begun(real(stream));
 }
 
 static CUresult hook_end_capture(CUstream stream, CUgraph *graph) {
     CUresult rc = ((CUresult(*)(CUstream, CUgraph *))fh_real("cuStreamEndCapture"))(stream, graph);
+    if (atomic_load(&passthrough) > 0) return rc; /* its begin was not counted either */
     /* an invalidated capture is over too; a stream that was not capturing ended nothing */
     if (rc == CUDA_SUCCESS || rc == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED || rc == CUDA_ERROR_STREAM_CAPTURE_UNJOINED ||
         rc == CUDA_ERROR_STREAM_CAPTURE_UNMATCHED)

@@ -15,7 +15,8 @@ to start. In a scheduler:
 3. ``FullCudaGraphBackend.capture_one``: SGLang's two warm-up forwards run as
    always; then SAVE captures through the session, LOAD installs the restored
    graph and its outputs where SGLang keeps them. Breakable graphs are passed
-   through untouched, and the log says so.
+   through: SGLang captures them itself in SAVE and LOAD, the hook told so, and
+   the log says so.
 4. ``ModelRunner.init_cuda_graphs`` (after): SAVE writes the archive; LOAD checks
    that every archived graph was restored and nothing was captured.
 """
@@ -37,14 +38,16 @@ from foundry.integrations.sglang.server_args import check_server_args, model_con
 RUNNERS = {"DecodeCudaGraphRunner": "decode", "PrefillCudaGraphRunner": "prefill"}
 KV_BUDGET = "sglang.kv_budget_bytes"
 MODEL_CONFIG = "sglang.model_config_sha256"
-PERSISTED_PREFILL = ("disabled", "full")  # breakable and tc_piecewise prefill graphs cannot be persisted
+# prefill backends the plugin handles: full graphs are persisted, breakable ones passed through
+# (SGLang captures them in SAVE and LOAD alike); tc_piecewise lives in torch.compile's caches
+PREFILL_BACKENDS = ("disabled", "full", "breakable")
 _BACKENDS = "sglang.srt.model_executor.runner_backend"
 HOOKS = (  # (target, hook type name, function name in this module)
     ("sglang.srt.managers.scheduler.Scheduler.__init__", "BEFORE", "_on_scheduler_start"),
     ("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes", "AROUND", "_kv_budget"),
     (f"{_BACKENDS}.full_cuda_graph_backend.FullCudaGraphBackend.__init__", "AFTER", "_note_runner"),
     (f"{_BACKENDS}.full_cuda_graph_backend.FullCudaGraphBackend.capture_one", "AROUND", "_capture_one"),
-    (f"{_BACKENDS}.breakable_cuda_graph_backend.BreakableCudaGraphBackend.capture_one", "BEFORE", "_pass_through"),
+    (f"{_BACKENDS}.breakable_cuda_graph_backend.BreakableCudaGraphBackend.capture_one", "AROUND", "_pass_through"),
     ("sglang.srt.model_executor.model_runner.ModelRunner.init_cuda_graphs", "AFTER", "_on_graphs_done"),
 )
 
@@ -174,10 +177,10 @@ def _check_supported(server_args: Any) -> None:
         raise FoundryError("speculative decoding (several model runners) is not persisted yet",
                            field="sglang.speculative_algorithm", found=server_args.speculative_algorithm)  # fmt: skip
     prefill = _prefill_backend(server_args)
-    if prefill not in PERSISTED_PREFILL:
-        raise FoundryError("prefill graphs of this backend cannot be persisted, and capturing them first would move "
-                           "every later allocation; set cuda_graph_backend_prefill to disabled or full",
-                           field="sglang.cuda_graph_backend_prefill", expected=list(PERSISTED_PREFILL),
+    if prefill not in PREFILL_BACKENDS:
+        raise FoundryError("prefill graphs of this backend can be neither persisted nor passed through; set "
+                           "cuda_graph_backend_prefill to disabled, full or breakable",
+                           field="sglang.cuda_graph_backend_prefill", expected=list(PREFILL_BACKENDS),
                            found=prefill)  # fmt: skip
 
 
@@ -266,28 +269,26 @@ def _check_model(backend: Any) -> None:
     _state.model_checked = True
 
 
-def _pass_through(*args: Any, **kwargs: Any) -> None:
+def _pass_through(original: Any, backend: Any, *args: Any, **kwargs: Any) -> Any:
+    """Breakable graphs are SGLang's own: captured as usual in SAVE and in LOAD, with the
+    hook told so (they end no warm-up and a LOAD does not refuse them)."""
     if _state is None:
-        return
-    if _state.config.mode == "load":
-        raise FoundryError("a LOAD cannot capture breakable graphs; SAVE and LOAD with those graphs off",
-                           field="sglang.cuda_graph_backend_prefill")  # fmt: skip
-    backend = args[0] if args else None
+        return original(backend, *args, **kwargs)
     runner = getattr(backend, "_foundry_runner", "prefill")
     if runner not in _state.passed_through:
         _state.passed_through.add(runner)
         _say(f"breakable {runner} graphs are not persisted; SGLang captures them as usual")
+    with _state.session.hook.passthrough():
+        return original(backend, *args, **kwargs)
 
 
 def _on_graphs_done(result: Any, *args: Any, **kwargs: Any) -> None:
     if _state is None:
         return result
-    if _state.passed_through and _state.config.mode == "load":
-        raise FoundryError(
-            "a LOAD cannot capture breakable graphs: persist with those graphs off "
-            "(cuda_graph_backend_prefill=disabled or full)",
-            field="sglang.cuda_graph_backend_prefill",
-        )
+    if _state.finished:
+        raise FoundryError("a second model runner captured graphs; the plugin persists one per scheduler",
+                           field="sglang.model_runners")  # fmt: skip
+    _state.finished = True
     report = _state.session.finish()
     if _state.config.mode == "load":
         _check_restored(report)
@@ -295,7 +296,8 @@ def _on_graphs_done(result: Any, *args: Any, **kwargs: Any) -> None:
     counters = report.get("counters", {})
     _say(f"scheduler (tp rank {_state.rank}) {_state.config.mode}: {len(_state.graphs)} graphs "
          f"{'saved' if _state.config.mode == 'save' else 'restored'}, "
-         f"{counters.get('stream_captures', 0)} stream captures")  # fmt: skip
+         f"{counters.get('stream_captures', 0)} stream captures, "
+         f"{counters.get('passthrough_captures', 0)} passed through")  # fmt: skip
     out = os.environ.get("FOUNDRY_SGLANG_REPORT")
     if out:
         with open(out, "w") as handle:
