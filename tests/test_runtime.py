@@ -429,3 +429,10 @@ def test_a_save_stopped_after_writing_says_the_second_run_was_not_made(tmp_path,
     config = launcher.RunConfig("save", tmp_path / "a")
     assert launcher.run(config, [sys.executable, "-c", code, str(SAVE_A)], log=lines.append) == 143
     assert len(lines) == 1 and "exited with 143 after writing" in lines[0] and "--save-runs 1" in lines[0]
+
+
+def test_a_save_of_several_ranks_needs_a_fresh_save_id_before_it_starts(tmp_path, with_hook, monkeypatch):
+    monkeypatch.delenv("FOUNDRY_SAVE_ID", raising=False)
+    config = launcher.RunConfig("save", tmp_path / "a", rank=1, world_size=2)
+    with pytest.raises(FoundryError, match="SAVE id is 1-64"):
+        launcher.run(config, [sys.executable, "-c", "raise SystemExit('must not run')"])

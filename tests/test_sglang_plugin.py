@@ -122,22 +122,34 @@ def test_servers_the_plugin_cannot_persist_are_refused_by_field():
 
     def args(**changes):
         phase = types.SimpleNamespace(backend="disabled")
+        full = types.SimpleNamespace(backend="full")
         base = {"tp_size": 1, "pp_size": 1, "dp_size": 1, "enable_memory_saver": False,
-                "speculative_algorithm": None, "cuda_graph_config": types.SimpleNamespace(prefill=phase),
-                "disable_prefill_cuda_graph": False}  # fmt: skip
+                "speculative_algorithm": None, "cuda_graph_config": types.SimpleNamespace(prefill=phase, decode=full),
+                "disable_prefill_cuda_graph": False, "cuda_graph_backend_decode": "full"}  # fmt: skip
         return types.SimpleNamespace(**{**base, **changes})
 
     _check_supported(args())
-    _check_supported(args(cuda_graph_config=types.SimpleNamespace(prefill=types.SimpleNamespace(backend="full"))))
-    _check_supported(args(cuda_graph_config=types.SimpleNamespace(prefill=types.SimpleNamespace(backend="breakable"))))
-    _check_supported(args(cuda_graph_config=types.SimpleNamespace(prefill=types.SimpleNamespace(backend="tc_piecewise")),
-                          disable_prefill_cuda_graph=True))  # fmt: skip
+    for prefill in ("full", "breakable"):
+        _check_supported(
+            args(
+                cuda_graph_config=types.SimpleNamespace(
+                    prefill=types.SimpleNamespace(backend=prefill), decode=types.SimpleNamespace(backend="full")
+                )
+            )
+        )
+    _check_supported(args(cuda_graph_config=None, disable_prefill_cuda_graph=True))  # flags: only without a config
     refused = {
         "sglang.tp_size": args(tp_size=2),
         "sglang.enable_memory_saver": args(enable_memory_saver=True),
         "sglang.speculative_algorithm": args(speculative_algorithm="EAGLE"),
         "sglang.cuda_graph_backend_prefill": args(
-            cuda_graph_config=types.SimpleNamespace(prefill=types.SimpleNamespace(backend="tc_piecewise"))
+            cuda_graph_config=types.SimpleNamespace(prefill=types.SimpleNamespace(backend="tc_piecewise")),
+            disable_prefill_cuda_graph=True,  # the resolved config wins over the flag, as in ServerArgs
+        ),
+        "sglang.cuda_graph_backend_decode": args(
+            cuda_graph_config=types.SimpleNamespace(
+                prefill=types.SimpleNamespace(backend="disabled"), decode=types.SimpleNamespace(backend="breakable")
+            )
         ),
     }
     for field_name, server_args in refused.items():

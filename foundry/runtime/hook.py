@@ -26,6 +26,8 @@ COUNTERS = (
     "images",
     "native_instantiate_us",
     "ipc_imports",
+    "passthrough_captures",
+    "passthrough_instantiates",
 )
 
 

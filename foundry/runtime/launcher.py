@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from foundry.archive.rank_parts import PART_FILE, read_part
+from foundry.archive.rank_parts import PART_FILE, check_save_id, read_part
 from foundry.archive.reader import Archive
 from foundry.archive.schema import CATALOG_FILE
 from foundry.errors import DriftError, FoundryError, HookError
@@ -136,6 +136,8 @@ def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Calla
 
     if config.mode == "save" and (config.archive / CATALOG_FILE).exists() and not config.overwrite:
         raise FoundryError("already holds an archive (pass --overwrite to replace it)", path=str(config.archive))
+    if config.mode == "save" and config.world_size > 1:  # refused now, not after the program ran
+        check_save_id(config.archive, os.environ.get("FOUNDRY_SAVE_ID", ""))
     code = _start(command, config)
     if config.mode == "save" and code != 0 and (config.archive / CATALOG_FILE).is_file() and save_runs > 1:
         log(

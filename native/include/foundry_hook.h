@@ -114,9 +114,10 @@ int foundry_ipc_zone(uint64_t *base, uint64_t *slot, uint32_t *slots);
 /* Give one reference back; the descriptor is closed with the last. */
 int foundry_ipc_close(const foundry_ipc_handle_t *handle, uint32_t *refs_left);
 
-/* Mark the captures that follow (on=1) as passed through, until on=0: graphs the program
- * captures itself because they are not persisted. They do not end the warm-up, are not
- * refused in LOAD mode, and count as "passthrough_captures", not "stream_captures". */
+/* Mark the calling thread's captures that follow (on=1) as passed through, until on=0:
+ * graphs the program captures itself because they are not persisted. They do not end
+ * the warm-up, are not refused in LOAD mode, and count as "passthrough_captures" (their
+ * instantiations as "passthrough_instantiates"), not "stream_captures". */
 int foundry_region_passthrough(int on);
 /* ABI version of this library (FOUNDRY_HOOK_ABI). */
 int foundry_hook_abi(void);

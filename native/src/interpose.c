@@ -76,16 +76,37 @@ static CUresult begun(CUresult rc) {
 /* Captures the program marks as passed through (foundry_region_passthrough): graphs an
  * engine captures itself because they cannot be persisted. They neither end the
  * warm-up nor are refused in LOAD mode: SAVE and LOAD make them alike, and their
- * allocations stay in the warm-up trace both compare. */
-static atomic_int passthrough;
+ * allocations stay in the warm-up trace both compare. The mark is the calling
+ * thread's; a capture begun under it is remembered by stream, so its end is
+ * recognised wherever it comes from. */
+#define MAX_PASSTHROUGH_STREAMS 64
+static _Thread_local int passthrough;
+static pthread_mutex_t passthrough_lock = PTHREAD_MUTEX_INITIALIZER;
+static CUstream passthrough_streams[MAX_PASSTHROUGH_STREAMS];
+static int passthrough_count;
 
 int foundry_region_passthrough(int on) {
-    if (on) atomic_fetch_add(&passthrough, 1);
-    else if (atomic_fetch_sub(&passthrough, 1) <= 0) {
-        atomic_fetch_add(&passthrough, 1); /* unbalanced: stay at zero */
-        return FOUNDRY_EINVAL;
+    if (on) {
+        passthrough++;
+    } else if (passthrough > 0) {
+        passthrough--;
+    } else {
+        return FOUNDRY_EINVAL; /* unbalanced */
     }
     return FOUNDRY_OK;
+}
+
+/* Remember (add=1) or forget (add=0) a passed-through capture's stream; whether it was known. */
+static int passthrough_stream(CUstream stream, int add) {
+    pthread_mutex_lock(&passthrough_lock);
+    int found = -1;
+    for (int i = 0; i < passthrough_count && found < 0; i++)
+        if (passthrough_streams[i] == stream) found = i;
+    if (add && found < 0 && passthrough_count < MAX_PASSTHROUGH_STREAMS)
+        passthrough_streams[passthrough_count++] = stream;
+    if (!add && found >= 0) passthrough_streams[found] = passthrough_streams[--passthrough_count];
+    pthread_mutex_unlock(&passthrough_lock);
+    return found >= 0;
 }
 
 /* A LOAD restores its graphs; a process that captures one again (an engine whose
@@ -105,9 +126,13 @@ static int capture_refused(void) {
 
 static CUresult hook_begin_capture(CUstream stream, CUstreamCaptureMode mode) {
     CUresult (*real)(CUstream, CUstreamCaptureMode) = fh_real("cuStreamBeginCapture_v2");
-    if (atomic_load(&passthrough) > 0) {
-        fh_count("passthrough_captures");
-        return real(stream, mode);
+    if (passthrough > 0) {
+        CUresult rc = real(stream, mode);
+        if (rc == CUDA_SUCCESS) {
+            passthrough_stream(stream, 1);
+            fh_count("passthrough_captures");
+        }
+        return rc;
     }
     if (capture_refused()) return CUDA_ERROR_NOT_PERMITTED;
     return begun(real(stream, mode));
@@ -116,9 +141,13 @@ static CUresult hook_begin_capture(CUstream stream, CUstreamCaptureMode mode) {
 /* CUDA 10.0's signature, still exported and still handed out for old version requests. */
 static CUresult hook_begin_capture_v1(CUstream stream) {
     CUresult (*real)(CUstream) = fh_real("cuStreamBeginCapture");
-    if (atomic_load(&passthrough) > 0) {
-        fh_count("passthrough_captures");
-        return real(stream);
+    if (passthrough > 0) {
+        CUresult rc = real(stream);
+        if (rc == CUDA_SUCCESS) {
+            passthrough_stream(stream, 1);
+            fh_count("passthrough_captures");
+        }
+        return rc;
     }
     if (capture_refused()) return CUDA_ERROR_NOT_PERMITTED;
     return begun(real(stream));
@@ -126,7 +155,7 @@ static CUresult hook_begin_capture_v1(CUstream stream) {
 
 static CUresult hook_end_capture(CUstream stream, CUgraph *graph) {
     CUresult rc = ((CUresult(*)(CUstream, CUgraph *))fh_real("cuStreamEndCapture"))(stream, graph);
-    if (atomic_load(&passthrough) > 0) return rc; /* its begin was not counted either */
+    if (passthrough_stream(stream, 0)) return rc; /* a passed-through capture: its begin was not counted */
     /* an invalidated capture is over too; a stream that was not capturing ended nothing */
     if (rc == CUDA_SUCCESS || rc == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED || rc == CUDA_ERROR_STREAM_CAPTURE_UNJOINED ||
         rc == CUDA_ERROR_STREAM_CAPTURE_UNMATCHED)
@@ -135,12 +164,12 @@ static CUresult hook_end_capture(CUstream stream, CUgraph *graph) {
 }
 
 static CUresult hook_instantiate(CUgraphExec *exec, CUgraph graph, unsigned long long flags) {
-    fh_count("graph_instantiates");
+    fh_count(passthrough > 0 ? "passthrough_instantiates" : "graph_instantiates");
     return ((CUresult(*)(CUgraphExec *, CUgraph, unsigned long long))fh_real("cuGraphInstantiateWithFlags"))(exec, graph, flags);
 }
 
 static CUresult hook_instantiate_params(CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params) {
-    fh_count("graph_instantiates");
+    fh_count(passthrough > 0 ? "passthrough_instantiates" : "graph_instantiates");
     typedef CUresult (*fn)(CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *);
     return ((fn)fh_real("cuGraphInstantiateWithParams"))(exec, graph, params);
 }

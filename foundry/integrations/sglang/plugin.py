@@ -103,6 +103,8 @@ def _prepare_children(config: PluginConfig) -> None:
 
     run = launcher.RunConfig(config.mode, Path(config.archive or ""), config.region_base, config.region_size)
     env = launcher.environment(run)
+    for key in ("FOUNDRY_SAVE_FIRST_RUN", "FOUNDRY_LAYOUT_PAD"):  # a SAVE's later runs only: not these children
+        os.environ.pop(key, None)
     os.environ.update({k: v for k, v in env.items() if k == "LD_PRELOAD" or k.startswith("FOUNDRY_")})
     if config.mode == "save":
         os.environ["PYTHONHASHSEED"] = "0"
@@ -176,7 +178,11 @@ def _check_supported(server_args: Any) -> None:
     if getattr(server_args, "speculative_algorithm", None):
         raise FoundryError("speculative decoding (several model runners) is not persisted yet",
                            field="sglang.speculative_algorithm", found=server_args.speculative_algorithm)  # fmt: skip
-    prefill = _prefill_backend(server_args)
+    decode = _phase_backend(server_args, "decode")
+    if decode not in ("full", "disabled"):
+        raise FoundryError("decode graphs are persisted with the full backend only",
+                           field="sglang.cuda_graph_backend_decode", expected=["full"], found=decode)  # fmt: skip
+    prefill = _phase_backend(server_args, "prefill")
     if prefill not in PREFILL_BACKENDS:
         raise FoundryError("prefill graphs of this backend can be neither persisted nor passed through; set "
                            "cuda_graph_backend_prefill to disabled, full or breakable",
@@ -184,12 +190,17 @@ def _check_supported(server_args: Any) -> None:
                            found=prefill)  # fmt: skip
 
 
-def _prefill_backend(server_args: Any) -> str:
-    """The prefill graph backend ServerArgs resolved (its JSON config, flags and defaults)."""
-    if getattr(server_args, "disable_prefill_cuda_graph", False) or getattr(server_args, "disable_cuda_graph", False):
-        return "disabled"
-    resolved = getattr(getattr(server_args, "cuda_graph_config", None), "prefill", None)
-    backend = getattr(resolved, "backend", None) or getattr(server_args, "cuda_graph_backend_prefill", None)
+def _phase_backend(server_args: Any, phase: str) -> str:
+    """The graph backend ServerArgs resolved for ``phase`` (decode or prefill). Its
+    ``cuda_graph_config`` already folds the JSON config, the per-phase flags and the
+    disable switches together; the flags are read only when it is absent."""
+    resolved = getattr(getattr(server_args, "cuda_graph_config", None), phase, None)
+    backend = getattr(resolved, "backend", None)
+    if backend is None:
+        if getattr(server_args, f"disable_{phase}_cuda_graph", False) or getattr(server_args, "disable_cuda_graph",
+                                                                                    False):  # fmt: skip
+            return "disabled"
+        backend = getattr(server_args, f"cuda_graph_backend_{phase}", None)
     return str(getattr(backend, "value", backend))
 
 
@@ -197,7 +208,8 @@ def _kv_budget(original: Any, configurator: Any, *args: Any, **kwargs: Any) -> i
     profiled = original(configurator, *args, **kwargs)
     if _state is None:
         return profiled
-    first_run = os.environ.get("FOUNDRY_SAVE_FIRST_RUN")  # a later run of a SAVE sizes its pool like the first
+    # a later run of a SAVE sizes its pool like the first
+    first_run = os.environ.get("FOUNDRY_SAVE_FIRST_RUN") if _state.config.mode == "save" else None
     if _state.config.mode == "save" and not first_run:
         _state.session.model[KV_BUDGET] = str(profiled)
         return profiled
