@@ -143,11 +143,13 @@ def test_save_and_save2_agree_and_diff_says_identical(saved, cubin, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_the_recipe_decodes_identically_after_load(tmp_path):
+@pytest.mark.parametrize("extra", [(), ("--symm",)], ids=["plain", "symmetric-memory"])
+def test_the_recipe_decodes_identically_after_load(tmp_path, extra):
     """The Qwen3-shaped recipe at two batch sizes: baseline vs SAVE vs fresh-process LOAD
     (graphs built through cuda-bindings, through the native builder, and at a region
-    base 16 GiB higher)."""
-    recipe = [sys.executable, str(ROOT / "recipes" / "torch" / "run.py"), "--batches", "1,8"]
+    base 16 GiB higher); with ``--symm`` its projections are summed through symmetric
+    memory (tensor parallelism at world size 1), which LOAD validates and relocates."""
+    recipe = [sys.executable, str(ROOT / "recipes" / "torch" / "run.py"), "--batches", "1,8", *extra]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     reports = []
     shifted = hex(0x600000000000 + (16 << 30))

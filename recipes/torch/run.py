@@ -10,6 +10,11 @@ Every mode runs the same program: allocate, warm up every shape, get the graphs
 prompt sets, keep the token ids and the final logits' sha256, and finish with
 three seeded sampling replays and one eager ``torch.rand``. ``--bench`` instead
 times warm-up + capture (or LOAD) and replays, for bench/cold_start.py.
+
+``--world-size N --rank R`` (one process per GPU; ``foundry run --rank R
+--world-size N`` with a shared ``FOUNDRY_SAVE_ID`` for a SAVE) splits the decoder
+over N ranks, the partial sums added through torch symmetric memory
+(``one_shot_all_reduce``); ``--symm`` does the same at world size 1.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decoder import CONFIGS, Decoder, sample
+from decoder import CONFIGS, Decoder, TensorParallel, sample
 
 from foundry.runtime.session import open_session
 
@@ -42,23 +47,56 @@ def digest(t: torch.Tensor) -> str:
     return hashlib.sha256(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
+def symmetric_tp(session, rank: int, world_size: int, max_batch: int, hidden: int) -> TensorParallel:
+    """The tensor-parallel group: NCCL to set it up, a symmetric buffer for the sums,
+    attached to the session so SAVE records it and LOAD validates and relocates it."""
+    import torch.distributed as dist
+    import torch.distributed._symmetric_memory as symm_mem
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29541")
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world_size, device_id=torch.device("cuda", rank))
+    group = dist.group.WORLD.group_name
+    buf = symm_mem.empty(max_batch * hidden, dtype=torch.bfloat16, device="cuda")
+    handle = symm_mem.rendezvous(buf, group)
+    session.attach("torch-symm-mem", handle=handle, group=group, dtype="bfloat16")
+
+    def all_reduce(partial: torch.Tensor) -> torch.Tensor:
+        n = partial.numel()
+        buf[:n].copy_(partial.reshape(-1))
+        return torch.ops.symm_mem.one_shot_all_reduce(buf[:n], "sum", group).view_as(partial)
+
+    return TensorParallel(rank, world_size, all_reduce)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="where to write the JSON report")
     parser.add_argument("--config", choices=sorted(CONFIGS), default="tiny")
     parser.add_argument("--batches", default=None, help="comma-separated batch sizes")
     parser.add_argument("--bench", action="store_true", help="time graph set-up and replay instead of decoding")
+    parser.add_argument("--rank", type=int, default=0, help="this process's rank and GPU")
+    parser.add_argument("--world-size", type=int, default=1, help="tensor-parallel ranks, one process each")
+    parser.add_argument("--symm", action="store_true", help="sum partials through symmetric memory at world size 1")
     args = parser.parse_args(argv)
+    if not 0 <= args.rank < args.world_size:
+        parser.error("--rank must be below --world-size")
     config = CONFIGS[args.config]
     batches = [int(b) for b in args.batches.split(",")] if args.batches else list(
         BENCH_BATCHES if args.config != "tiny" else TINY_BATCHES)  # fmt: skip
     max_batch = max(batches)
 
-    session = open_session(model={"recipe": "torch-decoder", "config": args.config})
+    parallel = args.world_size > 1 or args.symm
+    model_record = {"recipe": "torch-decoder", "config": args.config}
+    if parallel:
+        model_record["tensor_parallel"] = str(args.world_size)
+    session = open_session(device=args.rank, model=model_record)
     t0 = time.perf_counter()
     session.start()
     torch.cuda.manual_seed(CUDA_SEED)
-    model = Decoder(config, max_batch)
+    tp = symmetric_tp(session, args.rank, args.world_size, max_batch, config.hidden) if parallel else None
+    model = Decoder(config, max_batch, tp=tp)
     ids = torch.zeros(max_batch, dtype=torch.long, device="cuda")
     pos = torch.zeros(max_batch, dtype=torch.long, device="cuda")
     sample_in = torch.zeros(8, config.vocab, dtype=torch.float32, device="cuda")
@@ -88,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         report["sampling"] = sampling(graphs, sampler, sample_in, ids, pos, model)
     args.out.write_text(json.dumps(report, indent=1, default=str) + "\n")
     print(json.dumps({k: report[k] for k in ("config", "timing")}, default=str))
+    if parallel:
+        torch.distributed.destroy_process_group()
     return 0
 
 
