@@ -3,8 +3,8 @@
 #
 #   scripts/validate_on_gpu.sh RESULTS_DIR [SECTION ...]
 #
-# Sections, in order (all when none is named): tests recipe relocation negative
-# bench sglang. relocation and negative need recipe's archive in RESULTS_DIR;
+# Sections, in order (all when none is named): tests session-tests recipe
+# relocation negative bench sglang. relocation and negative need recipe's archive in RESULTS_DIR;
 # sglang needs SGLang 0.5.17 importable (and this package installed, so SGLang
 # finds the plugin's entry point).
 #
@@ -13,9 +13,9 @@
 # Writes logs and reports under RESULTS_DIR and prints a summary table last; each
 # step says which command produced it, for docs/validation.md.
 set -uo pipefail
-RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|recipe|relocation|negative|bench ...]}
+RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|relocation|negative|bench|sglang ...]}
 shift
-SECTIONS=${*:-tests recipe relocation negative bench sglang}
+SECTIONS=${*:-tests session-tests recipe relocation negative bench sglang}
 wants() { [[ " $SECTIONS " == *" $1 "* ]]; }
 cd "$(dirname "$0")/.."
 mkdir -p "$RESULTS"
@@ -35,7 +35,9 @@ RUN="python3 recipes/torch/run.py"
 SHIFTED=0x600400000000  # the default base + 16 GiB
 
 # 1. GPU tests (sessions, native builder, relocation, symmetric memory, the hook, lowering)
-wants tests && step gpu-tests python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py tests/test_gpu_hook.py tests/test_gpu_session.py tests/test_gpu_ipc.py
+# (two sections: together they take longer than ten minutes)
+wants tests && step gpu-tests python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py tests/test_gpu_hook.py tests/test_gpu_ipc.py
+wants session-tests && step gpu-session-tests python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_session.py
 
 # 2. the decoder recipe: baseline, two-run SAVE, a second two-run SAVE, LOADs
 if wants recipe; then
