@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from foundry.archive import Archive, ArchiveWriter
 from foundry.archive.files import sha256_hex
@@ -72,14 +73,16 @@ def edit_json(path: Path, edit: Callable[[dict], None], *, root: Path | None = N
         reseal(root, graphs=graphs)
 
 
-def write_archive(path: Path, graphs: list[GraphIR], *, like: Path, modules: tuple[bytes, ...] = ()) -> Archive:
-    """A one-rank archive of ``graphs`` (and module images) in the environment of the archive at ``like``."""
+def write_archive(path: Path, graphs: list[GraphIR], *, like: Path, modules: tuple[bytes, ...] = (),
+                  plan_of: Callable[[GraphIR], Any] | None = None) -> Archive:  # fmt: skip
+    """A one-rank archive of ``graphs`` (and module images) in the environment of the archive at ``like``;
+    ``plan_of(ir)`` gives each graph's launch plan (or None)."""
     writer = ArchiveWriter(path, environment=Archive.open(like).catalog.environment)
     for blob in modules:
         writer.add_module(blob, format="cubin")
     rank = writer.rank(0)
     for ir in graphs:
-        rank.add_graph(ir)
+        rank.add_graph(ir, plan=plan_of(ir) if plan_of else None)
     rank.seal()
     writer.commit()
     return Archive.open(path)

@@ -15,11 +15,11 @@ import pytest
 from foundry.archive import Archive
 from foundry.archive.rewrite import rewrite_graphs
 from foundry.archive.schema import LaunchPlan
-from foundry.archive.writer import ArchiveWriter
 from foundry.errors import ArchiveError, IRError
 from foundry.runtime.launch_plan import check_plan, make_plan, plannable
 from foundry.runtime.load import LoadSession
 
+from .archive_tools import write_archive
 from .conftest import FIXTURES
 
 SAVE_A = FIXTURES / "saveload-a"
@@ -64,14 +64,8 @@ def test_graphs_pointing_outside_the_region_get_no_plan():
 
 
 def test_plans_are_stored_checked_and_dropped_by_rewrites(tmp_path):
-    source = Archive.open(SAVE_A)
-    ir = source.graph(0, "decode.bs8")
-    writer = ArchiveWriter(tmp_path / "a", environment=source.catalog.environment)
-    rank = writer.rank(0)
-    rank.add_graph(ir, plan=make_plan(ir))
-    rank.seal()
-    writer.commit()
-    archive = Archive.open(tmp_path / "a")
+    ir = Archive.open(SAVE_A).graph(0, "decode.bs8")
+    archive = write_archive(tmp_path / "a", [ir], like=SAVE_A, plan_of=make_plan)
     plan = archive.entry(0, "decode.bs8").plan
     assert plan is not None and plan.file == "plans/decode.bs8.fgb"
     data = archive.rank_blob(0, plan.file, sha256=plan.sha256, size=plan.size, what="launch plan")
@@ -117,12 +111,8 @@ def test_verify_packs_each_graph_again_and_compares_its_plan(tmp_path):
 
     source = Archive.open(SAVE_A)
     bs1, bs8 = source.graph(0, "decode.bs1"), source.graph(0, "decode.bs8")
-    for name, plan_of in (("good", bs8), ("stale", bs1)):  # stale: another graph's plan, validly sealed
-        writer = ArchiveWriter(tmp_path / name, environment=source.catalog.environment)
-        rank = writer.rank(0)
-        rank.add_graph(bs8, plan=make_plan(plan_of))
-        rank.seal()
-        writer.commit()
+    for name, planned in (("good", bs8), ("stale", bs1)):  # stale: another graph's plan, validly sealed
+        write_archive(tmp_path / name, [bs8], like=SAVE_A, plan_of=lambda _, planned=planned: make_plan(planned))
     run = [sys.executable, "-m", "foundry", "archive", "verify", "--json"]
     good = subprocess.run([*run, str(tmp_path / "good")], capture_output=True, text=True)
     assert good.returncode == 0 and json.loads(good.stdout)["ok"], good.stderr
@@ -181,13 +171,7 @@ def test_verify_without_cuda_bindings_says_the_plans_were_not_compared(tmp_path)
     import subprocess
     import sys
 
-    source = Archive.open(SAVE_A)
-    ir = source.graph(0, "decode.bs8")
-    writer = ArchiveWriter(tmp_path / "a", environment=source.catalog.environment)
-    rank = writer.rank(0)
-    rank.add_graph(ir, plan=make_plan(ir))
-    rank.seal()
-    writer.commit()
+    write_archive(tmp_path / "a", [Archive.open(SAVE_A).graph(0, "decode.bs8")], like=SAVE_A, plan_of=make_plan)
     code = ("import sys; sys.modules['cuda'] = None; from foundry.cli import main; "
             f"main(['archive', 'verify', {str(tmp_path / 'a')!r}])")  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -198,8 +182,6 @@ def test_verify_without_cuda_bindings_says_the_plans_were_not_compared(tmp_path)
 def test_archived_images_are_read_ahead_and_checked(tmp_path, hook_library):
     from foundry.runtime.functions import ArchiveFunctions
     from foundry.runtime.hook import Hook
-
-    from .archive_tools import write_archive
 
     blobs = (b"\x7fELF" + bytes(300), b"\x7fELF" + bytes(500))
     archive = write_archive(tmp_path / "a", [Archive.open(SAVE_A).graph(0, "sample.bs8")], like=SAVE_A, modules=blobs)
@@ -219,13 +201,10 @@ def test_inspect_says_which_graphs_have_launch_plans(tmp_path):
     import sys
 
     source = Archive.open(SAVE_A)
-    writer = ArchiveWriter(tmp_path / "a", environment=source.catalog.environment)
-    rank = writer.rank(0)
-    for name, planned in (("decode.bs8", True), ("sample.bs8", False)):
-        ir = source.graph(0, name)
-        rank.add_graph(ir, plan=make_plan(ir) if planned else None)
-    rank.seal()
-    writer.commit()
+    graphs = [source.graph(0, "decode.bs8"), source.graph(0, "sample.bs8")]
+    write_archive(
+        tmp_path / "a", graphs, like=SAVE_A, plan_of=lambda ir: make_plan(ir) if ir.name == "decode.bs8" else None
+    )
     run = [sys.executable, "-m", "foundry", "archive", "inspect", str(tmp_path / "a")]
     data = json.loads(subprocess.run([*run, "--json"], capture_output=True, text=True, check=True).stdout)
     assert {g["graph"]: g["plan"] for g in data["graphs"]} == {"decode.bs8": True, "sample.bs8": False}

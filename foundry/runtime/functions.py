@@ -32,6 +32,7 @@ class ArchiveFunctions:
         self.moved_from = moved_from  # SAVE's region range when LOAD relocates: restored globals must not point there
         self._images: dict[str, tuple[str, int]] = {}  # sha256 -> (kind, CUmodule/CUlibrary)
         self._blobs: dict[str, bytes] = {}  # archived images read ahead (prefetch)
+        self._live: dict[str, Image | None] = {}  # sha256 -> the live copy, or None
         self._functions: dict[tuple[str, str], int] = {}
         self.bound_live: set[str] = set()
         self.loaded: set[str] = set()
@@ -83,6 +84,12 @@ class ArchiveFunctions:
         return self._images[sha256]
 
     def _live_copy(self, sha256: str) -> Image | None:
+        """The live process's own copy of an image, found once (prefetch and binding both ask)."""
+        if sha256 not in self._live:
+            self._live[sha256] = self._find_live_copy(sha256)
+        return self._live[sha256]
+
+    def _find_live_copy(self, sha256: str) -> Image | None:
         blob = next((b for b in self.archive.catalog.modules.blobs if b.sha256 == sha256), None)
         if blob is None:
             return None

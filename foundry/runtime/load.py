@@ -82,11 +82,7 @@ class LoadSession(Session):
                     n.id for n in ir.kernels() if n.kernel.name == name))  # fmt: skip
 
     def _refuse_unclaimed(self, graph: str, kernel: KernelIdentity, node: Callable[[], int] | None = None) -> None:
-        from foundry.backends.registry import BackendRegistry
-
-        if not hasattr(self, "_registry"):
-            self._registry = BackendRegistry.discover()
-        match = self._registry.recognise(kernel)
+        match = self.registry.recognise(kernel)
         if match is None or match.backend not in COMMUNICATOR_BACKENDS:
             return
         if match.backend in {backend.name for backend, _ in self.backends}:
@@ -104,10 +100,10 @@ class LoadSession(Session):
         validate and relocate; refused by name otherwise (before any GPU work)."""
         from foundry.backends.registry import BackendRegistry
 
-        registry = BackendRegistry.discover()
+        self.registry = BackendRegistry.discover()
         backends = []
         for state in self.record.backends:
-            backend = registry.require(state.backend)
+            backend = self.registry.require(state.backend)
             missing = [step for step in ("validate", "relocate") if step not in backend.implements()]
             if missing:
                 raise DriftError(f"backend {state.backend!r} cannot {' or '.join(missing)} yet; this archive "
@@ -194,15 +190,9 @@ class LoadSession(Session):
         decoded = time.perf_counter()
         self._check_claims(irs)  # refusals that need no GPU work come first
         self._validate_backends(irs)
-        if self.warmup_mode == "replay":  # SAVE allocated the generator's cells after its warm-up
-            self.anchor = anchor_generator()
-        torch.cuda.synchronize()
         region = self.record.region
         assert region is not None  # checked in start()
-        self._check_trace()
-        self.hook.map_to(region.final_offset)
-        if self.warmup_mode == "restore":
-            self._restore_warmup_bytes(region)
+        self._map_region(region)
         mapped = time.perf_counter()
         graphs = self._build_all(region, irs)
         torch.cuda.synchronize()
@@ -237,6 +227,7 @@ class LoadSession(Session):
         from foundry.runtime.launch_plan import build_plans
         from foundry.runtime.rng import PhiloxReplay
         from foundry.runtime.tensors import outputs_at
+        from foundry.runtime.validate import check_image
 
         started = time.perf_counter()
         region = self.record.region
@@ -246,19 +237,12 @@ class LoadSession(Session):
         for entry in entries:
             assert entry.plan is not None  # _plans_apply
             for kernel in entry.plan.kernels:
-                if kernel.image not in known:
-                    raise DriftError("a kernel's module image is not in the archive", path=entry.name,
-                                     kernel=kernel.name, found=kernel.image)  # fmt: skip
-                self._refuse_unclaimed(entry.name, KernelIdentity(kernel.name, kernel.image))
+                identity = KernelIdentity(kernel.name, kernel.image)
+                check_image(identity, known, path=entry.name)
+                self._refuse_unclaimed(entry.name, identity)
         plans = [(e.name, self.archive.rank_blob(self.rank, e.plan.file, sha256=e.plan.sha256, size=e.plan.size,
                                                  what="launch plan"), e.plan) for e in entries]  # fmt: skip
-        if self.warmup_mode == "replay":
-            self.anchor = anchor_generator()
-        torch.cuda.synchronize()
-        self._check_trace()
-        self.hook.map_to(region.final_offset)
-        if self.warmup_mode == "restore":
-            self._restore_warmup_bytes(region)
+        self._map_region(region)
         mapped = time.perf_counter()
         functions = ArchiveFunctions(self.hook, self.archive, {r.sha256: r for r in self.record.images})
         begun = time.perf_counter()
@@ -301,6 +285,19 @@ class LoadSession(Session):
             restored_globals=functions.restored_globals,
         )
         return graphs
+
+    def _map_region(self, region: RegionRecord) -> None:
+        """Check the warm-up's allocations against SAVE's, then map the region up to SAVE's
+        final offset (and restore the warm-up's bytes when asked)."""
+        import torch
+
+        if self.warmup_mode == "replay":  # SAVE allocated the generator's cells after its warm-up
+            self.anchor = anchor_generator()
+        torch.cuda.synchronize()
+        self._check_trace()
+        self.hook.map_to(region.final_offset)
+        if self.warmup_mode == "restore":
+            self._restore_warmup_bytes(region)
 
     def _check_trace(self) -> None:
         actual = self.hook.trace()

@@ -13,6 +13,7 @@ from foundry.archive.reader import Archive
 from foundry.archive.schema import Environment, ModuleState, RegionRecord
 from foundry.errors import ArchiveError, DriftError
 from foundry.graphir.graph import GraphIR
+from foundry.graphir.kernel import KernelIdentity
 from foundry.graphir.operands import OperandSite
 
 # fields a LOAD must match; the GPU by model and capability, never by UUID
@@ -50,19 +51,19 @@ def check_modules(archive: Archive) -> None:
             ) from None
 
 
+def check_image(kernel: KernelIdentity, known: set[str], *, path: str, node: int | None = None) -> None:
+    """A restorable kernel names an image the archive holds (``known``: their sha256s)."""
+    if kernel.image is None or kernel.image not in known:
+        raise DriftError("a kernel's module image is not in the archive", path=path, node=node, kernel=kernel.name,
+                         found=kernel.image)  # fmt: skip
+
+
 def check_graph(ir: GraphIR, archive: Archive, owned: Callable[[str], bool] = lambda region: False) -> None:
     """A restorable graph names its images and points only into the region or into
     regions an attached backend owns (``owned``)."""
     known = {b.sha256 for b in archive.catalog.modules.blobs}
     for node in ir.kernels():
-        if node.kernel.image is None or node.kernel.image not in known:
-            raise DriftError(
-                "a kernel's module image is not in the archive",
-                path=ir.name,
-                node=node.id,
-                kernel=node.kernel.name,
-                found=node.kernel.image,
-            )
+        check_image(node.kernel, known, path=ir.name, node=node.id)
     for operand in ir.operands:
         if operand.region != REGION and not owned(operand.region):
             site = f"param byte {operand.offset}" if operand.site is OperandSite.PARAM else operand.site.value
