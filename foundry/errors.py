@@ -37,6 +37,8 @@ class FoundryError(Exception):
         where = [str(p) for p in (self.path, self.field) if p]
         if self.node is not None:
             where.append(f"node {self.node}")
+        if getattr(self, "kernel", None):
+            where.append(f"kernel {self.kernel}")
         head = ": ".join(where)
         text = f"{head}: {self.message}" if head else self.message
         facts = [f"{k} {v!r}" for k, v in (("expected", self.expected), ("found", self.found)) if v is not None]

@@ -3,8 +3,8 @@
 #
 #   scripts/validate_on_gpu.sh RESULTS_DIR [SECTION ...]
 #
-# Sections, in order (all when none is named): tests session-tests recipe
-# relocation negative bench sglang. relocation and negative need recipe's archive in RESULTS_DIR;
+# Sections, in order (all one-GPU ones when none is named): tests session-tests recipe
+# relocation negative bench sglang, and on two GPUs tp2 tp2-nccl. relocation and negative need recipe's archive in RESULTS_DIR;
 # sglang needs SGLang 0.5.17 importable (and this package installed, so SGLang
 # finds the plugin's entry point).
 #
@@ -13,7 +13,7 @@
 # Writes logs and reports under RESULTS_DIR and prints a summary table last; each
 # step says which command produced it, for docs/validation.md.
 set -uo pipefail
-RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|relocation|negative|bench|sglang ...]}
+RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|relocation|negative|bench|sglang|tp2|tp2-nccl ...]}
 shift
 SECTIONS=${*:-tests session-tests recipe relocation negative bench sglang}
 wants() { [[ " $SECTIONS " == *" $1 "* ]]; }
@@ -95,6 +95,70 @@ step sg-diff python3 -m foundry archive diff "$RESULTS/sg/save" "$RESULTS/sg/sav
 step sg-lint python3 -m foundry graph lint "$RESULTS/sg/save" --expect nccl-allreduce=0
 # the plugin excluded: the LOAD must fail rather than capture again (exit code must be non-zero)
 SGLANG_PLUGINS=none step sg-load-without-plugin python3 -m foundry run --mode load --archive "$RESULTS/sg/save" -- $SG --out "$RESULTS/sg/load-without-plugin.json"
+fi
+
+# 7. two GPUs: the decoder split over two ranks (torch symmetric memory, then NCCL) and
+# the symmetric all-reduce graph, baseline vs SAVE vs SAVE2 vs fresh-process LOADs per rank
+if wants tp2 || wants tp2-nccl; then
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
+ranks() {  # ranks NAME TEMPLATE: both ranks at once, @R@ replaced by each rank; rc 0 when both exit 0
+    local name=$1 template=$2 start=$SECONDS rc=0 pids=()
+    for r in 0 1; do
+        timeout "${RANKS_TIMEOUT:-180}" bash -c "${template//@R@/$r}" > "$RESULTS/$name.r$r.log" 2>&1 & pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+    printf '%-28s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - start))" "$template" | tee -a "$SUMMARY"
+    return $rc
+}
+tp_recipe() {  # tp_recipe PREFIX RECIPE-ARGS: baseline, SAVE2, SAVE, LOADs, comparisons, lint, refusals
+    local P=$1 ARGS=$2 T=$RESULTS/$1
+    rm -rf "$T" && mkdir -p "$T"
+    local TP="$RUN --world-size 2 --rank @R@ $ARGS"
+    local SAVE_RUN="python3 -m foundry run --mode save --rank @R@ --world-size 2 --archive $T/save"
+    local LOAD_RUN="python3 -m foundry run --mode load --rank @R@ --archive $T/save"
+    ranks $P-baseline "$TP --out $T/baseline.r@R@.json"
+    FOUNDRY_SAVE_ID=$P-2 ranks $P-save2 "$SAVE_RUN -- $TP --out $T/save.r@R@.json"
+    mv "$T/save" "$T/save2" && for r in 0 1; do mv "$T/save.r$r.json" "$T/save2.r$r.json"; done
+    FOUNDRY_SAVE_ID=$P-1 ranks $P-save "$SAVE_RUN -- $TP --out $T/save.r@R@.json"
+    ranks $P-load "$LOAD_RUN -- $TP --out $T/load.r@R@.json"
+    ranks $P-load-shifted "$LOAD_RUN --region-base $SHIFTED -- $TP --out $T/load-shifted.r@R@.json"
+    # the same ranks on swapped GPUs: rank 0 on the second GPU, rank 1 on the first
+    CUDA_VISIBLE_DEVICES=1,0 ranks $P-load-swapped "$LOAD_RUN -- $TP --out $T/load-swapped.r@R@.json"
+    for r in 0 1; do
+        step $P-compare.r$r python3 recipes/torch/compare.py "$T/baseline.r$r.json" "$T/save.r$r.json" \
+            "$T/save2.r$r.json" "$T/load.r$r.json" "$T/load-shifted.r$r.json" "$T/load-swapped.r$r.json"
+        step $P-relocations.r$r python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['session'].get('relocations'), indent=1))" "$T/load-shifted.r$r.json"
+    done
+    step $P-ranks-agree python3 recipes/torch/compare.py "$T/baseline.r0.json" "$T/baseline.r1.json"
+    step $P-save-vs-save2 python3 -m foundry archive diff "$T/save" "$T/save2"
+    # refusals: each rank given the other's part; one process at world size 1 given the archive
+    ranks $P-other-rank "timeout 120 python3 -m foundry run --mode load --rank \$((1-@R@)) --archive $T/save -- $TP --out $T/other-rank.r@R@.json"
+    step $P-ws1 timeout 120 python3 -m foundry run --mode load --rank 0 --archive "$T/save" -- $RUN --symm $ARGS --out "$T/ws1.json"
+}
+if wants tp2; then
+tp_recipe tp2 "--all-reduce symm"
+for r in 0 1; do
+    step tp2-lint.r$r python3 -m foundry graph lint "$RESULTS/tp2/save" --rank $r --graph 'decode.*' --expect symm-allreduce=4 --expect nccl-allreduce=0
+done
+# the one-shot and two-shot all-reduce graph at world size 2
+S=$RESULTS/symm2; rm -rf "$S" && mkdir -p "$S"
+SY="python3 recipes/torch/symm_allreduce.py --world-size 2 --rank @R@"
+ranks symm2-baseline "$SY --out $S/baseline.r@R@.json"
+FOUNDRY_SAVE_ID=symm2 ranks symm2-save "python3 -m foundry run --mode save --rank @R@ --world-size 2 --archive $S/save -- $SY --out $S/save.r@R@.json"
+ranks symm2-load "python3 -m foundry run --mode load --rank @R@ --archive $S/save --region-base $SHIFTED -- $SY --move-buffer --out $S/load.r@R@.json"
+for r in 0 1; do
+    step symm2-compare.r$r python3 recipes/torch/compare_symm.py "$S/baseline.r$r.json" "$S/save.r$r.json" --moved "$S/load.r$r.json"
+done
+for r in 0 1; do
+    step symm2-lint.r$r python3 -m foundry graph lint "$S/save" --rank $r --expect symm-allreduce=2 --expect nccl-allreduce=0
+done
+fi
+if wants tp2-nccl; then
+tp_recipe tp2-nccl "--all-reduce nccl"
+for r in 0 1; do
+    step tp2-nccl-lint.r$r python3 -m foundry graph lint "$RESULTS/tp2-nccl/save" --rank $r --graph 'decode.*' --expect nccl-allreduce=4 --expect symm-allreduce=0
+done
+fi
 fi
 
 echo

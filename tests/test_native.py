@@ -25,9 +25,73 @@ def exported(lib: Path) -> set[str]:
     return {line.split()[-1] for line in out.splitlines() if " T " in line}
 
 
+# Every hooked driver entry point, under the symbol cuda.h makes callers link to.
+DRIVER_NAMES = {
+    "cuMemAlloc_v2", "cuMemFree_v2", "cuGetProcAddress_v2", "cuMemAllocAsync", "cuMemAllocManaged",
+    "cuMemAllocPitch_v2", "cuMemAllocFromPoolAsync", "cuStreamBeginCapture_v2", "cuStreamEndCapture",
+    "cuGraphInstantiateWithFlags", "cuGraphInstantiateWithParams", "cuModuleLoad", "cuModuleLoadData",
+    "cuModuleLoadDataEx", "cuModuleLoadFatBinary", "cuLibraryLoadData", "cuLibraryLoadFromFile", "cuModuleUnload",
+    "cuLibraryUnload", "cuIpcGetMemHandle", "cuIpcOpenMemHandle_v2", "cuIpcCloseMemHandle",
+}  # fmt: skip
+
+# A stand-in for libcuda.so.1 (no driver exists here): one entry point that succeeds.
+FAKE_DRIVER = r"""
+typedef int CUresult;
+typedef void *CUmodule;
+CUresult cuModuleLoadData(CUmodule *module, const void *image) { (void)image; *module = (CUmodule)0x1234; return 0; }
+CUresult cuMemAllocAsync(unsigned long long *dptr, unsigned long size, void *stream) {
+    (void)size; (void)stream; *dptr = 0x5678; return 0;
+}
+"""
+# A program linked against it directly, as Triton's launcher is: it loads a PTX image,
+# then asks the hook's registry (if one is loaded) how many images it recorded.
+LINKED_PROGRAM = r"""
+#include <dlfcn.h>
+#include <stddef.h>
+#include <stdio.h>
+typedef int CUresult;
+typedef void *CUmodule;
+CUresult cuModuleLoadData(CUmodule *module, const void *image);
+CUresult cuMemAllocAsync(unsigned long long *dptr, unsigned long size, void *stream);
+int main(void) {
+    CUmodule module = 0;
+    CUresult rc = cuModuleLoadData(&module, ".version 8.0\n.target sm_90\n");
+    int (*count)(size_t *) = (int (*)(size_t *))dlsym(RTLD_DEFAULT, "foundry_registry_count");
+    size_t images = 0;
+    if (count) count(&images);
+    unsigned long long dptr = 0;
+    CUresult alloc = cuMemAllocAsync(&dptr, 256, 0);
+    printf("%d %p %zu %d\n", rc, (void *)module, images, alloc);
+    return 0;
+}
+"""
+
+
+def test_a_program_linked_against_libcuda_reaches_the_registry(built, tmp_path):
+    """A module a library loads through its own link to libcuda is recorded (the
+    driver is a stand-in built here: this machine has none)."""
+    (tmp_path / "driver.c").write_text(FAKE_DRIVER)
+    (tmp_path / "program.c").write_text(LINKED_PROGRAM)
+    subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(tmp_path / "libcuda.so.1"),
+                    str(tmp_path / "driver.c")], check=True)  # fmt: skip
+    subprocess.run(["cc", "-o", str(tmp_path / "program"), str(tmp_path / "program.c"), f"-L{tmp_path}",
+                    "-l:libcuda.so.1", "-ldl"], check=True)  # fmt: skip
+    env = {**os.environ, "LD_LIBRARY_PATH": str(tmp_path)}
+    plain = subprocess.run([str(tmp_path / "program")], env=env, capture_output=True, text=True, check=True)
+    hooked = subprocess.run([str(tmp_path / "program")], env={**env, "LD_PRELOAD": str(built)}, capture_output=True,
+                            text=True, check=True)  # fmt: skip
+    assert plain.stdout.split() == ["0", "0x1234", "0", "0"]  # no hook: nothing recorded, the allocator runs
+    assert hooked.stdout.split() == ["0", "0x1234", "1", "0"]  # the hook saw the load and passed both on
+    assert hooked.stderr == ""
+    save_env = {**env, "LD_PRELOAD": str(built), "FOUNDRY_MODE": "save", "FOUNDRY_HOOK_ECHO": "1"}
+    saving = subprocess.run([str(tmp_path / "program")], env=save_env, capture_output=True, text=True, check=True)
+    assert saving.stdout.split()[3] != "0"  # an allocator SAVE cannot route is refused ...
+    assert "foundry hook: error: cuMemAllocAsync is not routed" in saving.stderr  # ... and says so on stderr
+
+
 def test_builds_with_warnings_as_errors_and_exports_only_its_api(built):
-    assert exported(built) == {
-        "dlsym", "cuMemAlloc_v2", "cuMemFree_v2", "cuGetProcAddress_v2", "foundry_hook_abi", "foundry_hook_active",
+    assert exported(built) == {*DRIVER_NAMES,
+        "dlsym", "foundry_hook_abi", "foundry_hook_active",
         "foundry_region_info", "foundry_region_trace", "foundry_counter", "foundry_events", "foundry_registry_count",
         "foundry_registry_entry", "foundry_registry_find", "foundry_registry_copy", "foundry_region_map_to",
         "foundry_region_reserve", "foundry_region_set_owner", "foundry_region_expect", "foundry_trace_diverges",

@@ -96,8 +96,22 @@ def test_mark_undefined_finds_differing_bytes_and_one_sided_pointers(pair):
     probe.replace_node(msgspec.structs.replace(probe.node(node.id), params=bytes(raw)))
     marked, count = mark_undefined(kept, probe)
     runs = marked.node(node.id).undefined
-    assert (scalar, 1) in runs and any(o <= pointer < o + n for o, n in runs) and count >= 2
+    marks = {i for o, n in runs for i in range(o, o + n)}
+    word = scalar - scalar % 8  # a differing byte marks its whole aligned word
+    assert set(range(word, word + 8)) <= marks and set(range(pointer, pointer + 8)) <= marks
+    assert count == len(marks) and len(marks) == len({word, pointer}) * 8  # nothing else
     assert all(o.offset != pointer for o in marked.operands.of(node.id) if o.site is OperandSite.PARAM)
+
+
+def test_a_byte_the_runs_agree_on_is_marked_with_its_word():
+    """Two runs agreeing by chance on one byte of a leftover still mark all of it."""
+    from foundry.runtime.definedness import _whole_words
+
+    differs = [False] * 20
+    differs[9] = differs[11] = True  # bytes 9 and 11 of word 8..15 differ, byte 10 happened to agree
+    assert _whole_words(differs) == [False] * 8 + [True] * 8 + [False] * 4
+    tail = [False] * 18 + [True, False]  # a last, partial word
+    assert _whole_words(tail) == [False] * 16 + [True] * 4
 
 
 def test_mark_undefined_refuses_two_different_steps(pair):
@@ -436,3 +450,25 @@ def test_a_save_of_several_ranks_needs_a_fresh_save_id_before_it_starts(tmp_path
     config = launcher.RunConfig("save", tmp_path / "a", rank=1, world_size=2)
     with pytest.raises(FoundryError, match="SAVE id is 1-64"):
         launcher.run(config, [sys.executable, "-c", "raise SystemExit('must not run')"])
+
+
+def test_pooled_marks_give_two_independent_saves_the_same_fingerprints():
+    """tests/fixtures/merged-saves: decode.bs1, decode.bs8 and sample.bs8 of two
+    independent two-run SAVEs of recipes/torch/run.py on the H200 (the same command
+    line, each run pair merged with per-node marks). Per node, a slot that only
+    sometimes holds a leftover was marked in one SAVE and not the other; pooled over
+    each kernel's launches, the marks and so the fingerprints agree."""
+    from foundry.graphir.fingerprint import fingerprint
+    from foundry.runtime.definedness import mark_alike
+
+    a, b = (Archive.open(FIXTURES / "merged-saves" / side) for side in "ab")
+    saves = [[archive.graph(0, e) for e in archive.entries(0)] for archive in (a, b)]
+    before = [fingerprint(x) == fingerprint(y) for x, y in zip(*saves, strict=True)]
+    assert not all(before)  # per-node marks: the fingerprints differ
+    added = [mark_alike(irs) for irs in saves]
+    assert all(n > 0 for n in added)
+    assert [fingerprint(x) for x in saves[0]] == [fingerprint(y) for y in saves[1]]
+    for irs in saves:  # every launch of a kernel now carries the same marks
+        marks: dict = {}
+        for node in (n for ir in irs for n in ir.kernels()):
+            assert marks.setdefault((node.kernel.name, node.layout), node.undefined) == node.undefined

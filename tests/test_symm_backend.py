@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import msgspec
 import pytest
@@ -118,6 +119,16 @@ def test_a_state_record_of_another_version_is_refused(graph, saved):
         backend.validate(state, [graph], Process(saved))
 
 
+def live_handle(saved: dict, *, buffer: int | None = None, signal_pad: int | None = None) -> SimpleNamespace:
+    """A world-size-1 rendezvous handle as the live process would attach it: SAVE's
+    sizes and device tables, its buffer and signal pad where given."""
+    return SimpleNamespace(world_size=1, rank=0, buffer_size=saved["buffer_size"],
+                           signal_pad_size=saved["signal_pad_size"], buffer_ptrs=[buffer or saved["symm.buffer"]],
+                           signal_pad_ptrs=[signal_pad or saved["symm.signal_pad"]],
+                           buffer_ptrs_dev=saved["symm.buffer_ptrs"],
+                           signal_pad_ptrs_dev=saved["symm.signal_pad_ptrs"])  # fmt: skip
+
+
 @pytest.fixture
 def recorded(saved, tmp_path) -> Path:
     """A copy of the symmetric-memory archive whose session holds torch-symm-mem state."""
@@ -133,8 +144,6 @@ def test_load_requires_the_program_to_attach_what_the_archive_recorded(graph, sa
     """LOAD's offline half: an archive with a torch-symm-mem state record is accepted
     (the backend validates and relocates), the program must attach its handle, and
     the recorded state is validated against the attached one."""
-    from types import SimpleNamespace
-
     from foundry.errors import DriftError
     from foundry.runtime.load import LoadSession
 
@@ -143,15 +152,15 @@ def test_load_requires_the_program_to_attach_what_the_archive_recorded(graph, sa
         session._validate_backends([graph])
     with pytest.raises(DriftError, match="records no state for backend 'nccl-ipc'"):
         session.attach("nccl-ipc", comm=None)
-    handle = SimpleNamespace(world_size=1, rank=0, buffer_size=saved["buffer_size"],
-                             signal_pad_size=saved["signal_pad_size"], buffer_ptrs=[saved["symm.buffer"]],
-                             signal_pad_ptrs=[saved["symm.signal_pad"]], buffer_ptrs_dev=saved["symm.buffer_ptrs"],
-                             signal_pad_ptrs_dev=saved["symm.signal_pad_ptrs"])  # fmt: skip
+    handle = live_handle(saved)
     session.attach("torch-symm-mem", handle=handle, group="0", dtype="bfloat16")
     session._validate_backends([graph])
-    session.attach("torch-symm-mem", handle=handle, group="0", dtype="float16")
-    with pytest.raises(BackendError, match="in dtype"):
-        session._validate_backends([graph])
+    with pytest.raises(BackendError, match="in dtype"):  # refused when attached, before the warm-up
+        session.attach("torch-symm-mem", handle=handle, group="0", dtype="float16")
+    session._validate_backends([graph])  # the refused handle was not kept
+    with pytest.raises(BackendError, match="in world_size"):
+        session.attach("torch-symm-mem", handle=SimpleNamespace(**{**vars(handle), "world_size": 2}), group="0",
+                       dtype="bfloat16")  # fmt: skip
 
 
 def test_attach_refuses_objects_it_cannot_read(recorded):
@@ -173,3 +182,41 @@ def test_load_refuses_communicator_kernels_saved_without_their_backend(graph):
     with pytest.raises(DriftError, match="recorded no 'torch-symm-mem' state") as err:
         session._check_claims([graph])
     assert err.value.node == 2
+
+
+def test_the_load_report_counts_the_operands_each_backend_patched(graph, saved, recorded):
+    """LOAD's relocation report: per region, its backend, the operands patched and how
+    many of them now hold another value than at SAVE (the moved buffer's)."""
+    from foundry.runtime.load import LoadSession
+
+    moved = {name: saved[name] + 0x10_0000_0000 for name in ("symm.buffer", "symm.signal_pad")}
+    handle = live_handle(saved, buffer=moved["symm.buffer"], signal_pad=moved["symm.signal_pad"])
+    session = LoadSession(recorded)
+    session.attach("torch-symm-mem", handle=handle, group="0", dtype="bfloat16")
+    relocate = session._relocation(moved=False)
+    owned = [o for o in graph.operands if o.region.startswith("symm.")]
+    for operand in owned:
+        relocate(operand)
+    report = session.report["relocations"]
+    assert sum(r["operands"] for r in report.values()) == len(owned)
+    assert {r["backend"] for r in report.values()} == {"torch-symm-mem"}
+    for region, tally in report.items():
+        expect_moved = tally["operands"] if region in moved else 0  # the device tables stayed put
+        assert tally["moved"] == expect_moved, region
+
+
+@pytest.mark.parametrize(("key", "value"), [("world_size", 2), ("rank", 1)])
+def test_an_archive_edited_to_another_world_size_or_rank_is_refused_at_attach(saved, recorded, key, value):
+    """One GPU cannot host two NCCL ranks: the archive's state record is edited (and
+    re-sealed) instead, and the live world-size-1 handle of rank 0 no longer matches."""
+    from foundry.runtime.load import LoadSession
+
+    def edit(session: dict) -> None:
+        session["backends"][0]["record"][key] = value
+
+    edit_json(recorded / "rank0" / "session.json", edit, root=recorded)
+    handle = live_handle(saved)
+    session = LoadSession(recorded)
+    with pytest.raises(BackendError, match=f"differs from SAVE's in {key}") as err:
+        session.attach("torch-symm-mem", handle=handle, group="0", dtype="bfloat16")
+    assert err.value.field == f"torch-symm-mem.{key}" and err.value.expected == value

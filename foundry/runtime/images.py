@@ -18,6 +18,8 @@ class HookImages:
         self.hook = hook
         self.used: dict[str, Image] = {}
         self._cache: dict[tuple[int, int], str | None] = {}
+        #: kernels whose image the registry lacks, by handle: what the driver named instead
+        self.misses: dict[tuple[int, int], str] = {}
 
     def image_of(self, func: int, kern: int) -> str | None:
         key = (func, kern)
@@ -34,6 +36,8 @@ class HookImages:
             module = handle_value(cu("cuFuncGetModule", drv.CUfunction(func)))
             image = self.hook.find_image(module, "module")
         if image is None or image.sha256 is None:
+            owner = f"library 0x{library:x}" if kern else f"module 0x{module:x}"
+            self.misses[(func, kern)] = f"{owner} {'unknown to the registry' if image is None else 'without a sha256'}"
             return None
         self.used[image.sha256] = image
         return image.sha256

@@ -94,6 +94,7 @@ def environment(config: RunConfig, base_env: dict[str, str] | None = None) -> di
         FOUNDRY_BUILDER=config.builder,
         FOUNDRY_BUILD_THREADS=str(config.build_threads),
         FOUNDRY_OVERWRITE="1" if config.overwrite else "0",
+        FOUNDRY_HOOK_ECHO="1",  # the hook's refusals reach stderr, also in processes no session reads
     )
     if config.mode == "save" and config.fixed_layout:
         env["PYTHONHASHSEED"] = "0"

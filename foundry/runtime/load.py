@@ -155,7 +155,13 @@ class LoadSession(Session):
         owner = next((b for b, _ in self.backends if b.name == backend), None)
         if owner is None:
             raise DriftError(f"the archive records no state for backend {backend!r}", field=f"backends.{backend}")
-        self.attached[backend] = backend_facts(owner, objects)
+        facts = backend_facts(owner, objects)
+        # identity and capacity are refused now, before the warm-up allocates against the
+        # archive's trace; what the graphs need of the communicator is checked at restore
+        live = self._live_facts()
+        live.facts[backend] = facts
+        owner.validate(self._state(backend), [], live)
+        self.attached[backend] = facts
 
     def warmup(self, fn: Callable[[], Any]) -> None:
         if self.warmup_mode == "replay":
@@ -401,12 +407,17 @@ class LoadSession(Session):
         if not moved and not self.attached:
             return None
         live = self._live_facts()
+        patched: dict[str, dict[str, Any]] = self.report.setdefault("relocations", {})
 
         def relocate(operand: Any) -> int:
             owner = self._owner(operand.region)
             if owner is None:
                 raise DriftError("no backend owns this pointer's region", found=operand.location(), node=operand.node)
-            return owner.relocate(operand, live)
+            value = owner.relocate(operand, live)
+            tally = patched.setdefault(operand.region, {"backend": owner.name, "operands": 0, "moved": 0})
+            tally["operands"] += 1
+            tally["moved"] += value != operand.value
+            return value
 
         return relocate
 
@@ -423,6 +434,9 @@ class LoadSession(Session):
     def _live_facts(self) -> ProcessFacts:
         vmm = {} if self.live_base is None else {"vmm": {"base": self.live_base}}
         return ProcessFacts(self.rank, self.archive.catalog.world_size, {**vmm, **self.attached})
+
+    def _state(self, backend: str) -> Any:
+        return next(state for b, state in self.backends if b.name == backend)
 
     def _validate_backends(self, graphs: list[GraphIR]) -> None:
         live = self._live_facts()

@@ -188,15 +188,21 @@ class SaveSession(Session):
                 "before the first capture: in the warm-up, or inside graph())",
                 found=errors[:3],
             )
-        for ir, _ in self.entries:
-            for node in ir.kernels():
-                if node.kernel.image is None:
-                    raise CaptureError(
-                        "a kernel's module image was not recorded by the hook",
-                        path=ir.name,
-                        node=node.id,
-                        kernel=node.kernel.name,
-                    )
+        missing = [(ir.name, node) for ir, _ in self.entries for node in ir.kernels() if node.kernel.image is None]
+        if missing:
+            graph, node = missing[0]
+            kernels = sorted({n.kernel.short_name for _, n in missing})
+            owners = sorted(set(self.images.misses.values()))  # what the driver named instead
+            raise CaptureError(
+                f"{len(missing)} kernel launches come from module images the hook did not record "
+                f"({len(kernels)} kernels: {', '.join(kernels[:6])}; their owners: {', '.join(owners[:3])})",
+                path=graph,
+                node=node.id,
+                kernel=node.kernel.name,
+            )
+        from foundry.runtime.definedness import mark_alike
+
+        self.undefined_bytes += mark_alike([ir for ir, _ in self.entries])
         save_id = os.environ.get("FOUNDRY_SAVE_ID") if self.world_size > 1 else None
         if self.world_size > 1 and not save_id:
             raise FoundryError("a SAVE of several ranks needs FOUNDRY_SAVE_ID, the same in every rank's process",

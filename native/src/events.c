@@ -1,12 +1,15 @@
 /*
  * events.c - the hook's report channel: a bounded event log and named counters.
  *
- * The hook never prints and carries on, and never aborts to report: it records
- * what happened here, and Python reads it through the control API.
+ * The hook never aborts to report: it records what happened here, and Python
+ * reads it through the control API. With FOUNDRY_HOOK_ECHO=1 (set by `foundry
+ * run`) it also writes each error to stderr, for the refusals no Python session
+ * reads: a program that captures in LOAD mode sees only the driver's status.
  */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "hook.h"
@@ -24,6 +27,15 @@ static struct {
     uint64_t value;
 } counters[MAX_COUNTERS];
 
+static int echo_errors(void) {
+    static int enabled = -1;
+    if (enabled < 0) {
+        const char *env = getenv("FOUNDRY_HOOK_ECHO");
+        enabled = env && *env == '1';
+    }
+    return enabled;
+}
+
 void fh_event(const char *fmt, ...) {
     char line[512];
     va_list args;
@@ -33,6 +45,7 @@ void fh_event(const char *fmt, ...) {
     if (n < 0) return;
     size_t len = (size_t)n < sizeof line - 1 ? (size_t)n : sizeof line - 2;
     line[len++] = '\n';
+    if (echo_errors() && strncmp(line, "error:", 6) == 0) fprintf(stderr, "foundry hook: %.*s", (int)len, line);
     pthread_mutex_lock(&lock);
     if (events_len + len < EVENT_BYTES) {
         memcpy(events + events_len, line, len);

@@ -4,8 +4,8 @@
  * cudart finds driver entry points through dlsym on libcuda (about 90 names on
  * the H200 image's torch) and cuGetProcAddress (the rest, by base name and CUDA
  * version); both are covered for every hooked name. Code linked against libcuda
- * directly reaches the hook only for the names exported here (cuMemAlloc_v2,
- * cuMemFree_v2, cuGetProcAddress_v2): it gets its other entry points from
+ * directly reaches the hook through the names exported here (every hooked one,
+ * cuMemAlloc_v2, cuMemFree_v2, cuGetProcAddress_v2 among them): it gets its other entry points from
  * libcuda itself. A hooked name resolves to the hook; the hook reaches the real
  * function through fh_real().
  */
@@ -322,12 +322,60 @@ static CUresult hook_get_proc_v1(const char *symbol, void **pfn, int version, cu
 
 /* -- exported driver names, for code linked against libcuda directly --------------- */
 
+/* Each hooked name under the symbol cuda.h makes callers link to (its macros pick the
+ * versioned one), so a library built with -lcuda (Triton's launcher, for one) binds
+ * here instead of the driver: seen on the H200 test machine, SGLang's Triton
+ * attention kernels were loaded past a hook that exported only the allocators. */
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) { return hook_mem_alloc(dptr, bytesize); }
 CUresult cuMemFree_v2(CUdeviceptr dptr) { return hook_mem_free(dptr); }
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
                              CUdriverProcAddressQueryResult *status) {
     return hook_get_proc_v2(symbol, pfn, version, flags, status);
 }
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream) {
+    return hook_mem_alloc_async(dptr, bytesize, stream);
+}
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
+    return hook_mem_alloc_managed(dptr, bytesize, flags);
+}
+CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height, unsigned int bytes) {
+    return hook_mem_alloc_pitch(dptr, pitch, width, height, bytes);
+}
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) {
+    return hook_mem_alloc_from_pool_async(dptr, bytesize, pool, stream);
+}
+CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode) { return hook_begin_capture(stream, mode); }
+CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph) { return hook_end_capture(stream, graph); }
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags) {
+    return hook_instantiate(exec, graph, flags);
+}
+CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params) {
+    return hook_instantiate_params(exec, graph, params);
+}
+CUresult cuModuleLoad(CUmodule *module, const char *fname) { return fh_module_load(module, fname); }
+CUresult cuModuleLoadData(CUmodule *module, const void *image) { return fh_module_load_data(module, image); }
+CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int n, CUjit_option *options,
+                            void **values) {
+    return fh_module_load_data_ex(module, image, n, options, values);
+}
+CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fat_cubin) {
+    return fh_module_load_fat_binary(module, fat_cubin);
+}
+CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jit, void **jit_values,
+                           unsigned int n_jit, CUlibraryOption *options, void **values, unsigned int n) {
+    return fh_library_load_data(library, code, jit, jit_values, n_jit, options, values, n);
+}
+CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *path, CUjit_option *jit, void **jit_values,
+                               unsigned int n_jit, CUlibraryOption *options, void **values, unsigned int n) {
+    return fh_library_load_from_file(library, path, jit, jit_values, n_jit, options, values, n);
+}
+CUresult cuModuleUnload(CUmodule module) { return fh_module_unload(module); }
+CUresult cuLibraryUnload(CUlibrary library) { return fh_library_unload(library); }
+CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr) { return fh_ipc_get_mem_handle(handle, dptr); }
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *dptr, CUipcMemHandle handle, unsigned int flags) {
+    return fh_ipc_open_mem_handle(dptr, handle, flags);
+}
+CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) { return fh_ipc_close_mem_handle(dptr); }
 
 /* -- control API ------------------------------------------------------------------- */
 

@@ -15,6 +15,8 @@ times warm-up + capture (or LOAD) and replays, for bench/cold_start.py.
 --world-size N`` with a shared ``FOUNDRY_SAVE_ID`` for a SAVE) splits the decoder
 over N ranks, the partial sums added through torch symmetric memory
 (``one_shot_all_reduce``); ``--symm`` does the same at world size 1.
+``--all-reduce nccl`` sums through NCCL's all-reduce instead, with the settings
+the ``nccl-ipc`` backend pins (NCCL's buffers in the region, peers in the import zone).
 """
 
 from __future__ import annotations
@@ -70,6 +72,34 @@ def symmetric_tp(session, rank: int, world_size: int, max_batch: int, hidden: in
     return TensorParallel(rank, world_size, all_reduce)
 
 
+def nccl_tp(session, rank: int, world_size: int) -> TensorParallel:
+    """The tensor-parallel group summing through NCCL's all-reduce, with the settings
+    that keep NCCL's buffers in the deterministic region and its peer memory in the
+    hook's import zone; attached to the session as ``nccl-ipc``."""
+    import torch.distributed as dist
+
+    from foundry.backends.nccl_ipc import PINNED_ENV
+
+    os.environ.update(PINNED_ENV)  # read by NCCL when the communicator is made, just below
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29551")
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world_size, device_id=torch.device("cuda", rank))
+    if session.mode != "off":
+        from foundry.runtime.hook import Hook
+
+        hook = Hook.attach()
+        session.attach("nccl-ipc", world_size=world_size, rank=rank,
+                       nccl_version=".".join(map(str, torch.cuda.nccl.version())), region_base=hook.region().base,
+                       import_zone=hook.import_zone(), peers=[r for r in range(world_size) if r != rank])  # fmt: skip
+
+    def all_reduce(partial: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(partial)
+        return partial
+
+    return TensorParallel(rank, world_size, all_reduce)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="where to write the JSON report")
@@ -79,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rank", type=int, default=0, help="this process's rank and GPU")
     parser.add_argument("--world-size", type=int, default=1, help="tensor-parallel ranks, one process each")
     parser.add_argument("--symm", action="store_true", help="sum partials through symmetric memory at world size 1")
+    parser.add_argument("--all-reduce", choices=["symm", "nccl"], default="symm",
+                        help="how ranks sum their partials: torch symmetric memory or NCCL")  # fmt: skip
     args = parser.parse_args(argv)
     if not 0 <= args.rank < args.world_size:
         parser.error("--rank must be below --world-size")
@@ -90,12 +122,16 @@ def main(argv: list[str] | None = None) -> int:
     parallel = args.world_size > 1 or args.symm
     model_record = {"recipe": "torch-decoder", "config": args.config}
     if parallel:
-        model_record["tensor_parallel"] = str(args.world_size)
+        model_record.update(tensor_parallel=str(args.world_size), all_reduce=args.all_reduce)
     session = open_session(device=args.rank, model=model_record)
     t0 = time.perf_counter()
     session.start()
     torch.cuda.manual_seed(CUDA_SEED)
-    tp = symmetric_tp(session, args.rank, args.world_size, max_batch, config.hidden) if parallel else None
+    tp = None
+    if parallel and args.all_reduce == "nccl":
+        tp = nccl_tp(session, args.rank, args.world_size)
+    elif parallel:
+        tp = symmetric_tp(session, args.rank, args.world_size, max_batch, config.hidden)
     model = Decoder(config, max_batch, tp=tp)
     ids = torch.zeros(max_batch, dtype=torch.long, device="cuda")
     pos = torch.zeros(max_batch, dtype=torch.long, device="cuda")
