@@ -4,7 +4,7 @@
 #   scripts/validate_on_gpu.sh RESULTS_DIR [SECTION ...]
 #
 # Sections, in order (all one-GPU ones when none is named): tests session-tests recipe
-# relocation negative bench sglang, and on two GPUs tp2 tp2-nccl. relocation and negative need recipe's archive in RESULTS_DIR;
+# relocation negative bench sglang sglang-more, and on two GPUs tp2 tp2-nccl. relocation and negative need recipe's archive in RESULTS_DIR;
 # sglang needs SGLang 0.5.17 importable (and this package installed, so SGLang
 # finds the plugin's entry point).
 #
@@ -13,9 +13,9 @@
 # Writes logs and reports under RESULTS_DIR and prints a summary table last; each
 # step says which command produced it, for docs/validation.md.
 set -uo pipefail
-RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|relocation|negative|bench|sglang|tp2|tp2-nccl ...]}
+RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|relocation|negative|bench|sglang|sglang-more|tp2|tp2-nccl ...]}
 shift
-SECTIONS=${*:-tests session-tests recipe relocation negative bench sglang}
+SECTIONS=${*:-tests session-tests recipe relocation negative bench sglang sglang-more}
 wants() { [[ " $SECTIONS " == *" $1 "* ]]; }
 cd "$(dirname "$0")/.."
 mkdir -p "$RESULTS"
@@ -79,22 +79,38 @@ if wants bench; then
     step cold-start python3 bench/cold_start.py --out "$RESULTS/bench"
 fi
 
-# 6. SGLang: a tiny Qwen3 served by SGLang, baseline vs SAVE vs SAVE2 vs LOAD (Engine and HTTP)
-if wants sglang; then
+# 6. SGLang: a tiny Qwen3 served by SGLang, baseline vs SAVE vs LOAD (Engine and HTTP);
+# sglang-more: SAVE2 and diff, lint, the LOAD without the plugin and the drift refusals
+# (it needs sglang's archive in RESULTS_DIR; together they take longer than ten minutes)
 SG="python3 recipes/sglang/run.py"
+if wants sglang; then
 rm -rf "$RESULTS/sg" && mkdir -p "$RESULTS/sg"
 step sg-baseline $SG --out "$RESULTS/sg/baseline.json"
-step sg-save2 python3 -m foundry run --mode save --archive "$RESULTS/sg/save" -- $SG --out "$RESULTS/sg/save.json"
-mv "$RESULTS/sg/save" "$RESULTS/sg/save2" && mv "$RESULTS/sg/save.json" "$RESULTS/sg/save2.json"
 step sg-save python3 -m foundry run --mode save --archive "$RESULTS/sg/save" -- $SG --out "$RESULTS/sg/save.json"
 step sg-load python3 -m foundry run --mode load --archive "$RESULTS/sg/save" -- $SG --out "$RESULTS/sg/load.json"
 step sg-load-http python3 -m foundry run --mode load --archive "$RESULTS/sg/save" -- $SG --entry http --out "$RESULTS/sg/load-http.json"
-step sg-compare python3 recipes/sglang/compare.py "$RESULTS"/sg/baseline.json "$RESULTS"/sg/save.json "$RESULTS"/sg/save2.json \
+step sg-compare python3 recipes/sglang/compare.py "$RESULTS"/sg/baseline.json "$RESULTS"/sg/save.json \
     "$RESULTS"/sg/load.json "$RESULTS"/sg/load-http.json
+fi
+if wants sglang-more; then
+rm -rf "$RESULTS/sg/save2"
+# SAVE2 runs exactly SAVE's command line, SAVE's archive and report moved aside meanwhile
+mv "$RESULTS/sg/save" "$RESULTS/sg/save.kept" && mv "$RESULTS/sg/save.json" "$RESULTS/sg/save.json.kept"
+step sg-save2 python3 -m foundry run --mode save --archive "$RESULTS/sg/save" -- $SG --out "$RESULTS/sg/save.json"
+mv "$RESULTS/sg/save" "$RESULTS/sg/save2" && mv "$RESULTS/sg/save.json" "$RESULTS/sg/save2.json"
+mv "$RESULTS/sg/save.kept" "$RESULTS/sg/save" && mv "$RESULTS/sg/save.json.kept" "$RESULTS/sg/save.json"
+step sg-compare2 python3 recipes/sglang/compare.py "$RESULTS"/sg/baseline.json "$RESULTS"/sg/save2.json
 step sg-diff python3 -m foundry archive diff "$RESULTS/sg/save" "$RESULTS/sg/save2"
 step sg-lint python3 -m foundry graph lint "$RESULTS/sg/save" --expect nccl-allreduce=0
 # the plugin excluded: the LOAD must fail rather than capture again (exit code must be non-zero)
 SGLANG_PLUGINS=none step sg-load-without-plugin python3 -m foundry run --mode load --archive "$RESULTS/sg/save" -- $SG --out "$RESULTS/sg/load-without-plugin.json"
+# drift: each LOAD must be refused before serving, naming the server argument (grep its log)
+for drift in "mem_fraction_static --set mem_fraction_static=0.25" "cuda_graph_bs_decode --set cuda_graph_bs_decode=[1,2,4]" \
+             "attention_backend --set attention_backend=torch_native" "model_config_sha256 --model-set num_hidden_layers=3"; do
+    field=${drift%% *}
+    step sg-drift-$field python3 -m foundry run --mode load --archive "$RESULTS/sg/save" -- $SG ${drift#* } --out "$RESULTS/sg/drift-$field.json"
+    grep -q "sglang.$field" "$RESULTS/sg-drift-$field.log" && echo "sg-drift-$field: refused naming sglang.$field" | tee -a "$SUMMARY"
+done
 fi
 
 # 7. two GPUs: the decoder split over two ranks (torch symmetric memory, then NCCL) and

@@ -59,10 +59,33 @@ def test_every_nccl_kernel_is_claimed(registry):
 def test_deepep_kernels(registry):
     counts = kinds(registry, "deepep")
     assert None not in counts and sum(counts.values()) == 178
-    assert counts[("deepep-nvl", "deepep-dispatch", None)] == 84  # 45 low-latency + 36 internode + 3 intranode
-    assert counts[("deepep-nvl", "deepep-combine", None)] == 57  # incl. combine_overlappable
+    # 45 low-latency + 36 internode dispatch kernels take the RDMA buffer (NVSHMEM); 3 intranode ones do not
+    assert counts[("deepep-nvl", "deepep-dispatch", "nvshmem")] == 81
+    assert counts[("deepep-nvl", "deepep-dispatch", None)] == 3
+    assert counts[("deepep-nvl", "deepep-combine", "nvshmem")] == 54  # incl. combine_overlappable
+    assert counts[("deepep-nvl", "deepep-combine", None)] == 3
     ll = next(n for n, _ in kernel_names("deepep") if "12internode_ll8dispatch" in n)
     assert registry.recognise(KernelIdentity(ll)).kind == "deepep-dispatch"
+
+
+def test_deepep_abi_fits_every_real_kernels_parameter_layout(registry):
+    """One named parameter per parameter of each real kernel, pointers 8 bytes wide,
+    and the buffers where DeepEP's host code puts them."""
+    from foundry.backends.deepep_abi import memory_of
+
+    for name, params in kernel_names("deepep"):
+        abi = registry.recognise(KernelIdentity(name)).abi
+        sizes = [int(p.split(":")[1]) for p in params.split(",")] if params != "none" else []
+        assert len(abi) == len(sizes), name
+        assert all(size == 8 for role, size in zip(abi, sizes, strict=True) if role.pointer), name
+        assert all(role.index == i for i, role in enumerate(abi))
+    ll = next(n for n, _ in kernel_names("deepep") if "12internode_ll8dispatch" in n)
+    memory = {role.role: memory_of(role) for role in registry.recognise(KernelIdentity(ll)).abi}
+    assert memory["rdma_recv_x"] == "nvshmem" and memory["atomic_counter_per_expert"] == "workspace"
+    assert memory["packed_recv_x"] == "tensor" and memory["num_tokens"] is None
+    barrier = next(n for n, _ in kernel_names("deepep") if "9intranode7barrier" in n)
+    assert [(r.role, memory_of(r)) for r in registry.recognise(KernelIdentity(barrier)).abi] == [
+        ("barrier_signal_ptrs", "nvl-peers"), ("rank", None)]  # fmt: skip
 
 
 def test_custom_allreduce_and_its_negatives(registry):

@@ -99,3 +99,37 @@ def test_fabric_handles_are_refused_at_save():
     with pytest.raises(BackendError, match="use_fabric=False") as err:
         DeepEPNvlBackend().record(facts(use_fabric=True))
     assert err.value.field == "deepep-nvl.use_fabric"
+
+
+NAMES = Path(__file__).resolve().parent / "fixtures" / "kernel_names" / "deepep.txt"
+
+
+def _graph_of(kernel_name: str):
+    """A one-node graph launching ``kernel_name`` (its real mangled name from the fixture)."""
+    from foundry.graphir.graph import GraphIR
+    from foundry.graphir.kernel import KernelIdentity, LaunchConfig, ParamLayout, ParamSlot
+    from foundry.graphir.nodes import KernelNode
+
+    line = next(row for row in NAMES.read_text().splitlines() if row.startswith(kernel_name + "\t"))
+    slots = [ParamSlot(*map(int, p.split(":"))) for p in line.split("\t")[1].split(",")]
+    size = slots[-1].offset + slots[-1].size
+    ir = GraphIR("moe")
+    ir.add_nodes([KernelNode(0, KernelIdentity(kernel_name), LaunchConfig((1, 1, 1), (32, 1, 1)),
+                             ParamLayout.of(slots), bytes(size))])  # fmt: skip
+    return ir
+
+
+def test_a_kernel_on_the_rdma_buffer_needs_one_in_the_live_process():
+    """Low-latency kernels take DeepEP's RDMA buffer (NVSHMEM): a live Buffer without
+    one is refused naming it; intranode kernels need none."""
+    backend = DeepEPNvlBackend()
+    rdma = {"deepep.nvl": 0x600100000000, "deepep.rdma": 0x7F0000000000}
+    low_latency = next(r.split("\t")[0] for r in NAMES.read_text().splitlines() if "12internode_ll8dispatch" in r)
+    intranode = next(r.split("\t")[0] for r in NAMES.read_text().splitlines() if "9intranode8dispatch" in r)
+    state = backend.record(facts())
+    backend.validate(state, [_graph_of(intranode)], facts())
+    with pytest.raises(BackendError, match="RDMA buffer") as err:
+        backend.validate(state, [_graph_of(low_latency)], facts())
+    assert err.value.field == "deepep-nvl.buffers.deepep.rdma" and err.value.node == 0
+    with_rdma = backend.record(facts(num_rdma_bytes=1 << 20, buffers=rdma))
+    backend.validate(with_rdma, [_graph_of(low_latency)], facts(num_rdma_bytes=1 << 20, buffers=rdma))

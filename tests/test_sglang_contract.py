@@ -114,3 +114,38 @@ def test_the_full_backend_keeps_graphs_and_outputs_where_the_plugin_puts_them(wh
     targets += [n.target for n in ast.walk(backend) if isinstance(n, ast.AnnAssign)]
     assigned = {t.attr for t in targets if isinstance(t, ast.Attribute)}
     assert {"_graphs", "_outputs", "_device_module", "_tp_group", "_memory_saver_adapter"} <= assigned
+
+
+def _recipe(name: str):
+    """A module of recipes/sglang (SGLang itself is imported only when a run starts)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "recipes" / "sglang" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"sglang_recipe_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_recipe_reads_sglangs_own_startup_line(wheel):
+    """The recipe parses the line SGLang's Engine logs, formatted here with the
+    format string taken from the wheel's source."""
+    method = _find(_module(wheel, "sglang.srt.entrypoints.engine"), ["Engine", "_set_startup_time"])
+    assert method is not None
+    call = next(n for n in ast.walk(method) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "info")
+    template = ast.literal_eval(call.args[0])
+    line = "[2026-11-29 14:20:00] " + template % (1.25, 0.5, 41.75, "decode=2.70, prefill=0.00", 44.5)
+    timings = _recipe("run").parse_startup(line)
+    assert timings == {"load_weight": 1.25, "kv_cache_allocation": 0.5, "scheduler_e2e": 41.75,
+                       "cuda_graph": {"decode": 2.7, "prefill": 0.0}, "tokenizer_e2e": 44.5}  # fmt: skip
+    assert _recipe("run").parse_startup("Capturing batches (bs=8)") is None
+
+
+def test_the_comparison_reports_graph_time_against_the_reference():
+    table = _recipe("compare").startup_table(
+        ["base.json", "load.json", "other.json"],
+        [{"startup": {"scheduler_e2e": 40.0, "cuda_graph": {"decode": 3.0, "prefill": 0.0}}},
+         {"startup": {"scheduler_e2e": 37.1, "cuda_graph": {"decode": 0.1}}},
+         {"startup": None}],
+    )  # fmt: skip
+    assert len(table) == 3 and "30.0x less" in table[2] and "load.json" in table[2] and "1.0x less" in table[1]

@@ -2,7 +2,11 @@
 
 sgl-deep-ep 0.1.2 puts its kernels in ``deep_ep::legacy::{internode_ll,
 internode, intranode, layout}`` (``tests/fixtures/kernel_names/deepep.txt``);
-older DeepEP builds lack the ``legacy`` level, so both are accepted.
+older DeepEP builds lack the ``legacy`` level, so both are accepted. Each kernel's
+parameters and where its pointers point are in :mod:`foundry.backends.deepep_abi`;
+the kernels that take DeepEP's RDMA buffer (low-latency and internode) require
+``nvshmem``, which makes them unrelocatable for lint and refused at LOAD where
+the live buffer has no RDMA part.
 
 State (version 1): NVL and RDMA buffer sizes, ``use_fabric`` (a SAVE with
 fabric handles is refused: they cannot be restored), rank, world size, experts
@@ -19,6 +23,7 @@ from typing import Any
 
 from foundry.archive.schema import BackendState
 from foundry.backends.base import Backend, KernelMatch, LiveState, SaveState, require_same
+from foundry.backends.deepep_abi import abi, needs_nvshmem
 from foundry.errors import BackendError
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import KernelIdentity
@@ -86,6 +91,14 @@ class DeepEPNvlBackend(Backend):
     def validate(self, state: BackendState, graphs: list[GraphIR], live: LiveState) -> None:
         facts = live.backend_facts(self.name)
         require_same(self.name, "the live DeepEP buffer", _EXACT, state.record, facts)
+        has_rdma = bool(facts.get("buffers", {}).get("deepep.rdma"))
+        for ir in graphs:
+            for node in ir.kernels():
+                match = self.recognise(node.kernel)
+                if match is not None and match.requires == "nvshmem" and not has_rdma:
+                    raise BackendError("a DeepEP kernel on the RDMA buffer (NVSHMEM) runs in a process whose "
+                                       "Buffer has none", field="deepep-nvl.buffers.deepep.rdma", node=node.id,
+                                       kernel=node.kernel.name)  # fmt: skip
         for key, address in state.record.items():
             if key.startswith("buffers.") and facts.get("buffers", {}).get(key.removeprefix("buffers.")) != address:
                 raise BackendError(
@@ -105,8 +118,7 @@ class DeepEPNvlBackend(Backend):
         found = _QUALIFIED.match(kernel.short_name.removesuffix("<...>"))
         if found is None:
             return self.match("deepep-other")
-        name = found.group(2)
-        for prefix, kind in _KINDS:
-            if name.startswith(prefix):
-                return self.match(kind)
-        return self.match("deepep-other")
+        family, name = f"{found.group(1)}::{found.group(2)}", found.group(2)
+        kind = next((kind for prefix, kind in _KINDS if name.startswith(prefix)), "deepep-other")
+        # kernels on DeepEP's RDMA buffer need NVSHMEM's heap where SAVE had it
+        return self.match(kind, abi(family) or (), "nvshmem" if needs_nvshmem(family) else None)

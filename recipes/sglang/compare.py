@@ -4,6 +4,9 @@
 
 Exit 0 when every run equals the reference (and the reference's 16 outputs are
 pairwise different, so the comparison can tell prompts apart), 1 otherwise.
+Where the runs recorded SGLang's start-up timings, a table follows: the
+scheduler's end-to-end start, the CUDA graph time per phase, and how many times
+less graph time each run spent than the reference.
 """
 
 from __future__ import annotations
@@ -27,6 +30,21 @@ def differences(reference: dict, other: dict) -> list[str]:
     return found
 
 
+def startup_table(paths: list[str], runs: list[dict]) -> list[str]:
+    """One line per run that recorded SGLang's start-up timings (see module docstring)."""
+    timed = [(p, r["startup"]) for p, r in zip(paths, runs, strict=True) if r.get("startup")]
+    if not timed:
+        return []
+    reference = sum(timed[0][1]["cuda_graph"].values())
+    lines = ["start-up (s): scheduler_e2e, cuda graphs by phase, graph time vs the first"]
+    for path, startup in timed:
+        graphs = sum(startup["cuda_graph"].values())
+        phases = ", ".join(f"{phase} {seconds:.2f}" for phase, seconds in sorted(startup["cuda_graph"].items()))
+        ratio = f"{reference / graphs:.1f}x less" if graphs else "none spent"
+        lines.append(f"  {startup['scheduler_e2e']:7.2f}  graphs {graphs:6.2f} ({phases or '-'}); {ratio}  {path}")
+    return lines
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
@@ -43,6 +61,8 @@ def main(argv: list[str]) -> int:
         print(f"{'identical' if not found else 'DIFFERENT'}  {path}")
         for line in found[:8]:
             print(f"  - {line}")
+    for line in startup_table(argv, runs):
+        print(line)
     return 0 if ok else 1
 
 

@@ -10,7 +10,9 @@ greedy tokens each with their logprobs, through ``sglang.Engine`` (``--entry
 engine``) or an HTTP server (``--entry http``, ``python -m sglang.launch_server``).
 The graph configuration Foundry persists: decode graphs ``full`` for batch sizes
 1, 2, 4, 8; prefill graphs off (breakable ones cannot be persisted). The Foundry
-plugin's report (``FOUNDRY_SGLANG_REPORT``) is included when a session ran.
+plugin's report (``FOUNDRY_SGLANG_REPORT``) is included when a session ran, and
+SGLang's own start-up timings (``Engine``'s, or parsed from the HTTP server's
+"Engine startup timings" line).
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -49,19 +53,56 @@ def sampling() -> dict:
     return {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
 
 
-def run_engine(model: Path) -> list[dict]:
+# SGLang's own start-up line (sglang/srt/entrypoints/engine.py), logged by an HTTP server
+STARTUP_LINE = re.compile(
+    r"Engine startup timings \(s\): load_weight=(?P<load_weight>[\d.]+), "
+    r"kv_cache_allocation=(?P<kv_cache_allocation>[\d.]+), scheduler_e2e=(?P<scheduler_e2e>[\d.]+), "
+    r"cuda_graph=\{(?P<cuda_graph>[^}]*)\}, tokenizer_e2e=(?P<tokenizer_e2e>[\d.]+)"
+)
+
+
+def parse_startup(line: str) -> dict | None:
+    """SGLang's start-up timings from its log line, as ``Engine`` keeps them
+    (``cuda_graph`` maps each graph phase to seconds); None for another line."""
+    found = STARTUP_LINE.search(line)
+    if found is None:
+        return None
+    timings: dict = {k: float(v) for k, v in found.groupdict().items() if k != "cuda_graph"}
+    phases = [item.split("=") for item in found["cuda_graph"].split(", ") if item]
+    timings["cuda_graph"] = {phase: float(seconds) for phase, seconds in phases}
+    return timings
+
+
+def overrides(pairs: list[str], option: str) -> dict:
+    """``KEY=VALUE`` pairs, each value read as JSON where it parses (``0.3``, ``[1, 2]``) and as text otherwise."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"{option} takes KEY=VALUE, not {pair!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def run_engine(model: Path, server: dict) -> tuple[list[dict], dict | None]:
     import sglang as sgl
 
-    engine = sgl.Engine(model_path=str(model), **SERVER)
+    engine = sgl.Engine(model_path=str(model), **server)
     try:
-        return _batches(lambda ids: engine.generate(input_ids=ids, sampling_params=sampling(), return_logprob=True))
+        startup = getattr(engine.tokenizer_manager, "startup_time", None)
+        outputs = _batches(lambda ids: engine.generate(input_ids=ids, sampling_params=sampling(),
+                                                      return_logprob=True))  # fmt: skip
+        return outputs, startup
     finally:
         engine.shutdown()
 
 
-def run_http(model: Path, port: int) -> list[dict]:
+def run_http(model: Path, port: int, server: dict) -> tuple[list[dict], dict | None]:
     args = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--port", str(port)]
-    for key, value in SERVER.items():
+    for key, value in server.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
             args.append(flag)
@@ -69,9 +110,12 @@ def run_http(model: Path, port: int) -> list[dict]:
             args += [flag, *map(str, value)]
         else:
             args += [flag, str(value)]
-    server = subprocess.Popen(args)
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    startup: list[dict] = []
+    echo = threading.Thread(target=_echo, args=(process.stdout, startup), daemon=True)
+    echo.start()
     try:
-        _wait(port, server)
+        _wait(port, process)
 
         def post(ids: list[list[int]]) -> list[dict]:
             body = json.dumps({"input_ids": ids, "sampling_params": sampling(), "return_logprob": True}).encode()
@@ -80,10 +124,20 @@ def run_http(model: Path, port: int) -> list[dict]:
             with urllib.request.urlopen(request, timeout=300) as response:
                 return json.loads(response.read())
 
-        return _batches(post)
+        return _batches(post), (startup[0] if startup else None)
     finally:
-        server.terminate()
-        server.wait(timeout=60)
+        process.terminate()
+        process.wait(timeout=60)
+        echo.join(timeout=10)
+
+
+def _echo(stream, startup: list[dict]) -> None:
+    """Pass the server's output through, keeping its start-up timings."""
+    for line in stream:
+        sys.stdout.write(line)
+        timings = parse_startup(line)
+        if timings is not None:
+            startup.append(timings)
 
 
 def _wait(port: int, server: subprocess.Popen, timeout: float = 600) -> None:
@@ -118,16 +172,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-dir", type=Path, default=Path(tempfile.gettempdir()) / "foundry-sglang-tiny-qwen3",
                         help="where the model's config.json is written (the same path in SAVE and LOAD: "
                         "model_path is a server argument LOAD compares)")  # fmt: skip
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a server argument (drift tests: LOAD with another one)")  # fmt: skip
+    parser.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override an entry of the model's config.json")  # fmt: skip
     args = parser.parse_args(argv)
+    server = {**SERVER, **overrides(args.set, "--set")}
     model = args.model_dir
     model.mkdir(parents=True, exist_ok=True)
-    (model / "config.json").write_text(json.dumps(CONFIG))
+    (model / "config.json").write_text(json.dumps({**CONFIG, **overrides(args.model_set, "--model-set")}))
     work = Path(tempfile.mkdtemp(prefix="foundry-sglang-"))
     os.environ.setdefault("FOUNDRY_SGLANG_REPORT", str(work / "foundry-report.json"))
     started = time.time()
-    outputs = run_engine(model) if args.entry == "engine" else run_http(model, args.port)
+    outputs, startup = run_engine(model, server) if args.entry == "engine" else run_http(model, args.port, server)
     report_path = Path(os.environ["FOUNDRY_SGLANG_REPORT"])
-    record = {"entry": args.entry, "outputs": outputs, "wall_s": time.time() - started,
+    record = {"entry": args.entry, "outputs": outputs, "wall_s": time.time() - started, "startup": startup,
               "foundry": json.loads(report_path.read_text()) if report_path.is_file() else None}  # fmt: skip
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     return 0
