@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from foundry.backends.base import ProcessFacts
@@ -133,3 +134,26 @@ def test_a_kernel_on_the_rdma_buffer_needs_one_in_the_live_process():
     assert err.value.field == "deepep-nvl.buffers.deepep.rdma" and err.value.node == 0
     with_rdma = backend.record(facts(num_rdma_bytes=1 << 20, buffers=rdma))
     backend.validate(with_rdma, [_graph_of(low_latency)], facts(num_rdma_bytes=1 << 20, buffers=rdma))
+
+
+def test_nvshmem_settings_are_compared_when_there_is_an_rdma_buffer():
+    backend = DeepEPNvlBackend()
+    settings = {"NVSHMEM_DISABLE_P2P": "0", "NVSHMEM_MAX_TEAMS": "7"}
+    rdma = {"deepep.nvl": 0x600100000000, "deepep.rdma": 0x7F0000000000}
+
+    def with_rdma(nvshmem):
+        return ProcessFacts(0, 2, {"deepep-nvl": backend.facts(
+            num_nvl_bytes=1 << 30, num_rdma_bytes=1 << 20, use_fabric=False, rank=0, world_size=2,
+            experts_per_rank=8, buffers=rdma, nvshmem=nvshmem)})  # fmt: skip
+
+    state = backend.record(with_rdma(settings))
+    assert state.version == 2 and state.record["nvshmem.NVSHMEM_MAX_TEAMS"] == "7"
+    backend.validate(state, [], with_rdma(settings))
+    with pytest.raises(BackendError, match="NVSHMEM_DISABLE_P2P") as err:
+        backend.validate(state, [], with_rdma({**settings, "NVSHMEM_DISABLE_P2P": "1"}))
+    assert err.value.field == "deepep-nvl.nvshmem.NVSHMEM_DISABLE_P2P" and err.value.found == "1"
+    # without an RDMA buffer NVSHMEM holds nothing of DeepEP's: its settings are not compared
+    plain = backend.record(facts(nvshmem=settings))
+    backend.validate(plain, [], facts(nvshmem={}))
+    with pytest.raises(BackendError, match="another version"):
+        backend.validate(msgspec.structs.replace(plain, version=1), [], facts())

@@ -75,3 +75,21 @@ def test_asking_for_fabric_handles_is_refused_before_deepep_is_touched():
         with pytest.raises(FoundryError, match=f"{name}=True would share") as err:
             nvl_buffer(None, 1 << 20, experts_per_rank=8, **{name: True})
         assert err.value.field == f"deep_ep.{name}"
+
+
+def test_every_nvshmem_setting_the_buffer_makes_is_recorded():
+    """deep_ep.Buffer sets NVSHMEM variables before NVSHMEM starts; the backend's record
+    must hold each of them (a LOAD with another one is refused)."""
+    from foundry.backends.deepep_nvl import NVSHMEM_SETTINGS
+
+    with zipfile.ZipFile(_wheel()) as wheel:
+        legacy = ast.parse(wheel.read("deep_ep/buffers/legacy.py"))
+    set_there = {
+        target.slice.value
+        for node in ast.walk(legacy)
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Subscript) and isinstance(target.slice, ast.Constant)
+        and str(target.slice.value).startswith("NVSHMEM_")
+    }  # fmt: skip
+    assert len(set_there) >= 6 and set_there <= set(NVSHMEM_SETTINGS), set_there - set(NVSHMEM_SETTINGS)

@@ -8,9 +8,10 @@ the kernels that take DeepEP's RDMA buffer (low-latency and internode) require
 ``nvshmem``, which makes them unrelocatable for lint and refused at LOAD where
 the live buffer has no RDMA part.
 
-State (version 1): NVL and RDMA buffer sizes, ``use_fabric`` (a SAVE with
+State (version 2): NVL and RDMA buffer sizes, ``use_fabric`` (a SAVE with
 fabric handles is refused: they cannot be restored), rank, world size, experts
-per rank and the addresses of the buffers. DeepEP keeps peer pointers inside
+per rank, the addresses of the buffers and the NVSHMEM settings (compared when
+there is an RDMA buffer). DeepEP keeps peer pointers inside
 its own device state, so, as for NCCL, LOAD proves the buffers identical
 (same addresses, through the region and the peer import zone) rather than
 patching them; any drift is refused by name.
@@ -18,6 +19,7 @@ patching them; any drift is refused by name.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
@@ -30,6 +32,14 @@ from foundry.graphir.kernel import KernelIdentity
 from foundry.graphir.operands import Operand
 
 _EXACT = ("num_nvl_bytes", "num_rdma_bytes", "rank", "world_size", "experts_per_rank")
+# The NVSHMEM settings that shape DeepEP's RDMA buffer and its peers' mappings: the ones
+# deep_ep.Buffer sets itself (sgl-deep-ep 0.1.2, checked by tests/test_deepep_contract.py)
+# and the heap size. Read from the environment once the Buffer is built.
+NVSHMEM_SETTINGS = (
+    "NVSHMEM_CUMEM_GRANULARITY", "NVSHMEM_DISABLE_MNNVL", "NVSHMEM_DISABLE_NVLS", "NVSHMEM_DISABLE_P2P",
+    "NVSHMEM_IBGDA_NUM_RC_PER_PE", "NVSHMEM_IB_ENABLE_IBGDA", "NVSHMEM_MAX_TEAMS", "NVSHMEM_QP_DEPTH",
+    "NVSHMEM_SYMMETRIC_SIZE",
+)  # fmt: skip
 
 _QUALIFIED = re.compile(r"^deep_ep::(?:legacy::)?(internode_ll|internode|intranode|layout)::(\w+)$")
 
@@ -52,6 +62,7 @@ class DeepEPNvlBackend(Backend):
     description = "DeepEP dispatch/combine over NVLink peer buffers (CUDA IPC, use_fabric=False)"
     kinds = frozenset({kind for _, kind in _KINDS} | {"deepep-other"})
     regions = ("deepep.*", "nvshmem")
+    state_version = 2  # 2: NVSHMEM settings
 
     def facts(
         self,
@@ -63,9 +74,13 @@ class DeepEPNvlBackend(Backend):
         world_size: int,
         experts_per_rank: int,
         buffers: dict[str, int],
+        nvshmem: dict[str, str | None] | None = None,
     ) -> dict[str, Any]:
-        """The ``deep_ep.Buffer`` as the program built it; ``buffers`` maps region names to addresses."""
+        """The ``deep_ep.Buffer`` as the program built it; ``buffers`` maps region names to
+        addresses, ``nvshmem`` the NVSHMEM settings (default: this process's environment)."""
+        settings = {k: os.environ.get(k) for k in NVSHMEM_SETTINGS} if nvshmem is None else dict(nvshmem)
         return {
+            "nvshmem": {k: settings.get(k) for k in NVSHMEM_SETTINGS},
             "num_nvl_bytes": int(num_nvl_bytes),
             "num_rdma_bytes": int(num_rdma_bytes),
             "use_fabric": bool(use_fabric),
@@ -86,11 +101,19 @@ class DeepEPNvlBackend(Backend):
             )
         record: dict[str, Any] = {k: facts[k] for k in _EXACT}
         record.update({f"buffers.{name}": address for name, address in sorted(facts["buffers"].items())})
+        record.update({f"nvshmem.{k}": v for k, v in facts.get("nvshmem", {}).items()})
         return BackendState(self.name, self.state_version, record)
 
     def validate(self, state: BackendState, graphs: list[GraphIR], live: LiveState) -> None:
         facts = live.backend_facts(self.name)
+        if state.version != self.state_version:
+            raise BackendError("state record of another version", field="deepep-nvl.version",
+                               expected=self.state_version, found=state.version)  # fmt: skip
         require_same(self.name, "the live DeepEP buffer", _EXACT, state.record, facts)
+        if state.record.get("num_rdma_bytes"):  # NVSHMEM holds the RDMA buffer: its settings must not move
+            live_settings = {f"nvshmem.{k}": v for k, v in facts.get("nvshmem", {}).items()}
+            keys = [f"nvshmem.{k}" for k in NVSHMEM_SETTINGS]
+            require_same(self.name, "the live NVSHMEM", keys, state.record, live_settings)
         has_rdma = bool(facts.get("buffers", {}).get("deepep.rdma"))
         for ir in graphs:
             for node in ir.kernels():
