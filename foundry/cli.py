@@ -413,11 +413,14 @@ def _address(text: str) -> int:
 @click.option("--keep-aslr", is_flag=True, help="SAVE: keep address-space randomisation (fingerprints may differ)")
 @click.option("--save-runs", type=click.IntRange(min=1, max=8), default=2, show_default=True,
               help="SAVE: run the program this many times, marking bytes the runs disagree on")  # fmt: skip
+@click.option("--region-threads", type=click.Choice(["owner", "any"]), default="owner", show_default=True,
+              help="which threads may allocate in the region: the first one, or any (NCCL's proxy thread); "
+              "the trace comparisons still refuse any reordering")  # fmt: skip
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @guarded
 def run(mode: str, archive: Path, region_base: int | None, region_size: int | None, warmup: str, rank: int,
         world_size: int, builder: str, build_threads: int, overwrite: bool, keep_aslr: bool, save_runs: int,
-        command: tuple[str, ...]) -> int:  # fmt: skip
+        region_threads: str, command: tuple[str, ...]) -> int:  # fmt: skip
     """Run COMMAND (after --) with the native hook and a SAVE or LOAD session.
 
     The program opens the session with foundry.runtime.open_session(); the exit
@@ -429,7 +432,8 @@ def run(mode: str, archive: Path, region_base: int | None, region_size: int | No
         raise click.BadParameter(f"rank {rank} is not below the world size {world_size}", param_hint="--rank")
     config = launcher.RunConfig(mode, archive, region_base, region_size, warmup, rank, world_size,
                                 fixed_layout=not keep_aslr,
-                                builder=builder, build_threads=build_threads, overwrite=overwrite)  # fmt: skip
+                                builder=builder, build_threads=build_threads, overwrite=overwrite,
+                                region_threads=region_threads)  # fmt: skip
     try:
         return launcher.run(config, list(command), save_runs=save_runs, log=lambda line: click.echo(line, err=True))
     except FileNotFoundError:

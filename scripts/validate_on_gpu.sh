@@ -126,12 +126,12 @@ ranks() {  # ranks NAME TEMPLATE: both ranks at once, @R@ replaced by each rank;
     printf '%-28s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - start))" "$template" | tee -a "$SUMMARY"
     return $rc
 }
-tp_recipe() {  # tp_recipe PREFIX RECIPE-ARGS: baseline, SAVE2, SAVE, LOADs, comparisons, lint, refusals
-    local P=$1 ARGS=$2 T=$RESULTS/$1
+tp_recipe() {  # tp_recipe PREFIX RECIPE-ARGS [FOUNDRY-RUN-ARGS]: baseline, SAVE2, SAVE, LOADs, comparisons, refusals
+    local P=$1 ARGS=$2 FR=${3:-} T=$RESULTS/$1
     rm -rf "$T" && mkdir -p "$T"
     local TP="$RUN --world-size 2 --rank @R@ $ARGS"
-    local SAVE_RUN="python3 -m foundry run --mode save --rank @R@ --world-size 2 --archive $T/save"
-    local LOAD_RUN="python3 -m foundry run --mode load --rank @R@ --archive $T/save"
+    local SAVE_RUN="python3 -m foundry run $FR --mode save --rank @R@ --world-size 2 --archive $T/save"
+    local LOAD_RUN="python3 -m foundry run $FR --mode load --rank @R@ --archive $T/save"
     ranks $P-baseline "$TP --out $T/baseline.r@R@.json"
     FOUNDRY_SAVE_ID=$P-2 ranks $P-save2 "$SAVE_RUN -- $TP --out $T/save.r@R@.json"
     mv "$T/save" "$T/save2" && for r in 0 1; do mv "$T/save.r$r.json" "$T/save2.r$r.json"; done
@@ -148,8 +148,8 @@ tp_recipe() {  # tp_recipe PREFIX RECIPE-ARGS: baseline, SAVE2, SAVE, LOADs, com
     step $P-ranks-agree python3 recipes/torch/compare.py "$T/baseline.r0.json" "$T/baseline.r1.json"
     step $P-save-vs-save2 python3 -m foundry archive diff "$T/save" "$T/save2"
     # refusals: each rank given the other's part; one process at world size 1 given the archive
-    ranks $P-other-rank "timeout 120 python3 -m foundry run --mode load --rank \$((1-@R@)) --archive $T/save -- $TP --out $T/other-rank.r@R@.json"
-    step $P-ws1 timeout 120 python3 -m foundry run --mode load --rank 0 --archive "$T/save" -- $RUN --symm $ARGS --out "$T/ws1.json"
+    ranks $P-other-rank "timeout 120 python3 -m foundry run $FR --mode load --rank \$((1-@R@)) --archive $T/save -- $TP --out $T/other-rank.r@R@.json"
+    step $P-ws1 timeout 120 python3 -m foundry run $FR --mode load --rank 0 --archive "$T/save" -- $RUN --symm $ARGS --out "$T/ws1.json"
 }
 if wants tp2; then
 tp_recipe tp2 "--all-reduce symm"
@@ -170,7 +170,7 @@ for r in 0 1; do
 done
 fi
 if wants tp2-nccl; then
-tp_recipe tp2-nccl "--all-reduce nccl"
+tp_recipe tp2-nccl "--all-reduce nccl" "--region-threads any"  # NCCL's proxy thread allocates peer buffers
 for r in 0 1; do
     step tp2-nccl-lint.r$r python3 -m foundry graph lint "$RESULTS/tp2-nccl/save" --rank $r --graph 'decode.*' --expect nccl-allreduce=4 --expect symm-allreduce=0
 done

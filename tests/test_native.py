@@ -122,7 +122,9 @@ def test_control_api_without_a_gpu(built):
     assert report["region"]["mode"] == "save" and report["region"]["reserved"] is False
     assert report["region"]["size"] == 64 << 30 and report["trace"] == []
     assert set(report["counters"].values()) == {0}
-    assert report["events"] == ["region: mode save, base 0x500000000000, size 68719476736"]
+    assert report["events"] == ["region: mode save, base 0x500000000000, size 68719476736, threads owner"]
+    other = _query(built, FOUNDRY_MODE="save", FOUNDRY_REGION_THREADS="any")
+    assert other["events"] == ["region: mode save, base 0x600000000000, size 68719476736, threads any"]
     assert report["images"] == 0 and report["missing"] is None
 
 
@@ -130,6 +132,8 @@ def test_bad_settings_are_reported_not_fatal(built):
     report = _query(built, FOUNDRY_MODE="load", FOUNDRY_REGION_BASE="not-a-number")
     assert report["region"]["mode"] == "load"
     assert report["events"][0] == "error: FOUNDRY_REGION_BASE=not-a-number is not a number; using 0x600000000000"
+    threads = _query(built, FOUNDRY_MODE="load", FOUNDRY_REGION_THREADS="some")
+    assert threads["events"][0] == "error: FOUNDRY_REGION_THREADS=some is neither owner nor any; using owner"
 
 
 def _trace(*requests: int, granularity: int = 2 << 20) -> list:

@@ -270,6 +270,9 @@ def test_load_takes_the_region_saved_or_relocates_when_asked(tmp_path, with_hook
     assert env["FOUNDRY_REGION_BASE"] == hex(record.base) and env["FOUNDRY_REGION_SIZE"] == str(record.size)
     assert env["LD_PRELOAD"].split(":")[0].endswith("libfoundry_hook.so") and "/x/other.so" in env["LD_PRELOAD"]
     assert env["FOUNDRY_MODE"] == "load" and env["FOUNDRY_RELOCATE"] == "0" and "PYTHONHASHSEED" not in env
+    assert env["FOUNDRY_HOOK_ECHO"] == "1" and env["FOUNDRY_REGION_THREADS"] == "owner"
+    threads = launcher.RunConfig("load", SAVE_A, region_threads="any")
+    assert launcher.environment(threads, base_env={})["FOUNDRY_REGION_THREADS"] == "any"
     shifted = record.base + (16 << 30)
     moved = launcher.environment(launcher.RunConfig("load", SAVE_A, region_base=shifted), base_env={})
     assert moved["FOUNDRY_REGION_BASE"] == hex(shifted) and moved["FOUNDRY_RELOCATE"] == "1"

@@ -45,6 +45,7 @@ class RunConfig:
     overwrite: bool = False  # SAVE: replace an archive already at the path
     layout_pad: int = 0  # SAVE: bytes of padding in the environment (moves the stack and heap)
     first_run: Path | None = None  # SAVE runs after the first: its archive (sizes that must not be profiled again)
+    region_threads: str = "owner"  # which threads may allocate in the region: owner or any
 
 
 ADDR_NO_RANDOMIZE = 0x0040000
@@ -95,6 +96,7 @@ def environment(config: RunConfig, base_env: dict[str, str] | None = None) -> di
         FOUNDRY_BUILD_THREADS=str(config.build_threads),
         FOUNDRY_OVERWRITE="1" if config.overwrite else "0",
         FOUNDRY_HOOK_ECHO="1",  # the hook's refusals reach stderr, also in processes no session reads
+        FOUNDRY_REGION_THREADS=config.region_threads,
     )
     if config.mode == "save" and config.fixed_layout:
         env["PYTHONHASHSEED"] = "0"

@@ -47,6 +47,7 @@ static struct {
     size_t count, capacity;
     CUcontext context; /* the context the region was reserved in */
     pid_t owner;       /* the thread allowed to allocate (0: the first one that does) */
+    int any_thread;    /* FOUNDRY_REGION_THREADS=any: other threads may allocate too */
     foundry_alloc_t *expected; /* LOAD: SAVE's warm-up trace */
     size_t expected_count;
     int restored;      /* LOAD: foundry_region_map_to ran; later allocations are the application's own */
@@ -94,8 +95,13 @@ static void configure(void) {
     if (mode && strcmp(mode, "load") == 0) region.mode = FOUNDRY_MODE_LOAD;
     region.base = env_u64("FOUNDRY_REGION_BASE", DEFAULT_BASE);
     region.size = env_u64("FOUNDRY_REGION_SIZE", DEFAULT_SIZE);
+    const char *threads = getenv("FOUNDRY_REGION_THREADS");
+    region.any_thread = threads && strcmp(threads, "any") == 0;
+    if (threads && *threads && !region.any_thread && strcmp(threads, "owner") != 0)
+        fh_event("error: FOUNDRY_REGION_THREADS=%s is neither owner nor any; using owner", threads);
     if (region.mode != FOUNDRY_MODE_OFF)
-        fh_event("region: mode %s, base 0x%llx, size %zu", mode, (unsigned long long)region.base, region.size);
+        fh_event("region: mode %s, base 0x%llx, size %zu, threads %s", mode, (unsigned long long)region.base,
+                 region.size, region.any_thread ? "any" : "owner");
 }
 
 int fh_region_mode(void) {
@@ -198,11 +204,17 @@ static CUresult map_at_cursor(CUdeviceptr *dptr, size_t bytesize) {
 }
 
 /* The thread and context policy: one owner thread allocates at a time, in the
- * context the region was reserved in. */
+ * context the region was reserved in. FOUNDRY_REGION_THREADS=any lets other threads
+ * allocate too (NCCL's proxy thread allocates its peer buffers while the caller
+ * waits for it): each such allocation is logged, and the trace comparisons (the
+ * runs of a SAVE, a LOAD against SAVE's warm-up) still refuse any reordering. */
 static CUresult check_caller(size_t bytesize) {
     pid_t tid = thread_id();
     if (region.owner == 0) region.owner = tid;
-    if (tid != region.owner) {
+    if (tid != region.owner && region.any_thread) {
+        fh_event("region: allocation #%zu of %zu bytes from thread %d (owner %d; FOUNDRY_REGION_THREADS=any)",
+                 region.count, bytesize, (int)tid, (int)region.owner);
+    } else if (tid != region.owner) {
         fh_event("error: allocation #%zu of %zu bytes from thread %d; the region's owner is thread %d", region.count,
                  bytesize, (int)tid, (int)region.owner);
         return CUDA_ERROR_NOT_PERMITTED;
