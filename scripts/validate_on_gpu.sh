@@ -95,6 +95,9 @@ fi
 if wants sglang-more; then
 rm -rf "$RESULTS/sg/save2"
 # SAVE2 runs exactly SAVE's command line, SAVE's archive and report moved aside meanwhile
+if [ -d "$RESULTS/sg/save.kept" ]; then  # an interrupted run left SAVE aside: put it back first
+    rm -rf "$RESULTS/sg/save" && mv "$RESULTS/sg/save.kept" "$RESULTS/sg/save" && mv "$RESULTS/sg/save.json.kept" "$RESULTS/sg/save.json"
+fi
 mv "$RESULTS/sg/save" "$RESULTS/sg/save.kept" && mv "$RESULTS/sg/save.json" "$RESULTS/sg/save.json.kept"
 step sg-save2 python3 -m foundry run --mode save --archive "$RESULTS/sg/save" -- $SG --out "$RESULTS/sg/save.json"
 mv "$RESULTS/sg/save" "$RESULTS/sg/save2" && mv "$RESULTS/sg/save.json" "$RESULTS/sg/save2.json"
@@ -105,12 +108,17 @@ step sg-lint python3 -m foundry graph lint "$RESULTS/sg/save" --expect nccl-allr
 # the plugin excluded: the LOAD must fail rather than capture again (exit code must be non-zero)
 SGLANG_PLUGINS=none step sg-load-without-plugin python3 -m foundry run --mode load --archive "$RESULTS/sg/save" -- $SG --out "$RESULTS/sg/load-without-plugin.json"
 # drift: each LOAD must be refused before serving, naming the server argument (grep its log)
-for drift in "mem_fraction_static --set mem_fraction_static=0.25" "cuda_graph_bs_decode --set cuda_graph_bs_decode=[1,2,4]" \
-             "attention_backend --set attention_backend=torch_native" "model_config_sha256 --model-set num_hidden_layers=3"; do
-    field=${drift%% *}
-    step sg-drift-$field python3 -m foundry run --mode load --archive "$RESULTS/sg/save" -- $SG ${drift#* } --out "$RESULTS/sg/drift-$field.json"
-    grep -q "sglang.$field" "$RESULTS/sg-drift-$field.log" && echo "sg-drift-$field: refused naming sglang.$field" | tee -a "$SUMMARY"
-done
+drift() {  # drift FIELD RECIPE-ARGS...: a LOAD that must fail, naming sglang.FIELD
+    local field=$1; shift
+    step sg-drift-$field python3 -m foundry run --mode load --archive "$RESULTS/sg/save" -- $SG "$@" --out "$RESULTS/sg/drift-$field.json"
+    if [ $? -ne 0 ] && grep -q "sglang.$field" "$RESULTS/sg-drift-$field.log"; then
+        echo "sg-drift-$field: refused naming sglang.$field" | tee -a "$SUMMARY"
+    else echo "sg-drift-$field: NOT refused by sglang.$field" | tee -a "$SUMMARY"; fi
+}
+drift mem_fraction_static --set mem_fraction_static=0.25
+drift cuda_graph_bs_decode --set 'cuda_graph_bs_decode=[1,2,4]'
+drift attention_backend --set attention_backend=torch_native
+drift model_config_sha256 --model-set num_hidden_layers=3
 fi
 
 # 7. two GPUs: the decoder split over two ranks (torch symmetric memory, then NCCL) and
@@ -126,8 +134,14 @@ ranks() {  # ranks NAME TEMPLATE: both ranks at once, @R@ replaced by each rank;
     printf '%-28s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - start))" "$template" | tee -a "$SUMMARY"
     return $rc
 }
-tp_recipe() {  # tp_recipe PREFIX RECIPE-ARGS [FOUNDRY-RUN-ARGS]: baseline, SAVE2, SAVE, LOADs, comparisons, refusals
-    local P=$1 ARGS=$2 FR=${3:-} T=$RESULTS/$1
+refused() {  # refused NAME FIELD: the step NAME failed (both ranks' logs) and named FIELD
+    if grep -q "$2" "$RESULTS/$1".r*.log; then echo "$1: refused naming $2" | tee -a "$SUMMARY"
+    else echo "$1: NOT refused by $2" | tee -a "$SUMMARY"; fi
+}
+tp_recipe() {  # tp_recipe PREFIX RECIPE-ARGS [FOUNDRY-RUN-ARGS [SHIFT]]: baseline, SAVE2, SAVE, LOADs, comparisons,
+    # refusals. SHIFT relocate (default): the LOAD at a shifted base must decode identically; refuse: it must
+    # be refused (NCCL's addresses are proven identical, never patched)
+    local P=$1 ARGS=$2 FR=${3:-} SHIFT=${4:-relocate} T=$RESULTS/$1
     rm -rf "$T" && mkdir -p "$T"
     local TP="$RUN --world-size 2 --rank @R@ $ARGS"
     local SAVE_RUN="python3 -m foundry run $FR --mode save --rank @R@ --world-size 2 --archive $T/save"
@@ -137,19 +151,28 @@ tp_recipe() {  # tp_recipe PREFIX RECIPE-ARGS [FOUNDRY-RUN-ARGS]: baseline, SAVE
     mv "$T/save" "$T/save2" && for r in 0 1; do mv "$T/save.r$r.json" "$T/save2.r$r.json"; done
     FOUNDRY_SAVE_ID=$P-1 ranks $P-save "$SAVE_RUN -- $TP --out $T/save.r@R@.json"
     ranks $P-load "$LOAD_RUN -- $TP --out $T/load.r@R@.json"
-    ranks $P-load-shifted "$LOAD_RUN --region-base $SHIFTED -- $TP --out $T/load-shifted.r@R@.json"
+    local shifted=""
+    if [ "$SHIFT" = relocate ]; then
+        ranks $P-load-shifted "$LOAD_RUN --region-base $SHIFTED -- $TP --out $T/load-shifted.r@R@.json"
+        shifted=load-shifted
+    else
+        ranks $P-load-shifted "timeout 120 $LOAD_RUN --region-base $SHIFTED -- $TP --out $T/load-shifted.r@R@.json"
+        refused $P-load-shifted nccl-ipc.region_base
+    fi
     # the same ranks on swapped GPUs: rank 0 on the second GPU, rank 1 on the first
     CUDA_VISIBLE_DEVICES=1,0 ranks $P-load-swapped "$LOAD_RUN -- $TP --out $T/load-swapped.r@R@.json"
     for r in 0 1; do
         step $P-compare.r$r python3 recipes/torch/compare.py "$T/baseline.r$r.json" "$T/save.r$r.json" \
-            "$T/save2.r$r.json" "$T/load.r$r.json" "$T/load-shifted.r$r.json" "$T/load-swapped.r$r.json"
-        step $P-relocations.r$r python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['session'].get('relocations'), indent=1))" "$T/load-shifted.r$r.json"
+            "$T/save2.r$r.json" "$T/load.r$r.json" ${shifted:+"$T/$shifted.r$r.json"} "$T/load-swapped.r$r.json"
+        step $P-relocations.r$r python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['session'].get('relocations'), indent=1))" "$T/${shifted:-load}.r$r.json"
     done
     step $P-ranks-agree python3 recipes/torch/compare.py "$T/baseline.r0.json" "$T/baseline.r1.json"
     step $P-save-vs-save2 python3 -m foundry archive diff "$T/save" "$T/save2"
     # refusals: each rank given the other's part; one process at world size 1 given the archive
     ranks $P-other-rank "timeout 120 python3 -m foundry run $FR --mode load --rank \$((1-@R@)) --archive $T/save -- $TP --out $T/other-rank.r@R@.json"
+    refused $P-other-rank ".rank"
     step $P-ws1 timeout 120 python3 -m foundry run $FR --mode load --rank 0 --archive "$T/save" -- $RUN --symm $ARGS --out "$T/ws1.json"
+    grep -q "world_size" "$RESULTS/$P-ws1.log" && echo "$P-ws1: refused naming world_size" | tee -a "$SUMMARY"
 }
 if wants tp2; then
 tp_recipe tp2 "--all-reduce symm"
@@ -170,7 +193,7 @@ for r in 0 1; do
 done
 fi
 if wants tp2-nccl; then
-tp_recipe tp2-nccl "--all-reduce nccl" "--region-threads any"  # NCCL's proxy thread allocates peer buffers
+tp_recipe tp2-nccl "--all-reduce nccl" "--region-threads any" refuse  # NCCL's proxy thread allocates peer buffers
 for r in 0 1; do
     step tp2-nccl-lint.r$r python3 -m foundry graph lint "$RESULTS/tp2-nccl/save" --rank $r --graph 'decode.*' --expect nccl-allreduce=4 --expect symm-allreduce=0
 done

@@ -94,6 +94,11 @@ def test_server_arguments_that_shape_memory_are_compared_by_name():
         assert err.value.field == f"sglang.{name}"
     with pytest.raises(DriftError, match=r"sglang\.model_config_sha256"):
         check_server_args(saved, {"sglang.model_config_sha256": "ab" * 32})
+    both = server_fingerprint(types.SimpleNamespace(**{**vars(args), "mem_fraction_static": 0.3,
+                                                       "attention_backend": "fa3"}), "0.5.17")  # fmt: skip
+    with pytest.raises(DriftError, match=r"in sglang\.mem_fraction_static \(also sglang\.attention_backend\)") as err:
+        check_server_args(saved, both)  # the first differing field, every other one named
+    assert err.value.field == "sglang.mem_fraction_static"
 
 
 def test_the_recipe_comparison_tells_runs_and_prompts_apart(tmp_path):

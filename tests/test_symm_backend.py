@@ -13,7 +13,7 @@ import pytest
 
 from foundry.archive import Archive
 from foundry.backends.torch_symm_mem import REGIONS, TorchSymmMemBackend, facts_regions
-from foundry.errors import BackendError
+from foundry.errors import BackendError, FoundryError
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import KernelIdentity, LaunchConfig, ParamLayout, ParamSlot
 from foundry.graphir.nodes import KernelNode
@@ -119,6 +119,13 @@ def test_a_state_record_of_another_version_is_refused(graph, saved):
         backend.validate(state, [graph], Process(saved))
 
 
+def started(session):
+    """A LOAD session as start() leaves it, without the GPU start() needs: attach() only
+    asks that it ran (the hook itself is not used before the graphs are built)."""
+    session.hook = None
+    return session
+
+
 def live_handle(saved: dict, *, buffer: int | None = None, signal_pad: int | None = None) -> SimpleNamespace:
     """A world-size-1 rendezvous handle as the live process would attach it: SAVE's
     sizes and device tables, its buffer and signal pad where given."""
@@ -147,7 +154,7 @@ def test_load_requires_the_program_to_attach_what_the_archive_recorded(graph, sa
     from foundry.errors import DriftError
     from foundry.runtime.load import LoadSession
 
-    session = LoadSession(recorded)
+    session = started(LoadSession(recorded))
     with pytest.raises(DriftError, match="did not attach"):
         session._validate_backends([graph])
     with pytest.raises(DriftError, match="records no state for backend 'nccl-ipc'"):
@@ -166,7 +173,7 @@ def test_load_requires_the_program_to_attach_what_the_archive_recorded(graph, sa
 def test_attach_refuses_objects_it_cannot_read(recorded):
     from foundry.runtime.load import LoadSession
 
-    session = LoadSession(recorded)
+    session = started(LoadSession(recorded))
     with pytest.raises(BackendError, match="cannot read the objects") as err:
         session.attach("torch-symm-mem", handle=object(), group="0", dtype="bfloat16")
     assert err.value.field == "torch-symm-mem"
@@ -191,18 +198,18 @@ def test_the_load_report_counts_the_operands_each_backend_patched(graph, saved, 
 
     moved = {name: saved[name] + 0x10_0000_0000 for name in ("symm.buffer", "symm.signal_pad")}
     handle = live_handle(saved, buffer=moved["symm.buffer"], signal_pad=moved["symm.signal_pad"])
-    session = LoadSession(recorded)
+    session = started(LoadSession(recorded))
     session.attach("torch-symm-mem", handle=handle, group="0", dtype="bfloat16")
-    relocate = session._relocation(moved=False)
-    owned = [o for o in graph.operands if o.region.startswith("symm.")]
-    for operand in owned:
-        relocate(operand)
-    report = session.report["relocations"]
-    assert sum(r["operands"] for r in report.values()) == len(owned)
+    symm = Archive.open(FIXTURES / "symm-mem-ws1").graph(0, "symm.allreduce")  # a fresh copy of the graph
+    symm.set_operands(o for o in graph.operands if o.region.startswith("symm."))  # it predates the vmm region
+    report = session._relocation_report([symm], session._relocation(moved=False))
+    assert sum(r["operands"] for r in report.values()) == len(symm.operands)
     assert {r["backend"] for r in report.values()} == {"torch-symm-mem"}
     for region, tally in report.items():
         expect_moved = tally["operands"] if region in moved else 0  # the device tables stayed put
         assert tally["moved"] == expect_moved, region
+    with pytest.raises(FoundryError, match="attach\\(\\) before start\\(\\)"):
+        LoadSession(recorded).attach("torch-symm-mem", handle=handle, group="0", dtype="bfloat16")
 
 
 @pytest.mark.parametrize(("key", "value"), [("world_size", 2), ("rank", 1)])
@@ -216,7 +223,7 @@ def test_an_archive_edited_to_another_world_size_or_rank_is_refused_at_attach(sa
 
     edit_json(recorded / "rank0" / "session.json", edit, root=recorded)
     handle = live_handle(saved)
-    session = LoadSession(recorded)
+    session = started(LoadSession(recorded))
     with pytest.raises(BackendError, match=f"differs from SAVE's in {key}") as err:
         session.attach("torch-symm-mem", handle=handle, group="0", dtype="bfloat16")
     assert err.value.field == f"torch-symm-mem.{key}" and err.value.expected == value

@@ -157,20 +157,37 @@ def mark_alike(irs: list[GraphIR]) -> int:
     per-node marks vary from SAVE to SAVE; pooled over the many launches of a kernel
     they do not (two SAVEs on the H200 test machine: 6 of 7 fingerprints differed
     with per-node marks, none with pooled ones). Returns the bytes newly marked."""
-    pooled: dict[tuple[str, Any], set[int]] = {}
+    pooled: dict[tuple[str, str | None, Any], set[int]] = {}
     for ir in irs:
         for node in ir.kernels():
-            pooled.setdefault((node.kernel.name, node.layout), set()).update(node.undefined_offsets())
+            key = (node.kernel.name, node.kernel.image, node.layout)
+            pooled.setdefault(key, set()).update(node.undefined_offsets())
     added = 0
     for ir in irs:
         for node in ir.kernels():
-            marks = pooled[(node.kernel.name, node.layout)]
-            if len(marks) == len(node.undefined_offsets()):
+            own = node.undefined_offsets()
+            kept = _pointer_words(ir, node)  # this launch's pointers stay defined, missed ones included
+            pool = pooled[(node.kernel.name, node.kernel.image, node.layout)]
+            marks = own | {i for i in pool if i - i % WORD not in kept}
+            if len(marks) == len(own):
                 continue
-            added += len(marks) - len(node.undefined_offsets())
+            added += len(marks) - len(own)
             flags = [i in marks for i in range(len(node.params))]
             ir.replace_node(msgspec.structs.replace(node, undefined=_runs(flags)))
     return added
+
+
+def _pointer_words(ir: GraphIR, node: KernelNode) -> set[int]:
+    """Offsets of ``node``'s aligned parameter words that are operands or hold an address
+    inside one of the graph's regions: pooling must not hide a pointer, and one the
+    manifest missed is what ``archive diff --relocations`` exists to find."""
+    words = {o.offset for o in ir.operands.of(node.id) if o.site is OperandSite.PARAM}
+    spans = [(r.base, r.base + r.size) for r in ir.regions.values() if r.size]
+    for offset in range(0, len(node.params) - WORD + 1, WORD):
+        value = int.from_bytes(node.params[offset : offset + WORD], "little")
+        if any(lo <= value < hi for lo, hi in spans):
+            words.add(offset)
+    return words
 
 
 def merge_saves(primary: Path, other: Path) -> dict[str, int]:

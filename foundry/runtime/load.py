@@ -150,6 +150,9 @@ class LoadSession(Session):
     def attach(self, backend: str, **objects: Any) -> None:
         from foundry.backends.base import backend_facts
 
+        if not hasattr(self, "hook"):
+            raise FoundryError("attach() before start(): start the session, then attach its communicators",
+                               field=backend)  # fmt: skip
         if self.graphs is not None:
             raise FoundryError("attach backends before the first graph()", field=backend)
         owner = next((b for b, _ in self.backends if b.name == backend), None)
@@ -351,6 +354,8 @@ class LoadSession(Session):
         for ir in irs:
             check_graph(ir, self.archive, lambda name: any(b.owns(name) for b in owned))
         relocate = self._relocation(moved_from is not None)
+        if relocate is not None:
+            self.report["relocations"] = self._relocation_report(irs, relocate)
         templates: dict[str, Any] = {}
         graphs: dict[str, RestoredGraph] = {}
         checked = time.perf_counter()
@@ -407,19 +412,29 @@ class LoadSession(Session):
         if not moved and not self.attached:
             return None
         live = self._live_facts()
-        patched: dict[str, dict[str, Any]] = self.report.setdefault("relocations", {})
 
         def relocate(operand: Any) -> int:
             owner = self._owner(operand.region)
             if owner is None:
                 raise DriftError("no backend owns this pointer's region", found=operand.location(), node=operand.node)
-            value = owner.relocate(operand, live)
-            tally = patched.setdefault(operand.region, {"backend": owner.name, "operands": 0, "moved": 0})
-            tally["operands"] += 1
-            tally["moved"] += value != operand.value
-            return value
+            return owner.relocate(operand, live)
 
         return relocate
+
+    def _relocation_report(self, irs: list[GraphIR], relocate: Callable[[Any], int]) -> dict[str, dict[str, Any]]:
+        """Per region: the backend that placed it, its operands in the restored graphs and
+        how many of them hold another value than at SAVE."""
+        report: dict[str, dict[str, Any]] = {}
+        for ir in irs:
+            for operand in ir.operands:
+                if not operand.resolved:
+                    continue
+                moved = relocate(operand) != operand.value  # refuses a region no backend owns
+                tally = report.setdefault(operand.region, {"backend": self._owner(operand.region).name,
+                                                           "operands": 0, "moved": 0})  # fmt: skip
+                tally["operands"] += 1
+                tally["moved"] += moved
+        return report
 
     def _region_base(self, ir: GraphIR, name: str) -> int | None:
         """Where region ``name`` of ``ir`` starts in this process: its start at SAVE, relocated

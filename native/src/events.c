@@ -3,7 +3,7 @@
  *
  * The hook never aborts to report: it records what happened here, and Python
  * reads it through the control API. With FOUNDRY_HOOK_ECHO=1 (set by `foundry
- * run`) it also writes each error to stderr, for the refusals no Python session
+ * run`) it also writes errors to stderr (the first 64), for the refusals no Python session
  * reads: a program that captures in LOAD mode sees only the driver's status.
  */
 #include <pthread.h>
@@ -27,13 +27,15 @@ static struct {
     uint64_t value;
 } counters[MAX_COUNTERS];
 
-static int echo_errors(void) {
-    static int enabled = -1;
-    if (enabled < 0) {
-        const char *env = getenv("FOUNDRY_HOOK_ECHO");
-        enabled = env && *env == '1';
-    }
-    return enabled;
+#define MAX_ECHOED 64 /* errors written to stderr; the log keeps the rest */
+
+static int echo_enabled;
+static int echoed;
+
+/* Read once as the library loads, before the program can change its environment. */
+__attribute__((constructor)) static void read_echo_setting(void) {
+    const char *env = getenv("FOUNDRY_HOOK_ECHO");
+    echo_enabled = env && *env == '1';
 }
 
 void fh_event(const char *fmt, ...) {
@@ -45,8 +47,9 @@ void fh_event(const char *fmt, ...) {
     if (n < 0) return;
     size_t len = (size_t)n < sizeof line - 1 ? (size_t)n : sizeof line - 2;
     line[len++] = '\n';
-    if (echo_errors() && strncmp(line, "error:", 6) == 0) fprintf(stderr, "foundry hook: %.*s", (int)len, line);
+    int echo = 0;
     pthread_mutex_lock(&lock);
+    if (echo_enabled && strncmp(line, "error:", 6) == 0 && echoed < MAX_ECHOED) echo = ++echoed;
     if (events_len + len < EVENT_BYTES) {
         memcpy(events + events_len, line, len);
         events_len += len;
@@ -54,6 +57,7 @@ void fh_event(const char *fmt, ...) {
         events_dropped = 1;
     }
     pthread_mutex_unlock(&lock);
+    if (echo) fprintf(stderr, "foundry hook: %.*s", (int)len, line);
 }
 
 void fh_count_add(const char *name, uint64_t amount) {

@@ -106,11 +106,13 @@ def run_http(model: Path, port: int, server: dict) -> tuple[list[dict], dict | N
         flag = "--" + key.replace("_", "-")
         if value is True:
             args.append(flag)
+        elif value is False or value is None:  # a switch left off
+            continue
         elif isinstance(value, list):
             args += [flag, *map(str, value)]
         else:
             args += [flag, str(value)]
-    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
     startup: list[dict] = []
     echo = threading.Thread(target=_echo, args=(process.stdout, startup), daemon=True)
     echo.start()
@@ -132,10 +134,14 @@ def run_http(model: Path, port: int, server: dict) -> tuple[list[dict], dict | N
 
 
 def _echo(stream, startup: list[dict]) -> None:
-    """Pass the server's output through, keeping its start-up timings."""
+    """Pass the server's output through, keeping its start-up timings; it keeps draining
+    whatever a line holds (a server whose pipe fills up stops)."""
     for line in stream:
         sys.stdout.write(line)
-        timings = parse_startup(line)
+        try:
+            timings = parse_startup(line)
+        except ValueError:  # a line like SGLang's that is not: passed through, not parsed
+            timings = None
         if timings is not None:
             startup.append(timings)
 

@@ -47,9 +47,13 @@ def model_config_digest(model_runner: Any) -> str:
 
 
 def check_server_args(recorded: dict[str, str], live: dict[str, str]) -> None:
-    """Refuse the first of ``live``'s entries that differs from SAVE's record, by name."""
-    for key, value in live.items():
+    """Refuse ``live`` when an entry differs from SAVE's record: the field is the first
+    that differs, the message names every one (a batch-size change also changes the
+    resolved ``cuda_graph_config`` before it)."""
+    differing = [key for key, value in live.items() if recorded.get(key) != value]
+    if differing:
+        key = differing[0]
         saved = recorded.get(key)
-        if saved != value:
-            raise DriftError(f"the live server differs from SAVE's in {key}", field=key,
-                             expected=saved if saved is not None else "(not recorded)", found=value)  # fmt: skip
+        also = f" (also {', '.join(differing[1:])})" if differing[1:] else ""
+        raise DriftError(f"the live server differs from SAVE's in {key}{also}", field=key,
+                         expected=saved if saved is not None else "(not recorded)", found=live[key])  # fmt: skip
