@@ -61,7 +61,8 @@ int main(void) {
     if (count) count(&images);
     unsigned long long dptr = 0;
     CUresult alloc = cuMemAllocAsync(&dptr, 256, 0);
-    printf("%d %p %zu %d\n", rc, (void *)module, images, alloc);
+    int (*active)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "foundry_hook_active");
+    printf("%d %p %zu %d %d\n", rc, (void *)module, images, alloc, active ? active() : -1);
     return 0;
 }
 """
@@ -80,8 +81,8 @@ def test_a_program_linked_against_libcuda_reaches_the_registry(built, tmp_path):
     plain = subprocess.run([str(tmp_path / "program")], env=env, capture_output=True, text=True, check=True)
     hooked = subprocess.run([str(tmp_path / "program")], env={**env, "LD_PRELOAD": str(built)}, capture_output=True,
                             text=True, check=True)  # fmt: skip
-    assert plain.stdout.split() == ["0", "0x1234", "0", "0"]  # no hook: nothing recorded, the allocator runs
-    assert hooked.stdout.split() == ["0", "0x1234", "1", "0"]  # the hook saw the load and passed both on
+    assert plain.stdout.split() == ["0", "0x1234", "0", "0", "-1"]  # no hook: nothing recorded, the allocator runs
+    assert hooked.stdout.split() == ["0", "0x1234", "1", "0", "1"]  # the hook saw the load, passed both on, is active
     assert hooked.stderr == ""
     save_env = {**env, "LD_PRELOAD": str(built), "FOUNDRY_MODE": "save", "FOUNDRY_HOOK_ECHO": "1"}
     saving = subprocess.run([str(tmp_path / "program")], env=save_env, capture_output=True, text=True, check=True)

@@ -322,60 +322,105 @@ static CUresult hook_get_proc_v1(const char *symbol, void **pfn, int version, cu
 
 /* -- exported driver names, for code linked against libcuda directly --------------- */
 
+/* A call through an export shows the hook in the path as dlsym and cuGetProcAddress do. */
+static void reached_by_export(void) { atomic_store(&interposed, 1); }
+
 /* Each hooked name under the symbol cuda.h makes callers link to (its macros pick the
  * versioned one), so a library built with -lcuda (Triton's launcher, for one) binds
  * here instead of the driver: seen on the H200 test machine, SGLang's Triton
  * attention kernels were loaded past a hook that exported only the allocators. */
-CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) { return hook_mem_alloc(dptr, bytesize); }
-CUresult cuMemFree_v2(CUdeviceptr dptr) { return hook_mem_free(dptr); }
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
+    reached_by_export();
+    return hook_mem_alloc(dptr, bytesize);
+}
+CUresult cuMemFree_v2(CUdeviceptr dptr) {
+    reached_by_export();
+    return hook_mem_free(dptr);
+}
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
                              CUdriverProcAddressQueryResult *status) {
+    reached_by_export();
     return hook_get_proc_v2(symbol, pfn, version, flags, status);
 }
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream) {
+    reached_by_export();
     return hook_mem_alloc_async(dptr, bytesize, stream);
 }
 CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
+    reached_by_export();
     return hook_mem_alloc_managed(dptr, bytesize, flags);
 }
 CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height, unsigned int bytes) {
+    reached_by_export();
     return hook_mem_alloc_pitch(dptr, pitch, width, height, bytes);
 }
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) {
+    reached_by_export();
     return hook_mem_alloc_from_pool_async(dptr, bytesize, pool, stream);
 }
-CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode) { return hook_begin_capture(stream, mode); }
-CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph) { return hook_end_capture(stream, graph); }
+CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode) {
+    reached_by_export();
+    return hook_begin_capture(stream, mode);
+}
+CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph) {
+    reached_by_export();
+    return hook_end_capture(stream, graph);
+}
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags) {
+    reached_by_export();
     return hook_instantiate(exec, graph, flags);
 }
 CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params) {
+    reached_by_export();
     return hook_instantiate_params(exec, graph, params);
 }
-CUresult cuModuleLoad(CUmodule *module, const char *fname) { return fh_module_load(module, fname); }
-CUresult cuModuleLoadData(CUmodule *module, const void *image) { return fh_module_load_data(module, image); }
+CUresult cuModuleLoad(CUmodule *module, const char *fname) {
+    reached_by_export();
+    return fh_module_load(module, fname);
+}
+CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+    reached_by_export();
+    return fh_module_load_data(module, image);
+}
 CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int n, CUjit_option *options,
                             void **values) {
+    reached_by_export();
     return fh_module_load_data_ex(module, image, n, options, values);
 }
 CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fat_cubin) {
+    reached_by_export();
     return fh_module_load_fat_binary(module, fat_cubin);
 }
 CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jit, void **jit_values,
                            unsigned int n_jit, CUlibraryOption *options, void **values, unsigned int n) {
+    reached_by_export();
     return fh_library_load_data(library, code, jit, jit_values, n_jit, options, values, n);
 }
 CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *path, CUjit_option *jit, void **jit_values,
                                unsigned int n_jit, CUlibraryOption *options, void **values, unsigned int n) {
+    reached_by_export();
     return fh_library_load_from_file(library, path, jit, jit_values, n_jit, options, values, n);
 }
-CUresult cuModuleUnload(CUmodule module) { return fh_module_unload(module); }
-CUresult cuLibraryUnload(CUlibrary library) { return fh_library_unload(library); }
-CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr) { return fh_ipc_get_mem_handle(handle, dptr); }
+CUresult cuModuleUnload(CUmodule module) {
+    reached_by_export();
+    return fh_module_unload(module);
+}
+CUresult cuLibraryUnload(CUlibrary library) {
+    reached_by_export();
+    return fh_library_unload(library);
+}
+CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr) {
+    reached_by_export();
+    return fh_ipc_get_mem_handle(handle, dptr);
+}
 CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *dptr, CUipcMemHandle handle, unsigned int flags) {
+    reached_by_export();
     return fh_ipc_open_mem_handle(dptr, handle, flags);
 }
-CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) { return fh_ipc_close_mem_handle(dptr); }
+CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+    reached_by_export();
+    return fh_ipc_close_mem_handle(dptr);
+}
 
 /* -- control API ------------------------------------------------------------------- */
 
