@@ -47,6 +47,12 @@ def _param_words(operands: tuple[Operand, ...]) -> dict[int, Operand]:
     return {o.offset: o for o in operands if o.site is OperandSite.PARAM}
 
 
+def _set_marks(ir: GraphIR, node: KernelNode, marks: set[int]) -> None:
+    """Replace ``node``'s undefined marks with the byte offsets in ``marks``."""
+    flags = [i in marks for i in range(len(node.params))]
+    ir.replace_node(msgspec.structs.replace(node, undefined=_runs(flags)))
+
+
 def _compare(
     a: KernelNode, b: KernelNode, ops_a: dict[int, Operand], ops_b: dict[int, Operand]
 ) -> tuple[list[bool], set[int]]:
@@ -131,7 +137,7 @@ def mark_host_words(ir: GraphIR, ranges: list[tuple[int, int]]) -> tuple[GraphIR
     starts = [start for start, _ in ranges]
     marked = 0
     for node in ir.kernels():
-        words = {o.offset for o in ir.operands.of(node.id) if o.site is OperandSite.PARAM}
+        words = _param_words(ir.operands.of(node.id))
         undefined = node.undefined_offsets()
         hits = []
         for offset in range(0, len(node.params) - WORD + 1, WORD):
@@ -145,8 +151,7 @@ def mark_host_words(ir: GraphIR, ranges: list[tuple[int, int]]) -> tuple[GraphIR
             marked += len(hits)
             for offset in hits:
                 undefined.update(range(offset, offset + WORD))
-            flags = [i in undefined for i in range(len(node.params))]
-            ir.replace_node(msgspec.structs.replace(node, undefined=_runs(flags)))
+            _set_marks(ir, node, undefined)
     return ir, marked
 
 
@@ -157,23 +162,23 @@ def mark_alike(irs: list[GraphIR]) -> int:
     per-node marks vary from SAVE to SAVE; pooled over the many launches of a kernel
     they do not (two SAVEs on the H200 test machine: 6 of 7 fingerprints differed
     with per-node marks, none with pooled ones). Returns the bytes newly marked."""
+
+    def kernel_of(node: KernelNode) -> tuple[str, str | None, Any]:
+        return (node.kernel.name, node.kernel.image, node.layout)
+
     pooled: dict[tuple[str, str | None, Any], set[int]] = {}
     for ir in irs:
         for node in ir.kernels():
-            key = (node.kernel.name, node.kernel.image, node.layout)
-            pooled.setdefault(key, set()).update(node.undefined_offsets())
+            pooled.setdefault(kernel_of(node), set()).update(node.undefined_offsets())
     added = 0
     for ir in irs:
         for node in ir.kernels():
             own = node.undefined_offsets()
             kept = _pointer_words(ir, node)  # this launch's pointers stay defined, missed ones included
-            pool = pooled[(node.kernel.name, node.kernel.image, node.layout)]
-            marks = own | {i for i in pool if i - i % WORD not in kept}
-            if len(marks) == len(own):
-                continue
-            added += len(marks) - len(own)
-            flags = [i in marks for i in range(len(node.params))]
-            ir.replace_node(msgspec.structs.replace(node, undefined=_runs(flags)))
+            marks = own | {i for i in pooled[kernel_of(node)] if i - i % WORD not in kept}
+            if len(marks) > len(own):
+                added += len(marks) - len(own)
+                _set_marks(ir, node, marks)
     return added
 
 
@@ -181,7 +186,7 @@ def _pointer_words(ir: GraphIR, node: KernelNode) -> set[int]:
     """Offsets of ``node``'s aligned parameter words that are operands or hold an address
     inside one of the graph's regions: pooling must not hide a pointer, and one the
     manifest missed is what ``archive diff --relocations`` exists to find."""
-    words = {o.offset for o in ir.operands.of(node.id) if o.site is OperandSite.PARAM}
+    words = set(_param_words(ir.operands.of(node.id)))
     spans = [(r.base, r.base + r.size) for r in ir.regions.values() if r.size]
     for offset in range(0, len(node.params) - WORD + 1, WORD):
         value = int.from_bytes(node.params[offset : offset + WORD], "little")
