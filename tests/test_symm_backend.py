@@ -202,7 +202,7 @@ def test_the_load_report_counts_the_operands_each_backend_patched(graph, saved, 
     session.attach("torch-symm-mem", handle=handle, group="0", dtype="bfloat16")
     symm = Archive.open(FIXTURES / "symm-mem-ws1").graph(0, "symm.allreduce")  # a fresh copy of the graph
     symm.set_operands(o for o in graph.operands if o.region.startswith("symm."))  # it predates the vmm region
-    report = session._relocation_report([symm], session._relocation(moved=False))
+    report = session._relocation_report([symm])
     assert sum(r["operands"] for r in report.values()) == len(symm.operands)
     assert {r["backend"] for r in report.values()} == {"torch-symm-mem"}
     for region, tally in report.items():

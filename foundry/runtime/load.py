@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -355,7 +356,7 @@ class LoadSession(Session):
             check_graph(ir, self.archive, lambda name: any(b.owns(name) for b in owned))
         relocate = self._relocation(moved_from is not None)
         if relocate is not None:
-            self.report["relocations"] = self._relocation_report(irs, relocate)
+            self.report["relocations"] = self._relocation_report(irs)
         templates: dict[str, Any] = {}
         graphs: dict[str, RestoredGraph] = {}
         checked = time.perf_counter()
@@ -421,19 +422,19 @@ class LoadSession(Session):
 
         return relocate
 
-    def _relocation_report(self, irs: list[GraphIR], relocate: Callable[[Any], int]) -> dict[str, dict[str, Any]]:
+    def _relocation_report(self, irs: list[GraphIR]) -> dict[str, dict[str, Any]]:
         """Per region: the backend that placed it, its operands in the restored graphs and
-        how many of them hold another value than at SAVE."""
+        how many of them hold another value than at SAVE (a region moves as a whole)."""
         report: dict[str, dict[str, Any]] = {}
         for ir in irs:
-            for operand in ir.operands:
-                if not operand.resolved:
+            counts = Counter(o.region for o in ir.operands if o.resolved)
+            for name, count in counts.items():
+                owner, live_base = self._owner(name), self._region_base(ir, name)
+                if owner is None:  # refused by the build, naming the operand
                     continue
-                moved = relocate(operand) != operand.value  # refuses a region no backend owns
-                tally = report.setdefault(operand.region, {"backend": self._owner(operand.region).name,
-                                                           "operands": 0, "moved": 0})  # fmt: skip
-                tally["operands"] += 1
-                tally["moved"] += moved
+                tally = report.setdefault(name, {"backend": owner.name, "operands": 0, "moved": 0})
+                tally["operands"] += count
+                tally["moved"] += count if live_base != ir.regions[name].base else 0
         return report
 
     def _region_base(self, ir: GraphIR, name: str) -> int | None:
