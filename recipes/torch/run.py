@@ -49,16 +49,23 @@ def digest(t: torch.Tensor) -> str:
     return hashlib.sha256(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
+def start_group(rank: int, world_size: int, port: str) -> None:
+    """One process per GPU: this one on GPU ``rank``, in a NCCL process group on this host."""
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", port)
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world_size, device_id=torch.device("cuda", rank))
+
+
 def symmetric_tp(session, rank: int, world_size: int, max_batch: int, hidden: int) -> TensorParallel:
     """The tensor-parallel group: NCCL to set it up, a symmetric buffer for the sums,
     attached to the session so SAVE records it and LOAD validates and relocates it."""
     import torch.distributed as dist
     import torch.distributed._symmetric_memory as symm_mem
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29541")
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world_size, device_id=torch.device("cuda", rank))
+    start_group(rank, world_size, "29541")
     group = dist.group.WORLD.group_name
     buf = symm_mem.empty(max_batch * hidden, dtype=torch.bfloat16, device="cuda")
     handle = symm_mem.rendezvous(buf, group)
@@ -81,10 +88,7 @@ def nccl_tp(session, rank: int, world_size: int) -> TensorParallel:
     from foundry.backends.nccl_ipc import PINNED_ENV
 
     os.environ.update(PINNED_ENV)  # read by NCCL when the communicator is made, just below
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29551")
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world_size, device_id=torch.device("cuda", rank))
+    start_group(rank, world_size, "29551")
     if session.mode != "off":
         from foundry.runtime.hook import Hook
 
