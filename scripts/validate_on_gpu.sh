@@ -31,6 +31,11 @@ step() {  # step NAME CMD...: run, log, record the exit code
     printf '%-28s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - start))" "$*" | tee -a "$SUMMARY"
     return $rc
 }
+refused() {  # refused NAME FIELD RC: the step NAME must have failed (RC) and named FIELD in its log(s)
+    if [ "$3" -ne 0 ] && grep -qs -- "$2" "$RESULTS/$1".log "$RESULTS/$1".r*.log; then
+        echo "$1: refused naming $2" | tee -a "$SUMMARY"
+    else echo "$1: NOT refused by $2" | tee -a "$SUMMARY"; fi
+}
 RUN="python3 recipes/torch/run.py"
 SHIFTED=0x600400000000  # the default base + 16 GiB
 
@@ -107,13 +112,12 @@ step sg-diff python3 -m foundry archive diff "$RESULTS/sg/save" "$RESULTS/sg/sav
 step sg-lint python3 -m foundry graph lint "$RESULTS/sg/save" --expect nccl-allreduce=0
 # the plugin excluded: the LOAD must fail rather than capture again (exit code must be non-zero)
 SGLANG_PLUGINS=none step sg-load-without-plugin python3 -m foundry run --mode load --archive "$RESULTS/sg/save" -- $SG --out "$RESULTS/sg/load-without-plugin.json"
+refused sg-load-without-plugin "a stream capture in LOAD mode" $?
 # drift: each LOAD must be refused before serving, naming the server argument (grep its log)
 drift() {  # drift FIELD RECIPE-ARGS...: a LOAD that must fail, naming sglang.FIELD
     local field=$1; shift
     step sg-drift-$field python3 -m foundry run --mode load --archive "$RESULTS/sg/save" -- $SG "$@" --out "$RESULTS/sg/drift-$field.json"
-    if [ $? -ne 0 ] && grep -q "sglang.$field" "$RESULTS/sg-drift-$field.log"; then
-        echo "sg-drift-$field: refused naming sglang.$field" | tee -a "$SUMMARY"
-    else echo "sg-drift-$field: NOT refused by sglang.$field" | tee -a "$SUMMARY"; fi
+    refused sg-drift-$field "sglang.$field" $?
 }
 drift mem_fraction_static --set mem_fraction_static=0.25
 drift cuda_graph_bs_decode --set 'cuda_graph_bs_decode=[1,2,4]'
@@ -134,10 +138,6 @@ ranks() {  # ranks NAME TEMPLATE: both ranks at once, @R@ replaced by each rank;
     printf '%-28s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - start))" "$template" | tee -a "$SUMMARY"
     return $rc
 }
-refused() {  # refused NAME FIELD: the step NAME failed (both ranks' logs) and named FIELD
-    if grep -q "$2" "$RESULTS/$1".r*.log; then echo "$1: refused naming $2" | tee -a "$SUMMARY"
-    else echo "$1: NOT refused by $2" | tee -a "$SUMMARY"; fi
-}
 tp_recipe() {  # tp_recipe PREFIX RECIPE-ARGS [FOUNDRY-RUN-ARGS [SHIFT]]: baseline, SAVE2, SAVE, LOADs, comparisons,
     # refusals. SHIFT relocate (default): the LOAD at a shifted base must decode identically; refuse: it must
     # be refused (NCCL's addresses are proven identical, never patched)
@@ -157,7 +157,7 @@ tp_recipe() {  # tp_recipe PREFIX RECIPE-ARGS [FOUNDRY-RUN-ARGS [SHIFT]]: baseli
         shifted=load-shifted
     else
         ranks $P-load-shifted "timeout 120 $LOAD_RUN --region-base $SHIFTED -- $TP --out $T/load-shifted.r@R@.json"
-        refused $P-load-shifted nccl-ipc.region_base
+        refused $P-load-shifted nccl-ipc.region_base $?
     fi
     # the same ranks on swapped GPUs: rank 0 on the second GPU, rank 1 on the first
     CUDA_VISIBLE_DEVICES=1,0 ranks $P-load-swapped "$LOAD_RUN -- $TP --out $T/load-swapped.r@R@.json"
@@ -170,9 +170,9 @@ tp_recipe() {  # tp_recipe PREFIX RECIPE-ARGS [FOUNDRY-RUN-ARGS [SHIFT]]: baseli
     step $P-save-vs-save2 python3 -m foundry archive diff "$T/save" "$T/save2"
     # refusals: each rank given the other's part; one process at world size 1 given the archive
     ranks $P-other-rank "timeout 120 python3 -m foundry run $FR --mode load --rank \$((1-@R@)) --archive $T/save -- $TP --out $T/other-rank.r@R@.json"
-    refused $P-other-rank ".rank"
+    refused $P-other-rank ".rank" $?
     step $P-ws1 timeout 120 python3 -m foundry run $FR --mode load --rank 0 --archive "$T/save" -- $RUN --symm $ARGS --out "$T/ws1.json"
-    grep -q "world_size" "$RESULTS/$P-ws1.log" && echo "$P-ws1: refused naming world_size" | tee -a "$SUMMARY"
+    refused $P-ws1 world_size $?
 }
 if wants tp2; then
 tp_recipe tp2 "--all-reduce symm"
