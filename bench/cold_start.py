@@ -65,13 +65,15 @@ def summarize(results: dict) -> dict:
         ratios = [r["replay"][k] / base_replay[k] for k in base_replay if k in r["replay"]]
         row["replay_ratio_median"] = statistics.median(ratios)
         row["replay_ratio_max"] = max(ratios)
-        keys = ("builder", "build_threads", "templates", "decode_s", "map_s", "build_s", "functions_s",
+        keys = ("builder", "build_threads", "templates", "decode_s", "map_s", "build_s", "functions_s", "prefetch_s",
                 "native_timing", "bound_live", "loaded_images")  # fmt: skip
         for key in keys:
             if key in s:
                 row[key] = s[key]
-        if s.get("counters", {}).get("native_instantiate_us"):
-            row["instantiate_s"] = s["counters"]["native_instantiate_us"] / 1e6
+        counters = s.get("counters", {})
+        for counter, key in (("native_nodes_us", "nodes_s"), ("native_instantiate_us", "instantiate_s")):
+            if counters.get(counter):
+                row[key] = counters[counter] / 1e6
         rows[name] = row
     return rows
 
@@ -113,7 +115,22 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"{name:22} {row['warmup_s']:9.3f} {row['graphs_s']:9.3f} {row['total_s']:8.3f} "
               f"{row['per_graph_ms']:9.2f} {row['replay_ratio_median']:9.4f}")  # fmt: skip
+    print_breakdown(rows)
     return 0
+
+
+BREAKDOWN = ("map_s", "prefetch_s", "functions_s", "nodes_s", "instantiate_s", "build_s")
+
+
+def print_breakdown(rows: dict) -> None:
+    """Where a native LOAD's time goes: region mapping (and warm-up bytes), reading
+    archived images ahead, binding kernels, adding nodes, the driver's instantiation."""
+    native = {name: row for name, row in rows.items() if "instantiate_s" in row}
+    if not native:
+        return
+    print(f"\n{'LOAD breakdown (s)':22}" + "".join(f"{key[:-2]:>12}" for key in BREAKDOWN))
+    for name, row in native.items():
+        print(f"{name:22}" + "".join(f"{row.get(key, float('nan')):12.3f}" for key in BREAKDOWN))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ class ArchiveFunctions:
         self._images: dict[str, tuple[str, int]] = {}  # sha256 -> (kind, CUmodule/CUlibrary)
         self._blobs: dict[str, bytes] = {}  # archived images read ahead (prefetch)
         self._live: dict[str, Image | None] = {}  # sha256 -> the live copy, or None
+        self._by_size: dict[int, list[Image]] | None = None
+        self._records_by_sha: dict | None = None
         self._functions: dict[tuple[str, str], int] = {}
         self.bound_live: set[str] = set()
         self.loaded: set[str] = set()
@@ -90,15 +92,30 @@ class ArchiveFunctions:
         return self._live[sha256]
 
     def _find_live_copy(self, sha256: str) -> Image | None:
-        blob = next((b for b in self.archive.catalog.modules.blobs if b.sha256 == sha256), None)
+        blob = self._blob_records().get(sha256)
         if blob is None:
             return None
-        for image in self.hook.images():  # hash only images of the right size
-            if image.size == blob.size and not image.unloaded:
-                hashed = self.hook.image(image.index, hash=True)
-                if hashed.sha256 == sha256:
-                    return hashed
+        for image in self._live_by_size().get(blob.size, ()):  # hash only images of the right size
+            hashed = self.hook.image(image.index, hash=True)
+            if hashed.sha256 == sha256:
+                return hashed
         return None
+
+    def _blob_records(self) -> dict:
+        if self._records_by_sha is None:
+            self._records_by_sha = {b.sha256: b for b in self.archive.catalog.modules.blobs}
+        return self._records_by_sha
+
+    def _live_by_size(self) -> dict[int, list[Image]]:
+        """The process's loaded images by size, listed once: listing them per archived
+        image cost a registry walk each. Images loaded after this are Foundry's own
+        loads of archived images, which are never live copies."""
+        if self._by_size is None:
+            self._by_size = {}
+            for image in self.hook.images():
+                if not image.unloaded:
+                    self._by_size.setdefault(image.size, []).append(image)
+        return self._by_size
 
     @staticmethod
     def _lookup(kind: str, handle: int, kernel: KernelIdentity) -> int:

@@ -25,6 +25,7 @@ COUNTERS = (
     "refused",
     "images",
     "native_instantiate_us",
+    "native_nodes_us",
     "ipc_imports",
     "passthrough_captures",
     "passthrough_instantiates",
