@@ -8,7 +8,7 @@ from rich.text import Text
 
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.nodes import KernelNode, MemcpyNode, MemsetNode
-from foundry.graphir.passes.diff import ArchiveDiff, Status
+from foundry.graphir.passes.diff import ArchiveDiff, GraphDiff, Status
 from foundry.graphir.passes.lint import LintReport, Severity
 from foundry.graphir.passes.summary import ArchiveSummary
 
@@ -159,6 +159,16 @@ def render_lint(console: Console, report: LintReport, *, strict: bool = False) -
     )
 
 
+def render_mark_differences(console: Console, g: GraphDiff, limit: int = 5) -> None:
+    """Which kernels' undefined bytes the two SAVEs marked differently."""
+    console.print(f"    rank {g.rank} {g.name}: {len(g.marks_differ)} node(s) marked differently")
+    for m in g.marks_differ[:limit]:
+        console.print(f"      node {m.node} {m.label}: {m.only_a} byte(s) undefined in A only, {m.only_b} in B only",
+                      markup=False)  # fmt: skip
+    if len(g.marks_differ) > limit:
+        console.print(f"      ... and {len(g.marks_differ) - limit} more (--json lists every one)")
+
+
 def render_diff(console: Console, d: ArchiveDiff) -> None:
     console.print(f"[bold]A[/bold] {d.a}\n[bold]B[/bold] {d.b}")
     if d.environment:
@@ -173,6 +183,9 @@ def render_diff(console: Console, d: ArchiveDiff) -> None:
     marks = sum(g.undefined_only for g in d.graphs)
     if marks:
         console.print(f"  ({marks} of the same differ in fingerprint only through bytes one SAVE marked undefined)")
+        for g in d.graphs:
+            if g.undefined_only:
+                render_mark_differences(console, g)
     for g in d.graphs:
         if g.status is Status.SAME:
             continue

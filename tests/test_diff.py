@@ -12,7 +12,7 @@ from foundry.archive import Archive
 from foundry.cli import main
 from foundry.graphir.graph import Edge
 from foundry.graphir.nodes import KernelNode
-from foundry.graphir.passes.diff import Status, diff_archives
+from foundry.graphir.passes.diff import Status, diff_archives, node_label
 
 from .archive_tools import edit_graph, edit_json
 from .conftest import FIXTURES
@@ -141,6 +141,13 @@ def test_bytes_either_save_marked_undefined_are_left_out_on_both_sides(tmp_path)
     graph = next(g for g in d.graphs if g.name == "decode.bs1")
     assert graph.fingerprint_a != graph.fingerprint_b
     assert graph.status is Status.SAME and graph.undefined_only and d.identical
+    # the diff names the node whose marks differ, so a SAVE-to-SAVE difference can be traced
+    assert [(m.node, m.only_a, m.only_b) for m in graph.marks_differ] == [(node.id, 1, 0)]
+    text = CliRunner().invoke(main, ["archive", "diff", str(a), str(b)])
+    assert text.exit_code == 0 and f"node {node.id} " in text.stdout and "1 byte(s) undefined in A only" in text.stdout
+    listed = json.loads(CliRunner().invoke(main, ["archive", "diff", "--json", str(a), str(b)]).stdout)
+    entry = next(g for g in listed["graphs"] if g["graph"] == "decode.bs1")
+    assert entry["marks_differ"] == [{"node": node.id, "label": node_label(node), "only_a": 1, "only_b": 0}]
 
     edit_graph(b, "decode.bs1", lambda g: _flip(g, node.id, offset + 1))  # outside A's marks: a real change
     again = next(g for g in diff_archives(Archive.open(a), Archive.open(b)).graphs if g.name == "decode.bs1")

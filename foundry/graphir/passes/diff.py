@@ -62,6 +62,16 @@ class NodeDiff:
 
 
 @dataclass
+class MarkDiff:
+    """A kernel node whose undefined bytes one SAVE marked and the other did not."""
+
+    node: int
+    label: str
+    only_a: int  # bytes marked undefined in A only
+    only_b: int
+
+
+@dataclass
 class GraphDiff:
     rank: int
     name: str
@@ -72,6 +82,7 @@ class GraphDiff:
     edges_only_a: list[tuple[int, int]] = field(default_factory=list)
     edges_only_b: list[tuple[int, int]] = field(default_factory=list)
     undefined_only: bool = False  # SAME though the fingerprints differ: only in bytes one side marked undefined
+    marks_differ: list[MarkDiff] = field(default_factory=list)  # where the two SAVEs' undefined bytes differ
 
 
 @dataclass
@@ -94,6 +105,7 @@ class ArchiveDiff:
                 "fingerprint_a": g.fingerprint_a,
                 "fingerprint_b": g.fingerprint_b,
                 "undefined_only": g.undefined_only,
+                "marks_differ": [vars(m) for m in g.marks_differ],
                 "nodes": [
                     {
                         "status": n.status.value,
@@ -270,6 +282,20 @@ def _marks(ir: GraphIR) -> dict[int, tuple[tuple[int, int], ...]]:
     return {node.id: node.undefined for node in ir.kernels() if node.undefined}
 
 
+def mark_differences(a: GraphIR, b: GraphIR) -> list[MarkDiff]:
+    """Kernel nodes (paired by id: the graphs have the same nodes) whose undefined bytes
+    differ between the two SAVEs, with how many bytes each marked alone."""
+    out = []
+    for node in a.kernels():
+        other = b.node(node.id)
+        if not isinstance(other, KernelNode):
+            continue
+        mine, theirs = node.undefined_offsets(), other.undefined_offsets()
+        if mine != theirs:
+            out.append(MarkDiff(node.id, node_label(node), len(mine - theirs), len(theirs - mine)))
+    return out
+
+
 def _same_under_both_marks(a: GraphIR, b: GraphIR) -> bool:
     """Whether the two graphs fingerprint alike once each also leaves out the other's
     undefined bytes (recomputed: the recorded fingerprints are not trusted for this)."""
@@ -298,5 +324,7 @@ def diff_archives(a: Archive, b: Archive) -> ArchiveDiff:
                     honest = fingerprint(ga) == ea.fingerprint and fingerprint(gb) == eb.fingerprint
                     graph.undefined_only = honest and _same_under_both_marks(ga, gb)
                     graph.status = Status.SAME if graph.undefined_only else Status.CHANGED
+                    if graph.undefined_only:
+                        graph.marks_differ = mark_differences(ga, gb)
                 result.graphs.append(graph)
     return result
