@@ -161,3 +161,20 @@ def test_servers_the_plugin_cannot_persist_are_refused_by_field():
         with pytest.raises(FoundryError) as err:
             _check_supported(server_args)
         assert err.value.field == field_name
+
+
+def test_a_refusal_inside_a_hook_is_said_in_one_line_and_still_stops_the_scheduler(capsys, monkeypatch):
+    # The KV-budget hook of a LOAD whose archive records no budget: SGLang gets the
+    # error (and stops the server); its log gets one line naming what was refused.
+    from foundry.integrations.sglang import plugin
+
+    archive = types.SimpleNamespace(catalog=types.SimpleNamespace(model={}))
+    session = types.SimpleNamespace(archive=archive)
+    state = plugin.SchedulerState(PluginConfig(mode="load", archive="/srv/a"), session, 0)
+    monkeypatch.setattr(plugin, "_state", state)
+    with pytest.raises(DriftError) as err:
+        plugin._kv_budget(lambda configurator: 1 << 30, object())
+    assert err.value.field == plugin.KV_BUDGET
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said == [f"foundry: scheduler (tp rank 0) load refused: {err.value}"]
+    assert plugin.KV_BUDGET in said[0]

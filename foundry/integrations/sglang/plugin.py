@@ -23,10 +23,12 @@ to start. In a scheduler:
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,6 +139,23 @@ def _argument(args: tuple, kwargs: dict, index: int, name: str) -> Any:
 # -- hooks ---------------------------------------------------------------------------
 
 
+def _says_refusals(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """A hook's Foundry error stops the scheduler (SGLang logs it with a traceback and
+    shuts the server down); the log also gets one line that says what was refused."""
+
+    @functools.wraps(hook)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return hook(*args, **kwargs)
+        except FoundryError as err:
+            who = "scheduler" if _state is None else f"scheduler (tp rank {_state.rank}) {_state.config.mode}"
+            _say(f"{who} refused: {err}")
+            raise
+
+    return run
+
+
+@_says_refusals
 def _on_scheduler_start(*args: Any, **kwargs: Any) -> None:
     global _state
     from foundry.runtime.load import LoadSession
@@ -204,6 +223,7 @@ def _phase_backend(server_args: Any, phase: str) -> str:
     return str(getattr(backend, "value", backend))
 
 
+@_says_refusals
 def _kv_budget(original: Any, configurator: Any, *args: Any, **kwargs: Any) -> int:
     profiled = original(configurator, *args, **kwargs)
     if _state is None:
@@ -228,6 +248,7 @@ def _kv_budget(original: Any, configurator: Any, *args: Any, **kwargs: Any) -> i
     return int(recorded)
 
 
+@_says_refusals
 def _note_runner(result: Any, backend: Any, cuda_graph_runner: Any = None, *args: Any, **kwargs: Any) -> None:
     name = type(cuda_graph_runner).__name__
     backend._foundry_runner = RUNNERS.get(name, name.removesuffix("CudaGraphRunner").lower() or "graph")
@@ -247,6 +268,7 @@ def graph_name(runner: str, shape_key: Any) -> str:
     return name
 
 
+@_says_refusals
 def _capture_one(original: Any, backend: Any, shape_key: Any, forward_fn: Any, capture_inputs: Any = None,
                  post_warmup_hook: Any = None) -> None:  # fmt: skip
     if _state is None:
@@ -281,6 +303,7 @@ def _check_model(backend: Any) -> None:
     _state.model_checked = True
 
 
+@_says_refusals
 def _pass_through(original: Any, backend: Any, *args: Any, **kwargs: Any) -> Any:
     """Breakable graphs are SGLang's own: captured as usual in SAVE and in LOAD, with the
     hook told so (they end no warm-up and a LOAD does not refuse them)."""
@@ -294,6 +317,7 @@ def _pass_through(original: Any, backend: Any, *args: Any, **kwargs: Any) -> Any
         return original(backend, *args, **kwargs)
 
 
+@_says_refusals
 def _on_graphs_done(result: Any, *args: Any, **kwargs: Any) -> None:
     if _state is None:
         return result
