@@ -145,7 +145,16 @@ def test_the_comparison_reports_graph_time_against_the_reference():
     table = _recipe("compare").startup_table(
         ["base.json", "load.json", "other.json"],
         [{"startup": {"scheduler_e2e": 40.0, "cuda_graph": {"decode": 3.0, "prefill": 0.0}}},
-         {"startup": {"scheduler_e2e": 37.1, "cuda_graph": {"decode": 0.1}}},
+         {"startup": {"scheduler_e2e": 37.1, "cuda_graph": {"decode": 0.1}},
+          "foundry": {"sglang_seconds": {"warmup_forwards_s": 0.06, "graphs_s": 0.04}}},
          {"startup": None}],
     )  # fmt: skip
-    assert len(table) == 3 and "30.0x less" in table[2] and "load.json" in table[2] and "1.0x less" in table[1]
+    assert len(table) == 4 and "30.0x less" in table[2] and "load.json" in table[2] and "1.0x less" in table[1]
+    assert "warm-up forwards 0.06, Foundry's graphs 0.04" in table[3]
+
+
+def test_the_comparison_says_in_one_line_when_a_report_is_missing(tmp_path):
+    script = [sys.executable, str(Path(__file__).parent.parent / "recipes" / "sglang" / "compare.py")]
+    proc = subprocess.run([*script, str(tmp_path / "absent.json"), str(tmp_path / "b.json")],
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "absent.json" in proc.stderr

@@ -178,3 +178,38 @@ def test_a_refusal_inside_a_hook_is_said_in_one_line_and_still_stops_the_schedul
     said = capsys.readouterr().err.strip().splitlines()
     assert said == [f"foundry: scheduler (tp rank 0) load refused: {err.value}"]
     assert plugin.KV_BUDGET in said[0]
+
+
+def test_the_report_splits_the_graph_phase_into_sglangs_warmups_and_foundrys_graphs(tmp_path, monkeypatch):
+    # SGLang's graph phase holds its two eager warm-up forwards per shape and then the
+    # capture (SAVE) or restore (LOAD); the report keeps the two apart. The backend
+    # and session stand in for SGLang's and the GPU's, which do not exist here.
+    import collections
+    import json
+    import time
+
+    from foundry.integrations.sglang import plugin
+
+    forwards: list[float] = []
+    backend = types.SimpleNamespace(
+        _device_module=types.SimpleNamespace(synchronize=lambda: None),
+        _tp_group=types.SimpleNamespace(barrier=lambda: None),
+        _graphs={}, _outputs={}, _foundry_runner="decode",
+    )  # fmt: skip
+
+    def graph(name, fn, **kwargs):
+        time.sleep(0.2)
+        return types.SimpleNamespace(outputs=f"outputs of {name}")
+
+    session = types.SimpleNamespace(graph=graph, finish=lambda: {"counters": {"stream_captures": 4}})
+    state = plugin.SchedulerState(PluginConfig(mode="save", archive=str(tmp_path)), session, 0, model_checked=True)
+    monkeypatch.setattr(plugin, "_state", state)
+    monkeypatch.setenv("FOUNDRY_SGLANG_REPORT", str(tmp_path / "report.json"))
+    shape = collections.namedtuple("ShapeKey", "size")  # SGLang's keys are hashable records with a size
+    for size in (8, 4):
+        plugin._capture_one(None, backend, shape(size), lambda: (forwards.append(1), time.sleep(0.01)))
+    assert len(forwards) == 4 and backend._outputs[next(iter(backend._graphs))] == "outputs of decode.bs8"
+    plugin._on_graphs_done(None)
+    seconds = json.loads((tmp_path / "report.json").read_text())["sglang_seconds"]
+    assert seconds["warmup_forwards_s"] >= 4 * 0.01 and seconds["graphs_s"] >= 2 * 0.2
+    assert seconds["warmup_forwards_s"] < 0.2  # neither capture's time is counted as warm-up

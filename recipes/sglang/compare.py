@@ -32,16 +32,21 @@ def differences(reference: dict, other: dict) -> list[str]:
 
 def startup_table(paths: list[str], runs: list[dict]) -> list[str]:
     """One line per run that recorded SGLang's start-up timings (see module docstring)."""
-    timed = [(p, r["startup"]) for p, r in zip(paths, runs, strict=True) if r.get("startup")]
+    timed = [(p, r) for p, r in zip(paths, runs, strict=True) if r.get("startup")]
     if not timed:
         return []
-    reference = sum(timed[0][1]["cuda_graph"].values())
+    reference = sum(timed[0][1]["startup"]["cuda_graph"].values())
     lines = ["start-up (s): scheduler_e2e, cuda graphs by phase, graph time vs the first"]
-    for path, startup in timed:
+    for path, run in timed:
+        startup = run["startup"]
         graphs = sum(startup["cuda_graph"].values())
         phases = ", ".join(f"{phase} {seconds:.2f}" for phase, seconds in sorted(startup["cuda_graph"].items()))
         ratio = f"{reference / graphs:.1f}x less" if graphs else "none spent"
         lines.append(f"  {startup['scheduler_e2e']:7.2f}  graphs {graphs:6.2f} ({phases or '-'}); {ratio}  {path}")
+        split = (run.get("foundry") or {}).get("sglang_seconds")
+        if split:  # under the plugin: SGLang's eager warm-ups apart from capturing or restoring
+            lines.append(f"           of which SGLang's warm-up forwards {split['warmup_forwards_s']:.2f}, "
+                         f"Foundry's graphs {split['graphs_s']:.2f}")  # fmt: skip
     return lines
 
 
@@ -49,7 +54,11 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
         return 2
-    runs = [json.loads(Path(p).read_text()) for p in argv]
+    try:
+        runs = [json.loads(Path(p).read_text()) for p in argv]
+    except (OSError, ValueError) as err:
+        print(f"compare.py: cannot read a report: {err}", file=sys.stderr)
+        return 2
     reference = runs[0]
     ids = [tuple(o["output_ids"]) for o in reference["outputs"]]
     distinct = len(set(ids)) == len(ids)

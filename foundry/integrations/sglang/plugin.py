@@ -28,6 +28,7 @@ import importlib.metadata
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +66,8 @@ class SchedulerState:
     passed_through: set[str] = field(default_factory=set)
     model_checked: bool = False
     finished: bool = False
+    # seconds in SGLang's eager warm-up forwards, and in capturing (SAVE) or restoring (LOAD)
+    seconds: dict[str, float] = field(default_factory=lambda: {"warmup_forwards_s": 0.0, "graphs_s": 0.0})
 
 
 _state: SchedulerState | None = None
@@ -279,14 +282,19 @@ def _capture_one(original: Any, backend: Any, shape_key: Any, forward_fn: Any, c
     runner = getattr(backend, "_foundry_runner", "graph")
     if not _state.model_checked:
         _check_model(backend)
+    started = time.perf_counter()
     for _ in range(2):  # SGLang's own warm-ups, so that SAVE and LOAD allocate alike
         backend._device_module.synchronize()
         backend._tp_group.barrier()
         forward_fn()
         if post_warmup_hook is not None:
             post_warmup_hook()
+    backend._device_module.synchronize()
+    warmed = time.perf_counter()
     name = graph_name(runner, shape_key)
     graph = _state.session.graph(name, forward_fn, shape_key=getattr(shape_key, "size", None), runner=runner)
+    _state.seconds["warmup_forwards_s"] += warmed - started
+    _state.seconds["graphs_s"] += time.perf_counter() - warmed
     backend._graphs[shape_key] = graph
     backend._outputs[shape_key] = graph.outputs
     _state.graphs.append(name)
@@ -329,6 +337,7 @@ def _on_graphs_done(result: Any, *args: Any, **kwargs: Any) -> None:
     if _state.config.mode == "load":
         _check_restored(report)
     report["sglang_graphs"] = list(_state.graphs)
+    report["sglang_seconds"] = dict(_state.seconds)
     counters = report.get("counters", {})
     _say(f"scheduler (tp rank {_state.rank}) {_state.config.mode}: {len(_state.graphs)} graphs "
          f"{'saved' if _state.config.mode == 'save' else 'restored'}, "
