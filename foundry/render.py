@@ -161,10 +161,13 @@ def render_lint(console: Console, report: LintReport, *, strict: bool = False) -
 
 def render_mark_differences(console: Console, g: GraphDiff, limit: int = 5) -> None:
     """Which kernels' undefined bytes the two SAVEs marked differently."""
-    console.print(f"    rank {g.rank} {g.name}: {len(g.marks_differ)} node(s) marked differently")
+    if not g.marks_differ:  # the same bytes, recorded as other runs: nothing to name
+        return
+    console.print(f"    rank {g.rank} {g.name}: {len(g.marks_differ)} node(s) marked differently",
+                  markup=False, soft_wrap=True)  # fmt: skip
     for m in g.marks_differ[:limit]:
         console.print(f"      node {m.node} {m.label}: {m.only_a} byte(s) undefined in A only, {m.only_b} in B only",
-                      markup=False)  # fmt: skip
+                      markup=False, soft_wrap=True)  # fmt: skip
     if len(g.marks_differ) > limit:
         console.print(f"      ... and {len(g.marks_differ) - limit} more (--json lists every one)")
 

@@ -158,3 +158,7 @@ def test_the_comparison_says_in_one_line_when_a_report_is_missing(tmp_path):
     proc = subprocess.run([*script, str(tmp_path / "absent.json"), str(tmp_path / "b.json")],
                           capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "absent.json" in proc.stderr
+    plugin_report = tmp_path / "plugin.json"  # the plugin's own report is not a run report
+    plugin_report.write_text('{"mode": "load", "graphs": 4}')
+    proc = subprocess.run([*script, str(plugin_report), str(plugin_report)], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no outputs" in proc.stderr

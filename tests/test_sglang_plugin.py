@@ -178,6 +178,10 @@ def test_a_refusal_inside_a_hook_is_said_in_one_line_and_still_stops_the_schedul
     said = capsys.readouterr().err.strip().splitlines()
     assert said == [f"foundry: scheduler (tp rank 0) load refused: {err.value}"]
     assert plugin.KV_BUDGET in said[0]
+    state.finished = True  # a failure that is not drift (a second model runner) is said as one
+    with pytest.raises(FoundryError) as second:
+        plugin._on_graphs_done(None)
+    assert capsys.readouterr().err.strip() == f"foundry: scheduler (tp rank 0) load failed: {second.value}"
 
 
 def test_the_report_splits_the_graph_phase_into_sglangs_warmups_and_foundrys_graphs(tmp_path, monkeypatch):

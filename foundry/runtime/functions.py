@@ -97,7 +97,7 @@ class ArchiveFunctions:
             return None
         for image in self._live_by_size().get(blob.size, ()):  # hash only images of the right size
             hashed = self.hook.image(image.index, hash=True)
-            if hashed.sha256 == sha256:
+            if hashed.sha256 == sha256 and not hashed.unloaded:  # unloaded since it was listed
                 return hashed
         return None
 

@@ -45,8 +45,8 @@ def startup_table(paths: list[str], runs: list[dict]) -> list[str]:
         lines.append(f"  {startup['scheduler_e2e']:7.2f}  graphs {graphs:6.2f} ({phases or '-'}); {ratio}  {path}")
         split = (run.get("foundry") or {}).get("sglang_seconds")
         if split:  # under the plugin: SGLang's eager warm-ups apart from capturing or restoring
-            lines.append(f"           of which SGLang's warm-up forwards {split['warmup_forwards_s']:.2f}, "
-                         f"Foundry's graphs {split['graphs_s']:.2f}")  # fmt: skip
+            lines.append(f"           of which SGLang's warm-up forwards {split.get('warmup_forwards_s', 0):.2f}, "
+                         f"Foundry's graphs {split.get('graphs_s', 0):.2f}")  # fmt: skip
     return lines
 
 
@@ -59,6 +59,10 @@ def main(argv: list[str]) -> int:
     except (OSError, ValueError) as err:
         print(f"compare.py: cannot read a report: {err}", file=sys.stderr)
         return 2
+    for path, run in zip(argv, runs, strict=True):
+        if not isinstance(run, dict) or not isinstance(run.get("outputs"), list):
+            print(f"compare.py: {path} is not a report of recipes/sglang/run.py (no outputs)", file=sys.stderr)
+            return 2
     reference = runs[0]
     ids = [tuple(o["output_ids"]) for o in reference["outputs"]]
     distinct = len(set(ids)) == len(ids)

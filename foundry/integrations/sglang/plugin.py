@@ -144,7 +144,8 @@ def _argument(args: tuple, kwargs: dict, index: int, name: str) -> Any:
 
 def _says_refusals(hook: Callable[..., Any]) -> Callable[..., Any]:
     """A hook's Foundry error stops the scheduler (SGLang logs it with a traceback and
-    shuts the server down); the log also gets one line that says what was refused."""
+    shuts the server down); the log also gets one line that says what was refused
+    (drift) or what failed."""
 
     @functools.wraps(hook)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -152,7 +153,7 @@ def _says_refusals(hook: Callable[..., Any]) -> Callable[..., Any]:
             return hook(*args, **kwargs)
         except FoundryError as err:
             who = "scheduler" if _state is None else f"scheduler (tp rank {_state.rank}) {_state.config.mode}"
-            _say(f"{who} refused: {err}")
+            _say(f"{who} {'refused' if isinstance(err, DriftError) else 'failed'}: {err}")
             raise
 
     return run
@@ -282,6 +283,7 @@ def _capture_one(original: Any, backend: Any, shape_key: Any, forward_fn: Any, c
     runner = getattr(backend, "_foundry_runner", "graph")
     if not _state.model_checked:
         _check_model(backend)
+    backend._device_module.synchronize()  # work queued before this shape is not its warm-up's
     started = time.perf_counter()
     for _ in range(2):  # SGLang's own warm-ups, so that SAVE and LOAD allocate alike
         backend._device_module.synchronize()
