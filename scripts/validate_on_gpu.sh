@@ -4,7 +4,7 @@
 #   scripts/validate_on_gpu.sh RESULTS_DIR [SECTION ...]
 #
 # Sections, in order (all one-GPU ones when none is named): tests session-tests recipe
-# relocation negative bench sglang sglang-more, and on two GPUs tp2 tp2-nccl. relocation and negative need recipe's archive in RESULTS_DIR;
+# relocation negative bench sglang sglang-more sglang-prefill, and on two GPUs tp2 tp2-nccl. relocation and negative need recipe's archive in RESULTS_DIR;
 # sglang needs SGLang 0.5.17 importable (and this package installed, so SGLang
 # finds the plugin's entry point).
 #
@@ -13,9 +13,9 @@
 # Writes logs and reports under RESULTS_DIR and prints a summary table last; each
 # step says which command produced it, for docs/validation.md.
 set -uo pipefail
-RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|relocation|negative|bench|sglang|sglang-more|tp2|tp2-nccl ...]}
+RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|relocation|negative|bench|sglang|sglang-more|sglang-prefill|tp2|tp2-nccl ...]}
 shift
-SECTIONS=${*:-tests session-tests recipe relocation negative bench sglang sglang-more}
+SECTIONS=${*:-tests session-tests recipe relocation negative bench sglang sglang-more sglang-prefill}
 wants() { [[ " $SECTIONS " == *" $1 "* ]]; }
 cd "$(dirname "$0")/.."
 mkdir -p "$RESULTS"
@@ -96,6 +96,10 @@ step sg-load python3 -m foundry run --mode load --archive "$RESULTS/sg/save" -- 
 step sg-load-http python3 -m foundry run --mode load --archive "$RESULTS/sg/save" -- $SG --entry http --out "$RESULTS/sg/load-http.json"
 step sg-compare python3 recipes/sglang/compare.py "$RESULTS"/sg/baseline.json "$RESULTS"/sg/save.json \
     "$RESULTS"/sg/load.json "$RESULTS"/sg/load-http.json
+# start-up, fairly: plain SGLang again now that the JIT caches are warm (the first baseline
+# compiled SGLang's Triton kernels inside its graph phase), then the LOAD against it
+step sg-baseline-warm $SG --out "$RESULTS/sg/baseline-warm.json"
+step sg-startup python3 recipes/sglang/compare.py "$RESULTS"/sg/baseline-warm.json "$RESULTS"/sg/load.json
 fi
 if wants sglang-more; then
 rm -rf "$RESULTS/sg/save2"
@@ -123,6 +127,18 @@ drift mem_fraction_static --set mem_fraction_static=0.25
 drift cuda_graph_bs_decode --set 'cuda_graph_bs_decode=[1,2,4]'
 drift attention_backend --set attention_backend=torch_native
 drift model_config_sha256 --model-set num_hidden_layers=3
+fi
+
+# 6b. full prefill graphs with the triton backend (if SGLang takes them): SAVE first, so that the
+# JIT caches are warm for the plain run the start-up is compared with, then LOAD
+if wants sglang-prefill; then
+rm -rf "$RESULTS/sgp" && mkdir -p "$RESULTS/sgp"
+PF=(--set cuda_graph_backend_prefill=full --set 'cuda_graph_bs_prefill=[64,128,256]')
+step sgp-save python3 -m foundry run --mode save --archive "$RESULTS/sgp/save" -- $SG "${PF[@]}" --out "$RESULTS/sgp/save.json"
+step sgp-baseline $SG "${PF[@]}" --out "$RESULTS/sgp/baseline.json"
+step sgp-load python3 -m foundry run --mode load --archive "$RESULTS/sgp/save" -- $SG "${PF[@]}" --out "$RESULTS/sgp/load.json"
+step sgp-compare python3 recipes/sglang/compare.py "$RESULTS"/sgp/baseline.json "$RESULTS"/sgp/save.json "$RESULTS"/sgp/load.json
+step sgp-inspect python3 -m foundry archive inspect "$RESULTS/sgp/save"
 fi
 
 # 7. two GPUs: the decoder split over two ranks (torch symmetric memory, then NCCL) and
