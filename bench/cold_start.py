@@ -65,7 +65,8 @@ def summarize(results: dict) -> dict:
         ratios = [r["replay"][k] / base_replay[k] for k in base_replay if k in r["replay"]]
         row["replay_ratio_median"] = statistics.median(ratios)
         row["replay_ratio_max"] = max(ratios)
-        keys = ("builder", "build_threads", "templates", "decode_s", "map_s", "build_s", "functions_s", "prefetch_s",
+        keys = ("builder", "build_threads", "templates", "decode_s", "map_s", "map_to_s", "warmup_bytes",
+                "warmup_read_s", "warmup_copy_s", "build_s", "functions_s", "prefetch_s",
                 "native_timing", "bound_live", "loaded_images")  # fmt: skip
         for key in keys:
             if key in s:
@@ -119,8 +120,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-BREAKDOWN = ("map_s", "prefetch_s", "functions_s", "nodes_s", "instantiate_s", "build_s")
-HEADINGS = {"nodes_s": "nodes (sum)", "instantiate_s": "inst. (sum)", "build_s": "build (total)"}
+BREAKDOWN = (
+    "map_s",
+    "map_to_s",
+    "warmup_read_s",
+    "warmup_copy_s",
+    "prefetch_s",
+    "functions_s",
+    "nodes_s",
+    "instantiate_s",
+    "build_s",
+)
+HEADINGS = {
+    "map_s": "map (total)",
+    "map_to_s": "map_to",
+    "warmup_read_s": "warm read",
+    "warmup_copy_s": "warm copy",
+    "nodes_s": "nodes (sum)",
+    "instantiate_s": "inst. (sum)",
+    "build_s": "build (total)",
+}
 
 
 def print_breakdown(rows: dict) -> None:
@@ -130,7 +149,8 @@ def print_breakdown(rows: dict) -> None:
     if not native:
         return
     # nodes and instantiate are the hook's counters, summed over build threads; the rest
-    # is wall time, and build is the whole of prefetch, functions, nodes and instantiate
+    # is wall time. map holds map_to and the warm-up bytes' read and copy (and reading the
+    # plans); build holds prefetch, functions, nodes and instantiate
     print(f"\n{'LOAD breakdown (s)':22}" + "".join(f"{HEADINGS.get(key, key[:-2]):>14}" for key in BREAKDOWN))
     for name, row in native.items():
         print(f"{name:22}" + "".join(f"{row.get(key, float('nan')):14.3f}" for key in BREAKDOWN))
