@@ -251,12 +251,44 @@ static int is_own(void *fn) {
     return fn && dladdr((void *)is_own, &mine) && dladdr(fn, &theirs) && mine.dli_fbase == theirs.dli_fbase;
 }
 
+/* Driver entry points Foundry itself calls that are not hooked (graph building, VMM
+ * calls per allocation): resolved once, since dlsym takes the loader's lock. Entries
+ * are filled under the lock and published by the count; readers need no lock. */
+#define MAX_OTHERS 64
+static struct {
+    char name[64];
+    void *fn;
+} others[MAX_OTHERS];
+static atomic_int others_count;
+static pthread_mutex_t others_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void *other_cached(const char *name) {
+    int n = atomic_load_explicit(&others_count, memory_order_acquire);
+    for (int i = 0; i < n; i++)
+        if (strcmp(others[i].name, name) == 0) return others[i].fn;
+    return NULL;
+}
+
+static void remember_other(const char *name, void *fn) {
+    pthread_mutex_lock(&others_lock);
+    int n = atomic_load_explicit(&others_count, memory_order_relaxed);
+    if (other_cached(name) == NULL && n < MAX_OTHERS && strlen(name) < sizeof others[n].name) {
+        strcpy(others[n].name, name);
+        others[n].fn = fn;
+        atomic_store_explicit(&others_count, n + 1, memory_order_release);
+    }
+    pthread_mutex_unlock(&others_lock);
+}
+
 void *fh_real(const char *exported) {
     struct hook *h = find_exported(exported);
     if (h && h->real) return h->real;
+    void *cached = h ? NULL : other_cached(exported);
+    if (cached) return cached;
     void *lib = libcuda();
     void *fn = lib ? real_dlsym()(lib, exported) : NULL;
     if (h && fn) h->real = fn;
+    if (!h && fn) remember_other(exported, fn);
     if (fn == NULL) fh_event("error: driver entry point %s not found", exported);
     return fn;
 }
