@@ -124,16 +124,18 @@ static int capture_refused(void) {
     return 1;
 }
 
+/* The result of a capture begun while the program's own captures pass through. */
+static CUresult passed_through(CUstream stream, CUresult rc) {
+    if (rc == CUDA_SUCCESS) {
+        passthrough_stream(stream, 1);
+        fh_count("passthrough_captures");
+    }
+    return rc;
+}
+
 static CUresult hook_begin_capture(CUstream stream, CUstreamCaptureMode mode) {
     CUresult (*real)(CUstream, CUstreamCaptureMode) = fh_real("cuStreamBeginCapture_v2");
-    if (passthrough > 0) {
-        CUresult rc = real(stream, mode);
-        if (rc == CUDA_SUCCESS) {
-            passthrough_stream(stream, 1);
-            fh_count("passthrough_captures");
-        }
-        return rc;
-    }
+    if (passthrough > 0) return passed_through(stream, real(stream, mode));
     if (capture_refused()) return CUDA_ERROR_NOT_PERMITTED;
     return begun(real(stream, mode));
 }
@@ -141,14 +143,7 @@ static CUresult hook_begin_capture(CUstream stream, CUstreamCaptureMode mode) {
 /* CUDA 10.0's signature, still exported and still handed out for old version requests. */
 static CUresult hook_begin_capture_v1(CUstream stream) {
     CUresult (*real)(CUstream) = fh_real("cuStreamBeginCapture");
-    if (passthrough > 0) {
-        CUresult rc = real(stream);
-        if (rc == CUDA_SUCCESS) {
-            passthrough_stream(stream, 1);
-            fh_count("passthrough_captures");
-        }
-        return rc;
-    }
+    if (passthrough > 0) return passed_through(stream, real(stream));
     if (capture_refused()) return CUDA_ERROR_NOT_PERMITTED;
     return begun(real(stream));
 }
@@ -355,7 +350,9 @@ static CUresult hook_get_proc_v1(const char *symbol, void **pfn, int version, cu
 /* -- exported driver names, for code linked against libcuda directly --------------- */
 
 /* A call through an export shows the hook in the path as dlsym and cuGetProcAddress do. */
-static void reached_by_export(void) { atomic_store(&interposed, 1); }
+static void reached_by_export(void) { /* read first: every allocation comes here, from any thread */
+    if (!atomic_load_explicit(&interposed, memory_order_relaxed)) atomic_store(&interposed, 1);
+}
 
 /* Each hooked name under the symbol cuda.h makes callers link to (its macros pick the
  * versioned one), so a library built with -lcuda (Triton's launcher, for one) binds
