@@ -74,6 +74,17 @@ void fh_count_add(const char *name, uint64_t amount) {
 
 void fh_count(const char *name) { fh_count_add(name, 1); }
 
+CUresult fh_refuse(CUresult rc, const char *fmt, ...) {
+    fh_count("refused");
+    char message[256];
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(message, sizeof message, fmt, args);
+    va_end(args);
+    fh_event("error: %s", message);
+    return rc;
+}
+
 int foundry_counter(const char *name, uint64_t *value) {
     if (name == NULL || value == NULL) return FOUNDRY_EINVAL;
     *value = 0;

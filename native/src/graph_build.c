@@ -344,19 +344,15 @@ int foundry_graph_check_indexed(const void *desc, size_t len, size_t nfuncs, uin
     return run(desc, len, &b, nodes, edges, err, errlen) == CUDA_SUCCESS ? FOUNDRY_OK : FOUNDRY_EINVAL;
 }
 
-static const char *needed[] = {"cuCtxGetCurrent", "cuCtxSetCurrent", "cuGraphCreate", "cuGraphDestroy",
+static const char *const needed[] = {"cuCtxGetCurrent", "cuCtxSetCurrent", "cuGraphCreate", "cuGraphDestroy",
                                "cuGraphExecDestroy", "cuGraphAddKernelNode_v2", "cuGraphKernelNodeSetAttribute",
                                "cuGraphAddMemcpyNode", "cuGraphAddMemsetNode", "cuGraphAddEmptyNode",
                                "cuGraphAddDependencies_v2", "cuGraphInstantiateWithFlags"};
 
 static int driver_ready(char *err, size_t errlen) {
-    for (size_t i = 0; i < sizeof needed / sizeof needed[0]; i++) {
-        if (fh_real(needed[i]) == NULL) {
-            if (err && errlen) snprintf(err, errlen, "the driver has no %s", needed[i]);
-            return 0;
-        }
-    }
-    return 1;
+    const char *missing = fh_driver_missing(needed, sizeof needed / sizeof needed[0]);
+    if (missing && err && errlen) snprintf(err, errlen, "the driver has no %s", missing);
+    return missing == NULL;
 }
 
 static uint64_t elapsed_us(const struct timespec *from, const struct timespec *to) {

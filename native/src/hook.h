@@ -10,9 +10,13 @@
 void fh_event(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void fh_count(const char *name);
 void fh_count_add(const char *name, uint64_t amount);
+/* A refusal: counted as `refused`, logged as an error; returns rc. */
+CUresult fh_refuse(CUresult rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* interpose.c: the real driver entry point for an exported (versioned) symbol name. */
 void *fh_real(const char *exported);
+/* The first of `names` the driver lacks (fh_real logged it), or NULL when it has them all. */
+const char *fh_driver_missing(const char *const *names, size_t count);
 
 /* region.c: the deterministic VMM region. */
 CUresult fh_mem_alloc(CUdeviceptr *dptr, size_t bytesize);

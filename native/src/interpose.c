@@ -40,9 +40,8 @@ static CUresult hook_mem_alloc(CUdeviceptr *dptr, size_t bytesize) { return fh_m
 static CUresult hook_mem_free(CUdeviceptr dptr) { return fh_mem_free(dptr); }
 
 static CUresult refuse(const char *name) {
-    fh_count("refused");
-    fh_event("error: %s is not routed into the deterministic region; refused in this mode", name);
-    return CUDA_ERROR_NOT_SUPPORTED;
+    return fh_refuse(CUDA_ERROR_NOT_SUPPORTED, "%s is not routed into the deterministic region; refused in this mode",
+                     name);
 }
 
 static CUresult hook_mem_alloc_async(CUdeviceptr *dptr, size_t bytesize, CUstream stream) {
@@ -118,9 +117,8 @@ static int capture_refused(void) {
     const char *allow = getenv("FOUNDRY_LOAD_CAPTURES");
     if (allow && strcmp(allow, "allow") == 0) return 0;
     fh_count("stream_captures");
-    fh_count("refused");
-    fh_event("error: a stream capture in LOAD mode (the graphs come from the archive); refused "
-             "(FOUNDRY_LOAD_CAPTURES=allow permits captures of the program's own)");
+    fh_refuse(CUDA_ERROR_NOT_PERMITTED, "a stream capture in LOAD mode (the graphs come from the archive); refused "
+              "(FOUNDRY_LOAD_CAPTURES=allow permits captures of the program's own)");
     return 1;
 }
 
@@ -286,6 +284,12 @@ void *fh_real(const char *exported) {
     if (!h && fn) remember_other(exported, fn);
     if (fn == NULL) fh_event("error: driver entry point %s not found", exported);
     return fn;
+}
+
+const char *fh_driver_missing(const char *const *names, size_t count) {
+    for (size_t i = 0; i < count; i++)
+        if (fh_real(names[i]) == NULL) return names[i];
+    return NULL;
 }
 
 /* -- dlsym ------------------------------------------------------------------------ */

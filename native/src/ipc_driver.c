@@ -14,7 +14,6 @@
  * by name in the event log: none of them could be reproduced.
  */
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,17 +50,6 @@ static struct {
 static CUdeviceptr zone;   /* the import zone, once reserved */
 static size_t slot_size;   /* the region's size: a peer's whole region fits in its slot */
 
-__attribute__((format(printf, 2, 3))) static CUresult refuse(CUresult rc, const char *fmt, ...) {
-    fh_count("refused");
-    char message[256];
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(message, sizeof message, fmt, args);
-    va_end(args);
-    fh_event("error: %s", message);
-    return rc;
-}
-
 /* This process's slot in its peers' import zones (its rank), or -1 when it has none. */
 static int rank_slot(void) {
     const char *text = getenv("FOUNDRY_RANK");
@@ -73,8 +61,9 @@ static int rank_slot(void) {
 
 /* The driver's VMM sharing calls, present or refused by name (no call through NULL). */
 static int sharing_present(void) {
-    return fh_real("cuMemExportToShareableHandle") && fh_real("cuMemImportFromShareableHandle") &&
-           fh_real("cuMemAddressReserve") && fh_real("cuMemMap") && fh_real("cuMemSetAccess");
+    static const char *const names[] = {"cuMemExportToShareableHandle", "cuMemImportFromShareableHandle",
+                                        "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess"};
+    return fh_driver_missing(names, sizeof names / sizeof names[0]) == NULL;
 }
 
 /* The cached export of the allocation at `offset`, or -1. Call with the lock held. */
@@ -93,13 +82,13 @@ CUresult fh_ipc_get_mem_handle(CUipcMemHandle *out, CUdeviceptr dptr) {
     CUmemAccessDesc access;
     int slot = rank_slot();
     if (!fh_region_lookup(dptr, &offset, &size, &memory) || !fh_region_geometry(&base, &region_size, &access))
-        return refuse(CUDA_ERROR_INVALID_VALUE, "cuIpcGetMemHandle of 0x%llx: not region memory",
-                      (unsigned long long)dptr);
+        return fh_refuse(CUDA_ERROR_INVALID_VALUE, "cuIpcGetMemHandle of 0x%llx: not region memory",
+                         (unsigned long long)dptr);
     if (slot < 0)
-        return refuse(CUDA_ERROR_INVALID_VALUE, "cuIpcGetMemHandle: FOUNDRY_RANK=%s has no slot in an import zone "
-                      "(ranks 0-%d)", getenv("FOUNDRY_RANK"), MAX_SLOTS - 1);
+        return fh_refuse(CUDA_ERROR_INVALID_VALUE, "cuIpcGetMemHandle: FOUNDRY_RANK=%s has no slot in an import zone "
+                         "(ranks 0-%d)", getenv("FOUNDRY_RANK"), MAX_SLOTS - 1);
     if (!sharing_present())
-        return refuse(CUDA_ERROR_NOT_SUPPORTED, "cuIpcGetMemHandle: the driver lacks the VMM sharing calls");
+        return fh_refuse(CUDA_ERROR_NOT_SUPPORTED, "cuIpcGetMemHandle: the driver lacks the VMM sharing calls");
     pthread_mutex_lock(&lock);
     int hit = cached_export(offset); /* one export per allocation: its handle again */
     if (hit >= 0) memcpy(out, &exported[hit].handle, sizeof *out);
@@ -108,14 +97,14 @@ CUresult fh_ipc_get_mem_handle(CUipcMemHandle *out, CUdeviceptr dptr) {
     int fd = -1;
     CUresult rc = DRIVER(cuMemExportToShareableHandle)(&fd, memory, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     if (rc != CUDA_SUCCESS)
-        return refuse(rc, "cuIpcGetMemHandle of 0x%llx: the allocation cannot be exported (status %d)",
-                      (unsigned long long)dptr, (int)rc);
+        return fh_refuse(rc, "cuIpcGetMemHandle of 0x%llx: the allocation cannot be exported (status %d)",
+                         (unsigned long long)dptr, (int)rc);
     foundry_ipc_handle_t handle;
     int status = foundry_ipc_export(fd, (uint16_t)slot, base, offset, size, &handle);
     close(fd); /* the exporter keeps its own copy */
     if (status != FOUNDRY_OK)
-        return refuse(CUDA_ERROR_OPERATING_SYSTEM, "cuIpcGetMemHandle of 0x%llx: export failed (%d)",
-                      (unsigned long long)dptr, status);
+        return fh_refuse(CUDA_ERROR_OPERATING_SYSTEM, "cuIpcGetMemHandle of 0x%llx: export failed (%d)",
+                         (unsigned long long)dptr, status);
     pthread_mutex_lock(&lock);
     hit = cached_export(offset); /* another thread exported it meanwhile: keep the first handle */
     if (hit < 0 && exported_count < MAX_EXPORTS) {
@@ -129,7 +118,7 @@ CUresult fh_ipc_get_mem_handle(CUipcMemHandle *out, CUdeviceptr dptr) {
     pthread_mutex_unlock(&lock);
     if (hit < 0) {
         foundry_ipc_unexport(handle.export_id);
-        return refuse(CUDA_ERROR_OUT_OF_MEMORY, "cuIpcGetMemHandle: more than %d live exports", MAX_EXPORTS);
+        return fh_refuse(CUDA_ERROR_OUT_OF_MEMORY, "cuIpcGetMemHandle: more than %d live exports", MAX_EXPORTS);
     }
     return CUDA_SUCCESS;
 }
@@ -167,8 +156,8 @@ static CUresult reserve_zone(void) {
     CUresult rc = DRIVER(cuMemAddressReserve)(&got, slot_size * MAX_SLOTS, GiB, want, 0);
     if (rc != CUDA_SUCCESS || got != want) {
         if (rc == CUDA_SUCCESS) DRIVER(cuMemAddressFree)(got, slot_size * MAX_SLOTS);
-        return refuse(CUDA_ERROR_OUT_OF_MEMORY, "the import zone at 0x%llx is taken (the driver gave 0x%llx)",
-                      (unsigned long long)want, (unsigned long long)got);
+        return fh_refuse(CUDA_ERROR_OUT_OF_MEMORY, "the import zone at 0x%llx is taken (the driver gave 0x%llx)",
+                         (unsigned long long)want, (unsigned long long)got);
     }
     zone = got;
     fh_event("ipc: import zone 0x%llx, %d slots of %zu bytes", (unsigned long long)zone, MAX_SLOTS, slot_size);
@@ -214,21 +203,22 @@ CUresult fh_ipc_open_mem_handle(CUdeviceptr *dptr, CUipcMemHandle raw, unsigned 
     CUmemAccessDesc access;
     size_t region_size;
     if (foundry_ipc_check(&h) == FOUNDRY_IPC_EFORMAT)
-        return refuse(CUDA_ERROR_INVALID_HANDLE, "cuIpcOpenMemHandle: not a Foundry handle (the exporter ran "
-                      "without the hook?)");
+        return fh_refuse(CUDA_ERROR_INVALID_HANDLE, "cuIpcOpenMemHandle: not a Foundry handle (the exporter ran "
+                         "without the hook?)");
     if (!fh_region_geometry(&base, &region_size, &access))
-        return refuse(CUDA_ERROR_NOT_INITIALIZED, "cuIpcOpenMemHandle before this process's region exists");
+        return fh_refuse(CUDA_ERROR_NOT_INITIALIZED, "cuIpcOpenMemHandle before this process's region exists");
     if (h.region_base != base)
-        return refuse(CUDA_ERROR_INVALID_HANDLE, "cuIpcOpenMemHandle: the peer's region is at 0x%llx, this one at 0x%llx",
-                      (unsigned long long)h.region_base, (unsigned long long)base);
+        return fh_refuse(CUDA_ERROR_INVALID_HANDLE,
+                         "cuIpcOpenMemHandle: the peer's region is at 0x%llx, this one at 0x%llx",
+                         (unsigned long long)h.region_base, (unsigned long long)base);
     if (h.rank_slot >= MAX_SLOTS || h.offset > region_size || h.size > region_size - h.offset)
-        return refuse(CUDA_ERROR_INVALID_HANDLE, "cuIpcOpenMemHandle: rank slot %u, offset %llu out of the zone",
-                      (unsigned)h.rank_slot, (unsigned long long)h.offset);
+        return fh_refuse(CUDA_ERROR_INVALID_HANDLE, "cuIpcOpenMemHandle: rank slot %u, offset %llu out of the zone",
+                         (unsigned)h.rank_slot, (unsigned long long)h.offset);
     int fd = -1;
     int status = foundry_ipc_open(&h, &fd); /* one reference per open */
     if (status != FOUNDRY_IPC_OK)
-        return refuse(CUDA_ERROR_INVALID_HANDLE, "cuIpcOpenMemHandle of rank %u's memory refused (status %d)",
-                      (unsigned)h.rank_slot, status);
+        return fh_refuse(CUDA_ERROR_INVALID_HANDLE, "cuIpcOpenMemHandle of rank %u's memory refused (status %d)",
+                         (unsigned)h.rank_slot, status);
     pthread_mutex_lock(&lock);
     slot_size = region_size;
     CUresult rc = reserve_zone();
@@ -242,15 +232,15 @@ CUresult fh_ipc_open_mem_handle(CUdeviceptr *dptr, CUipcMemHandle raw, unsigned 
     }
     for (int i = 0; rc == CUDA_SUCCESS && i < MAX_MAPPINGS; i++) { /* another import already holds that range */
         if (mapped[i].used && at < mapped[i].address + mapped[i].size && mapped[i].address < at + h.size)
-            rc = refuse(CUDA_ERROR_ALREADY_MAPPED, "cuIpcOpenMemHandle: rank %u's memory at 0x%llx overlaps an "
-                        "open import (an older export of the same place?)", (unsigned)h.rank_slot,
-                        (unsigned long long)at);
+            rc = fh_refuse(CUDA_ERROR_ALREADY_MAPPED, "cuIpcOpenMemHandle: rank %u's memory at 0x%llx overlaps an "
+                           "open import (an older export of the same place?)", (unsigned)h.rank_slot,
+                           (unsigned long long)at);
     }
     if (rc == CUDA_SUCCESS && !sharing_present())
-        rc = refuse(CUDA_ERROR_NOT_SUPPORTED, "cuIpcOpenMemHandle: the driver lacks the VMM sharing calls");
+        rc = fh_refuse(CUDA_ERROR_NOT_SUPPORTED, "cuIpcOpenMemHandle: the driver lacks the VMM sharing calls");
     if (rc == CUDA_SUCCESS && map_import(&h, fd, at, &access) < 0)
-        rc = refuse(CUDA_ERROR_OUT_OF_MEMORY, "cannot map rank %u's memory at 0x%llx", (unsigned)h.rank_slot,
-                    (unsigned long long)at);
+        rc = fh_refuse(CUDA_ERROR_OUT_OF_MEMORY, "cannot map rank %u's memory at 0x%llx", (unsigned)h.rank_slot,
+                       (unsigned long long)at);
     pthread_mutex_unlock(&lock);
     if (rc != CUDA_SUCCESS) {
         foundry_ipc_close(&h, NULL);
@@ -284,7 +274,7 @@ CUresult fh_ipc_close_mem_handle(CUdeviceptr dptr) {
     }
     pthread_mutex_unlock(&lock);
     if (slot < 0)
-        return refuse(CUDA_ERROR_INVALID_VALUE, "cuIpcCloseMemHandle of 0x%llx: not an open import",
-                      (unsigned long long)dptr);
+        return fh_refuse(CUDA_ERROR_INVALID_VALUE, "cuIpcCloseMemHandle of 0x%llx: not an open import",
+                         (unsigned long long)dptr);
     return rc;
 }

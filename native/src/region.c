@@ -114,12 +114,10 @@ int fh_region_mode(void) {
 /* Every driver entry point the region calls, resolved up front: a missing one is
  * refused here by name instead of crashing on a NULL call later. */
 static int entry_points_present(void) {
-    static const char *names[] = {"cuCtxGetDevice", "cuCtxGetCurrent", "cuCtxSynchronize", "cuMemGetAllocationGranularity",
-                                  "cuMemAddressReserve", "cuMemAddressFree", "cuMemCreate", "cuMemMap",
-                                  "cuMemSetAccess", "cuMemUnmap", "cuMemRelease"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (fh_real(names[i]) == NULL) return 0; /* fh_real logged which */
-    return 1;
+    static const char *const names[] = {"cuCtxGetDevice", "cuCtxGetCurrent", "cuCtxSynchronize",
+                                        "cuMemGetAllocationGranularity", "cuMemAddressReserve", "cuMemAddressFree",
+                                        "cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease"};
+    return fh_driver_missing(names, sizeof names / sizeof names[0]) == NULL; /* fh_real logged which */
 }
 
 static CUresult reserve(void) {
