@@ -241,10 +241,9 @@ static CUresult add_memset(reader_t *r, build_t *b, CUgraphNode *out) {
     p.width = u64(r), p.height = u64(r), p.pitch = u64(r);
     if (r->failed) return CUDA_ERROR_INVALID_VALUE;
     if (b->indexed) {
-        uint64_t rows, row, span;
-        if (p.height == 0 || __builtin_mul_overflow(p.height - 1, (uint64_t)p.pitch, &rows) ||
-            __builtin_mul_overflow(p.width, (uint64_t)p.elementSize, &row) ||
-            __builtin_add_overflow(rows, row, &span) || !in_range(b, p.dst, 0, span)) {
+        uint64_t row, offset, span; /* a memset is a one-slice copy of `height` rows of `row` bytes */
+        if (__builtin_mul_overflow(p.width, (uint64_t)p.elementSize, &row) ||
+            !copy_span(0, 0, 0, p.pitch, 0, row, p.height, 1, &offset, &span) || !in_range(b, p.dst, offset, span)) {
             fail(r, "a memset reaches outside the region");
             return CUDA_ERROR_INVALID_VALUE;
         }

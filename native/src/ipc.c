@@ -160,8 +160,6 @@ static void *server_loop(void *arg) {
     }
 }
 
-static void register_fork_handler(void);
-
 /* A forked child inherits the parent's socket but not its server thread. */
 static void forget_server(void) {
     server_fd = -1;
