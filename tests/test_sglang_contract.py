@@ -86,6 +86,10 @@ def test_plugins_load_from_the_group_foundry_registers_in(wheel):
     hook_type = _find(registry, ["HookType"])
     members = {t.id for n in ast.walk(hook_type) if isinstance(n, ast.Assign) for t in n.targets}
     assert {"BEFORE", "AFTER", "AROUND"} <= members
+    from foundry.integrations.sglang import plugin  # the table the plugin patches with is the one checked here
+
+    assert {p.hook for p in HOOK_POINTS} <= members
+    assert all(callable(getattr(plugin, p.handler, None)) for p in HOOK_POINTS)
     register = _find(registry, ["HookRegistry", "register"])
     assert [a.arg for a in register.args.args][:4] == ["cls", "target", "hook", "hook_type"]
 

@@ -23,11 +23,9 @@ from foundry.runtime.hook import Allocation, Hook
 from foundry.runtime.session import RestoredGraph, Session, anchor_generator, check_active, init_cuda
 
 WARMUP_MODES = ("replay", "restore")
-BUILDERS = ("python", "native")  # native: foundry.runtime.native_build (not yet validated on a GPU)
+BUILDERS = ("python", "native")  # native: foundry.runtime.native_build and launch plans
 # backends whose kernels read communicator state a LOAD must validate, not just addresses
-COMMUNICATOR_BACKENDS = frozenset(
-    {"torch-symm-mem", "nccl-ipc", "custom-allreduce", "deepep-nvl"}
-)  # native: foundry.runtime.native_build (not yet validated on a GPU)
+COMMUNICATOR_BACKENDS = frozenset({"torch-symm-mem", "nccl-ipc", "custom-allreduce", "deepep-nvl"})
 
 
 class LoadSession(Session):

@@ -24,30 +24,35 @@ class HookPoint:
     module: str  # the module that defines it
     parameters: tuple[str, ...]  # positional parameter names in the checked versions
     why: str
+    hook: str  # SGLang's HookType: BEFORE, AROUND or AFTER
+    handler: str  # the function in foundry.integrations.sglang.plugin that runs there
 
 
 HOOK_POINTS = (
     HookPoint("sglang.srt.managers.scheduler.Scheduler.__init__", "sglang.srt.managers.scheduler",
               ("self", "server_args", "port_args", "gpu_id", "tp_rank", "moe_ep_rank", "pp_rank", "attn_cp_rank",
                "moe_dp_rank", "dp_rank"),
-              "start the session in each scheduler process before its first CUDA allocation"),
+              "start the session in each scheduler process before its first CUDA allocation",
+              "BEFORE", "_on_scheduler_start"),
     HookPoint("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes",
               "sglang.srt.mem_cache.kv_cache_configurator", ("self", "pre_model_load_memory"),
-              "SAVE records the KV budget it profiled; LOAD uses that budget instead of profiling again"),
+              "SAVE records the KV budget it profiled; LOAD uses that budget instead of profiling again",
+              "AROUND", "_kv_budget"),
     HookPoint(f"{_BACKEND}.full_cuda_graph_backend.FullCudaGraphBackend.__init__",
               f"{_BACKEND}.full_cuda_graph_backend", ("self", "cuda_graph_runner"),
-              "note which runner (decode, prefill, ...) a backend captures for"),
+              "note which runner (decode, prefill, ...) a backend captures for", "AFTER", "_note_runner"),
     HookPoint(f"{_BACKEND}.full_cuda_graph_backend.FullCudaGraphBackend.capture_one",
               f"{_BACKEND}.full_cuda_graph_backend",
               ("self", "shape_key", "forward_fn", "capture_inputs", "post_warmup_hook"),
-              "SAVE captures through the session; LOAD installs the restored graph instead"),
+              "SAVE captures through the session; LOAD installs the restored graph instead", "AROUND", "_capture_one"),
     HookPoint(f"{_BACKEND}.breakable_cuda_graph_backend.BreakableCudaGraphBackend.capture_one",
               f"{_BACKEND}.breakable_cuda_graph_backend",
               ("self", "shape_key", "forward_fn", "capture_inputs", "post_warmup_hook"),
-              "breakable graphs are not persisted: passed through, and the log says so"),
+              "breakable graphs are not persisted: passed through, and the log says so", "AROUND", "_pass_through"),
     HookPoint("sglang.srt.model_executor.model_runner.ModelRunner.init_cuda_graphs",
               "sglang.srt.model_executor.model_runner", ("self", "capture_decode_cuda_graph"),
-              "after every graph: SAVE writes the archive, LOAD checks every archived graph was restored"),
+              "after every graph: SAVE writes the archive, LOAD checks every archived graph was restored",
+              "AFTER", "_on_graphs_done"),
 )  # fmt: skip
 
 

@@ -35,7 +35,7 @@ from typing import Any
 
 from foundry.errors import DriftError, FoundryError
 from foundry.integrations.sglang.config import PluginConfig, load_config
-from foundry.integrations.sglang.hookpoints import check_version
+from foundry.integrations.sglang.hookpoints import HOOK_POINTS, check_version
 from foundry.integrations.sglang.server_args import check_server_args, model_config_digest, server_fingerprint
 
 RUNNERS = {"DecodeCudaGraphRunner": "decode", "PrefillCudaGraphRunner": "prefill"}
@@ -44,15 +44,6 @@ MODEL_CONFIG = "sglang.model_config_sha256"
 # prefill backends the plugin handles: full graphs are persisted, breakable ones passed through
 # (SGLang captures them in SAVE and LOAD alike); tc_piecewise lives in torch.compile's caches
 PREFILL_BACKENDS = ("disabled", "full", "breakable")
-_BACKENDS = "sglang.srt.model_executor.runner_backend"
-HOOKS = (  # (target, hook type name, function name in this module)
-    ("sglang.srt.managers.scheduler.Scheduler.__init__", "BEFORE", "_on_scheduler_start"),
-    ("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes", "AROUND", "_kv_budget"),
-    (f"{_BACKENDS}.full_cuda_graph_backend.FullCudaGraphBackend.__init__", "AFTER", "_note_runner"),
-    (f"{_BACKENDS}.full_cuda_graph_backend.FullCudaGraphBackend.capture_one", "AROUND", "_capture_one"),
-    (f"{_BACKENDS}.breakable_cuda_graph_backend.BreakableCudaGraphBackend.capture_one", "AROUND", "_pass_through"),
-    ("sglang.srt.model_executor.model_runner.ModelRunner.init_cuda_graphs", "AFTER", "_on_graphs_done"),
-)
 
 
 @dataclass
@@ -119,8 +110,8 @@ def _prepare_children(config: PluginConfig) -> None:
 def _install() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    for target, kind, name in HOOKS:
-        HookRegistry.register(target, globals()[name], getattr(HookType, kind))
+    for point in HOOK_POINTS:
+        HookRegistry.register(point.target, globals()[point.handler], getattr(HookType, point.hook))
 
 
 def _check_patched() -> None:
@@ -128,11 +119,12 @@ def _check_patched() -> None:
     could not patch: every one must be in place before the session starts."""
     import pkgutil
 
-    for target, _, _ in HOOKS:
-        module_and_class, _, attribute = target.rpartition(".")
+    for point in HOOK_POINTS:
+        module_and_class, _, attribute = point.target.rpartition(".")
         owner = pkgutil.resolve_name(module_and_class)
         if not hasattr(getattr(owner, attribute, None), "__wrapped__"):
-            raise FoundryError("SGLang did not apply one of the plugin's hooks", field="sglang.hooks", found=target)
+            raise FoundryError("SGLang did not apply one of the plugin's hooks", field="sglang.hooks",
+                               found=point.target)  # fmt: skip
 
 
 def _argument(args: tuple, kwargs: dict, index: int, name: str) -> Any:
