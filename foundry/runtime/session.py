@@ -183,11 +183,18 @@ def open_session(*, device: int = 0, model: dict[str, str] | None = None) -> Ses
         return SaveSession(archive, device=device, rank=rank, world_size=int(size), model=model, overwrite=overwrite)
     from foundry.runtime.load import LoadSession
 
-    warmup = os.environ.get("FOUNDRY_LOAD_WARMUP", "replay")
-    builder = os.environ.get("FOUNDRY_BUILDER", "python")
-    relocate = os.environ.get("FOUNDRY_RELOCATE") == "1"
+    return LoadSession(archive, device=device, rank=rank, **load_options())
+
+
+def load_options() -> dict[str, Any]:
+    """:class:`~foundry.runtime.load.LoadSession`'s options as ``foundry run`` set them
+    (``FOUNDRY_LOAD_WARMUP``, ``FOUNDRY_BUILDER``, ``FOUNDRY_BUILD_THREADS``, ``FOUNDRY_RELOCATE``)."""
     threads = os.environ.get("FOUNDRY_BUILD_THREADS", "1")
     if not threads.isdigit():
         raise FoundryError("FOUNDRY_BUILD_THREADS must be a number", field="FOUNDRY_BUILD_THREADS", found=threads)
-    return LoadSession(archive, device=device, rank=rank, warmup=warmup, builder=builder, relocate=relocate,
-                       build_threads=int(threads))  # fmt: skip
+    return {
+        "warmup": os.environ.get("FOUNDRY_LOAD_WARMUP", "replay"),
+        "builder": os.environ.get("FOUNDRY_BUILDER", "python"),
+        "relocate": os.environ.get("FOUNDRY_RELOCATE") == "1",
+        "build_threads": int(threads),
+    }

@@ -156,6 +156,7 @@ def _on_scheduler_start(*args: Any, **kwargs: Any) -> None:
     global _state
     from foundry.runtime.load import LoadSession
     from foundry.runtime.save import SaveSession
+    from foundry.runtime.session import load_options
 
     config = load_config()
     if config.mode == "off":
@@ -170,11 +171,7 @@ def _on_scheduler_start(*args: Any, **kwargs: Any) -> None:
         session: Any = SaveSession(config.archive, device=device, rank=rank, model=live, keep_warmup_bytes=False,
                                    overwrite=os.environ.get("FOUNDRY_OVERWRITE") == "1")  # fmt: skip
     else:
-        threads = os.environ.get("FOUNDRY_BUILD_THREADS", "1")
-        session = LoadSession(config.archive, device=device, rank=rank,
-                              relocate=os.environ.get("FOUNDRY_RELOCATE") == "1",
-                              builder=os.environ.get("FOUNDRY_BUILDER", "python"),
-                              build_threads=int(threads) if threads.isdigit() else 0)  # fmt: skip
+        session = LoadSession(config.archive, device=device, rank=rank, **load_options())
         check_server_args(session.archive.catalog.model, live)
     session.start()
     _state = SchedulerState(config, session, rank)
