@@ -50,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exchange", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    os.environ.update({"NCCL_CUMEM_ENABLE": "0", "NCCL_GRAPH_REGISTER": "0", "NCCL_LOCAL_REGISTER": "0"})
+    from foundry.backends.nccl_ipc import PINNED_ENV  # the NCCL settings the nccl-ipc backend checks
+
+    os.environ.update(PINNED_ENV)
 
     import torch
     from cuda.bindings import driver

@@ -22,13 +22,15 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed._symmetric_memory as symm_mem
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run import start_group
 
 from foundry.runtime.session import open_session
 
@@ -53,13 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.buffer_rows * 256 < NUMEL:
         parser.error(f"--buffer-rows must be at least {NUMEL // 256}")
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29531")
     session = open_session(device=args.rank, model={"recipe": "symm-allreduce"})
     session.start()
-    torch.cuda.set_device(args.rank)
-    dist.init_process_group("nccl", rank=args.rank, world_size=args.world_size,
-                            device_id=torch.device("cuda", args.rank))  # fmt: skip
+    start_group(args.rank, args.world_size, "29531")
     group = dist.group.WORLD.group_name
     spare = symm_mem.empty(NUMEL * 4, dtype=torch.bfloat16, device="cuda") if args.move_buffer else None
     dtype = getattr(torch, args.buffer_dtype)
