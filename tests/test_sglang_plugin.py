@@ -4,6 +4,8 @@ themselves run inside SGLang's scheduler, on the GPU.)"""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import types
@@ -217,3 +219,23 @@ def test_the_report_splits_the_graph_phase_into_sglangs_warmups_and_foundrys_gra
     seconds = json.loads((tmp_path / "report.json").read_text())["sglang_seconds"]
     assert seconds["warmup_forwards_s"] >= 4 * 0.01 and seconds["graphs_s"] >= 2 * 0.2
     assert seconds["warmup_forwards_s"] < 0.2  # neither capture's time is counted as warm-up
+
+
+def test_without_foundry_run_the_plugin_prepares_the_schedulers_environment(with_hook, tmp_path):
+    # SGLang spawns its schedulers from this process: they inherit the hook and the
+    # session's description, and none of a SAVE's later-run settings.
+    code = (
+        "import os, json\n"
+        "from foundry.integrations.sglang.config import PluginConfig\n"
+        "from foundry.integrations.sglang.plugin import _prepare_children\n"
+        f"_prepare_children(PluginConfig(mode='save', archive={str(tmp_path / 'a')!r}))\n"
+        "print(json.dumps(dict(os.environ)))"
+    )
+    env = {**os.environ, "FOUNDRY_LAYOUT_PAD": "....", "FOUNDRY_SAVE_FIRST_RUN": "/elsewhere", "PYTHONHASHSEED": "7"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    child = json.loads(proc.stdout)
+    assert child["LD_PRELOAD"].split(":")[0] == str(with_hook)
+    assert child["FOUNDRY_MODE"] == "save" and child["FOUNDRY_ARCHIVE"] == str(tmp_path / "a")
+    assert child["PYTHONHASHSEED"] == "0"
+    assert "FOUNDRY_LAYOUT_PAD" not in child and "FOUNDRY_SAVE_FIRST_RUN" not in child

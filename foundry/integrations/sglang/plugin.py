@@ -98,12 +98,11 @@ def _prepare_children(config: PluginConfig) -> None:
     from foundry.runtime import launcher
 
     run = launcher.RunConfig(config.mode, Path(config.archive or ""), config.region_base, config.region_size)
-    env = launcher.environment(run)
-    for key in ("FOUNDRY_SAVE_FIRST_RUN", "FOUNDRY_LAYOUT_PAD"):  # a SAVE's later runs only: not these children
-        os.environ.pop(key, None)
-    os.environ.update({k: v for k, v in env.items() if k == "LD_PRELOAD" or k.startswith("FOUNDRY_")})
+    env = launcher.environment(run)  # built from os.environ: what it dropped, this process drops too
+    for key in set(os.environ) - set(env):
+        del os.environ[key]
+    os.environ.update(env)
     if config.mode == "save":
-        os.environ["PYTHONHASHSEED"] = "0"
         launcher.preexec(run)()  # no address-space randomisation, inherited by every child
 
 
