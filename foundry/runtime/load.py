@@ -76,11 +76,10 @@ class LoadSession(Session):
         """A communicator kernel restored without its backend's state would run against
         whatever the live process has at those addresses: refused, naming the backend."""
         for ir in graphs:
-            for name, (kernel, _) in ir.kernel_table().items():  # one recognition per distinct kernel
-                self._refuse_unclaimed(ir.name, kernel, lambda ir=ir, name=name: next(
-                    n.id for n in ir.kernels() if n.kernel.name == name))  # fmt: skip
+            for node in ir.kernels():  # the registry recognises each kernel name once
+                self._refuse_unclaimed(ir.name, node.kernel, node.id)
 
-    def _refuse_unclaimed(self, graph: str, kernel: KernelIdentity, node: Callable[[], int] | None = None) -> None:
+    def _refuse_unclaimed(self, graph: str, kernel: KernelIdentity, node: int | None = None) -> None:
         match = self.registry.recognise(kernel)
         if match is None or match.backend not in COMMUNICATOR_BACKENDS:
             return
@@ -90,8 +89,8 @@ class LoadSession(Session):
             f"the graph runs {match.kind} kernels, but SAVE recorded no {match.backend!r} state "
             f"(attach the communicator with session.attach({match.backend!r}, ...) in SAVE and LOAD)",
             path=graph,
-            node=node() if node else None,
-            kernel=None if node else kernel.name,
+            node=node,
+            kernel=kernel.name if node is None else None,
         )
 
     def _require_backends(self) -> list[Any]:
