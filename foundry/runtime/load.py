@@ -71,6 +71,7 @@ class LoadSession(Session):
         self.graphs: dict[str, RestoredGraph] | None = None
         self.report: dict[str, Any] = {"mode": "load", "archive": str(archive), "warmup": warmup}
         self.native_timing: dict[str, float] = {}
+        self._owners: dict[str, Any] = {}  # region name -> its backend in this process (see _owner)
 
     def _check_claims(self, graphs: list[GraphIR]) -> None:
         """A communicator kernel restored without its backend's state would run against
@@ -163,6 +164,7 @@ class LoadSession(Session):
         live.facts[backend] = facts
         owner.validate(self._state(backend), [], live)
         self.attached[backend] = facts
+        self._owners.clear()  # an attached backend now places its regions
 
     def warmup(self, fn: Callable[[], Any]) -> None:
         if self.warmup_mode == "replay":
@@ -403,13 +405,15 @@ class LoadSession(Session):
         return built
 
     def _owner(self, region: str) -> Any:
-        """The backend that places ``region`` in this process: vmm, or an attached backend."""
+        """The backend that places ``region`` in this process: vmm, or an attached backend.
+        Asked per operand while restoring, after every attach: looked up once per region."""
         from foundry.backends.vmm import VmmBackend
 
-        for owner in (VmmBackend(), *(backend for backend, _ in self.backends)):
-            if owner.owns(region) and (owner.name == "vmm" or owner.name in self.attached):
-                return owner
-        return None
+        if region not in self._owners:
+            owners = (VmmBackend(), *(backend for backend, _ in self.backends))
+            self._owners[region] = next((owner for owner in owners if owner.owns(region) and (
+                owner.name == "vmm" or owner.name in self.attached)), None)  # fmt: skip
+        return self._owners[region]
 
     def _relocation(self, moved: bool) -> Callable[[Any], int] | None:
         """Every operand's live value, through the backend that owns its region; None
