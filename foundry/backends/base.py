@@ -164,6 +164,13 @@ def backend_facts(backend: Backend, objects: dict[str, Any]) -> dict[str, Any]:
         ) from None
 
 
+def require_state_version(backend: Backend, state: BackendState) -> None:
+    """Refuse a state record written by another version of ``backend``'s record format."""
+    if state.version != backend.state_version:
+        raise BackendError("state record of another version", field=f"{backend.name}.version",
+                           expected=backend.state_version, found=state.version)  # fmt: skip
+
+
 def require_same(backend: str, what: str, keys: Iterable[str], recorded: dict[str, Any], live: dict[str, Any]) -> None:
     """Refuse, naming the first key whose live value differs from the recorded one
     (``what`` is the thing compared: "the live NCCL communicator")."""

@@ -24,7 +24,7 @@ import re
 from typing import Any
 
 from foundry.archive.schema import BackendState
-from foundry.backends.base import Backend, KernelMatch, LiveState, SaveState, require_same
+from foundry.backends.base import Backend, KernelMatch, LiveState, SaveState, require_same, require_state_version
 from foundry.backends.deepep_abi import abi, needs_nvshmem
 from foundry.errors import BackendError
 from foundry.graphir.graph import GraphIR
@@ -106,22 +106,20 @@ class DeepEPNvlBackend(Backend):
 
     def validate(self, state: BackendState, graphs: list[GraphIR], live: LiveState) -> None:
         facts = live.backend_facts(self.name)
-        if state.version != self.state_version:
-            raise BackendError("state record of another version", field="deepep-nvl.version",
-                               expected=self.state_version, found=state.version)  # fmt: skip
+        require_state_version(self, state)
         require_same(self.name, "the live DeepEP buffer", _EXACT, state.record, facts)
         if state.record.get("num_rdma_bytes"):  # NVSHMEM holds the RDMA buffer: its settings must not move
             live_settings = {f"nvshmem.{k}": v for k, v in facts.get("nvshmem", {}).items()}
             keys = [f"nvshmem.{k}" for k in NVSHMEM_SETTINGS]
             require_same(self.name, "the live NVSHMEM", keys, state.record, live_settings)
-        has_rdma = bool(facts.get("buffers", {}).get("deepep.rdma"))
-        for ir in graphs:
-            for node in ir.kernels():
-                match = self.recognise(node.kernel)
-                if match is not None and match.requires == "nvshmem" and not has_rdma:
-                    raise BackendError("a DeepEP kernel on the RDMA buffer (NVSHMEM) runs in a process whose "
-                                       "Buffer has none", field="deepep-nvl.buffers.deepep.rdma", node=node.id,
-                                       kernel=node.kernel.name)  # fmt: skip
+        if not facts.get("buffers", {}).get("deepep.rdma"):  # with one, no kernel is refused for lacking it
+            for ir in graphs:
+                for node in ir.kernels():
+                    match = self.recognise(node.kernel)
+                    if match is not None and match.requires == "nvshmem":
+                        raise BackendError("a DeepEP kernel on the RDMA buffer (NVSHMEM) runs in a process whose "
+                                           "Buffer has none", field="deepep-nvl.buffers.deepep.rdma", node=node.id,
+                                           kernel=node.kernel.name)  # fmt: skip
         for key, address in state.record.items():
             if key.startswith("buffers.") and facts.get("buffers", {}).get(key.removeprefix("buffers.")) != address:
                 raise BackendError(

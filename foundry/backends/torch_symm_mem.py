@@ -23,7 +23,16 @@ from __future__ import annotations
 from typing import Any
 
 from foundry.archive.schema import BackendState
-from foundry.backends.base import Backend, KernelMatch, LiveState, ParamRole, SaveState, require_same, roles
+from foundry.backends.base import (
+    Backend,
+    KernelMatch,
+    LiveState,
+    ParamRole,
+    SaveState,
+    require_same,
+    require_state_version,
+    roles,
+)
 from foundry.errors import BackendError
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import KernelIdentity, template_args
@@ -217,9 +226,7 @@ def facts_regions(facts: dict[str, Any]) -> list[Region]:
 
 def _validate(backend: TorchSymmMemBackend, state: BackendState, graphs: list[GraphIR], facts: dict[str, Any]) -> None:
     record = state.record
-    if state.version != backend.state_version:
-        raise BackendError("state record of another version", field="torch-symm-mem.version",
-                           expected=backend.state_version, found=state.version)  # fmt: skip
+    require_state_version(backend, state)
     require_same(backend.name, "the live symmetric memory", _EXACT, record, facts)
     for key in _CAPACITY:
         if int(facts.get(key, 0)) < int(record.get(key, 0)):
