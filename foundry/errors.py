@@ -37,7 +37,7 @@ class FoundryError(Exception):
         where = [str(p) for p in (self.path, self.field) if p]
         if self.node is not None:
             where.append(f"node {self.node}")
-        if getattr(self, "kernel", None):
+        if self.kernel:
             where.append(f"kernel {self.kernel}")
         head = ": ".join(where)
         text = f"{head}: {self.message}" if head else self.message

@@ -34,7 +34,7 @@ class ArchiveFunctions:
         self._blobs: dict[str, bytes] = {}  # archived images read ahead (prefetch)
         self._live: dict[str, Image | None] = {}  # sha256 -> the live copy, or None
         self._by_size: dict[int, list[Image]] | None = None
-        self._records_by_sha: dict | None = None
+        self._blob_records = {b.sha256: b for b in archive.catalog.modules.blobs}
         self._functions: dict[tuple[str, str], int] = {}
         self.bound_live: set[str] = set()
         self.loaded: set[str] = set()
@@ -92,7 +92,7 @@ class ArchiveFunctions:
         return self._live[sha256]
 
     def _find_live_copy(self, sha256: str) -> Image | None:
-        blob = self._blob_records().get(sha256)
+        blob = self._blob_records.get(sha256)
         if blob is None:
             return None
         for image in self._live_by_size().get(blob.size, ()):  # hash only images of the right size
@@ -100,11 +100,6 @@ class ArchiveFunctions:
             if hashed.sha256 == sha256 and not hashed.unloaded:  # unloaded since it was listed
                 return hashed
         return None
-
-    def _blob_records(self) -> dict:
-        if self._records_by_sha is None:
-            self._records_by_sha = {b.sha256: b for b in self.archive.catalog.modules.blobs}
-        return self._records_by_sha
 
     def _live_by_size(self) -> dict[int, list[Image]]:
         """The process's loaded images by size, listed once: listing them per archived

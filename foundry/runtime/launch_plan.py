@@ -32,8 +32,6 @@ class _FunctionTable:
         self.kernels: list[PlanKernel] = []
 
     def add(self, kernel: KernelIdentity, attrs: tuple[tuple[str, int], ...]) -> None:
-        if kernel.image is None:
-            raise IRError("a kernel without a module image cannot be planned", kernel=kernel.name)
         key = (kernel.image, kernel.name)
         if key not in self.index:
             self.index[key] = len(self.kernels)
