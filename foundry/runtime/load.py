@@ -234,8 +234,6 @@ class LoadSession(Session):
         from foundry.graphir.build import BuiltGraph, apply_attributes
         from foundry.runtime.functions import ArchiveFunctions
         from foundry.runtime.launch_plan import build_plans
-        from foundry.runtime.rng import PhiloxReplay
-        from foundry.runtime.tensors import outputs_at
         from foundry.runtime.validate import check_image
 
         started = time.perf_counter()
@@ -271,11 +269,7 @@ class LoadSession(Session):
         built = build_plans(self.hook.lib, plans, function, bounds, threads=self.build_threads)
         base_of = partial(_region_base_at_save, region.base)
         graphs = {
-            entry.name: RestoredGraph(
-                BuiltGraph(graph, graph_exec, []),
-                None if entry.outputs is None else outputs_at(entry.outputs, base_of),
-                PhiloxReplay(entry.rng, self.live_base) if entry.rng else None,
-            )
+            entry.name: self._restored(entry, BuiltGraph(graph, graph_exec, []), base_of)
             for entry, (graph, graph_exec) in zip(entries, built, strict=True)
         }
         torch.cuda.synchronize()
@@ -289,11 +283,20 @@ class LoadSession(Session):
             build_s=time.perf_counter() - mapped,
             restore_s=time.perf_counter() - started,
             graphs=len(graphs),
-            bound_live=len(functions.bound_live),
-            loaded_images=len(functions.loaded),
-            restored_globals=functions.restored_globals,
+            **_binding_report(functions),
         )
         return graphs
+
+    def _restored(self, entry: GraphEntry, built: Any, base_of: Callable[[str], int | None]) -> RestoredGraph:
+        """A built graph with its outputs as tensors and its generator cells, as the program gets it."""
+        from foundry.runtime.rng import PhiloxReplay
+        from foundry.runtime.tensors import outputs_at
+
+        return RestoredGraph(
+            built,
+            None if entry.outputs is None else outputs_at(entry.outputs, base_of),
+            PhiloxReplay(entry.rng, self.live_base) if entry.rng else None,
+        )
 
     def _map_region(self, region: RegionRecord) -> None:
         """Check the warm-up's allocations against SAVE's, then map the region up to SAVE's
@@ -347,8 +350,6 @@ class LoadSession(Session):
 
     def _build_all(self, region: RegionRecord, irs: list[GraphIR]) -> dict[str, RestoredGraph]:
         from foundry.runtime.functions import ArchiveFunctions
-        from foundry.runtime.rng import PhiloxReplay
-        from foundry.runtime.tensors import outputs_at
         from foundry.runtime.validate import check_graph
 
         begun = time.perf_counter()
@@ -369,11 +370,7 @@ class LoadSession(Session):
         with _Progress(self.progress, len(irs)) as advance:
             for entry, ir in zip(self.record.graphs, irs, strict=True):
                 built = self._build_one(entry, ir, functions, relocate, templates, applied)
-                graphs[entry.name] = RestoredGraph(
-                    built,
-                    None if entry.outputs is None else outputs_at(entry.outputs, partial(self._region_base, ir)),
-                    PhiloxReplay(entry.rng, self.live_base) if entry.rng else None,
-                )
+                graphs[entry.name] = self._restored(entry, built, partial(self._region_base, ir))
                 advance()
         self.report.update(
             images_s=bound - begun,
@@ -381,9 +378,7 @@ class LoadSession(Session):
             native_timing=self.native_timing,
             builder=self.builder,
             templates=len(templates),
-            bound_live=len(functions.bound_live),
-            loaded_images=len(functions.loaded),
-            restored_globals=functions.restored_globals,
+            **_binding_report(functions),
         )
         return graphs
 
@@ -498,3 +493,10 @@ class _Progress:
     def __exit__(self, *exc: object) -> None:
         if self.enabled:
             self.bar.stop()
+
+
+def _binding_report(functions: Any) -> dict[str, Any]:
+    """How LOAD bound its kernels: images found live, images loaded from the archive,
+    device globals restored."""
+    return {"bound_live": len(functions.bound_live), "loaded_images": len(functions.loaded),
+            "restored_globals": functions.restored_globals}  # fmt: skip
