@@ -172,7 +172,7 @@ tp_recipe() {  # tp_recipe PREFIX RECIPE-ARGS [FOUNDRY-RUN-ARGS [SHIFT]]: baseli
         ranks $P-load-shifted "$LOAD_RUN --region-base $SHIFTED -- $TP --out $T/load-shifted.r@R@.json"
         shifted=load-shifted
     else
-        ranks $P-load-shifted "timeout 120 $LOAD_RUN --region-base $SHIFTED -- $TP --out $T/load-shifted.r@R@.json"
+        RANKS_TIMEOUT=120 ranks $P-load-shifted "$LOAD_RUN --region-base $SHIFTED -- $TP --out $T/load-shifted.r@R@.json"
         refused $P-load-shifted nccl-ipc.region_base $?
     fi
     # the same ranks on swapped GPUs: rank 0 on the second GPU, rank 1 on the first
@@ -185,7 +185,7 @@ tp_recipe() {  # tp_recipe PREFIX RECIPE-ARGS [FOUNDRY-RUN-ARGS [SHIFT]]: baseli
     step $P-ranks-agree python3 recipes/torch/compare.py "$T/baseline.r0.json" "$T/baseline.r1.json"
     step $P-save-vs-save2 python3 -m foundry archive diff "$T/save" "$T/save2"
     # refusals: each rank given the other's part; one process at world size 1 given the archive
-    ranks $P-other-rank "timeout 120 python3 -m foundry run $FR --mode load --rank \$((1-@R@)) --archive $T/save -- $TP --out $T/other-rank.r@R@.json"
+    RANKS_TIMEOUT=120 ranks $P-other-rank "python3 -m foundry run $FR --mode load --rank \$((1-@R@)) --archive $T/save -- $TP --out $T/other-rank.r@R@.json"
     refused $P-other-rank ".rank" $?
     step $P-ws1 timeout 120 python3 -m foundry run $FR --mode load --rank 0 --archive "$T/save" -- $RUN --symm $ARGS --out "$T/ws1.json"
     refused $P-ws1 world_size $?

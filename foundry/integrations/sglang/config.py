@@ -24,6 +24,7 @@ from typing import Literal
 import msgspec
 
 from foundry.errors import FoundryError
+from foundry.runtime.session import MODES
 
 CONFIG_VARIABLE = "FOUNDRY_SGLANG_CONFIG"
 
@@ -64,8 +65,8 @@ def _from_launcher(env: Mapping[str, str]) -> PluginConfig:
             raise FoundryError("not a number", field=name, found=text) from None
 
     mode = env["FOUNDRY_MODE"]
-    if mode not in ("off", "save", "load"):
-        raise FoundryError("unknown mode", field="FOUNDRY_MODE", expected=["off", "save", "load"], found=mode)
+    if mode not in MODES:
+        raise FoundryError("unknown mode", field="FOUNDRY_MODE", expected=list(MODES), found=mode)
     return PluginConfig(mode, env.get("FOUNDRY_ARCHIVE"), number("FOUNDRY_REGION_BASE"), number("FOUNDRY_REGION_SIZE"),
                         from_launcher=True)  # fmt: skip
 
