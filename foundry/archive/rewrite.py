@@ -21,16 +21,27 @@ from foundry.graphir.graph import GraphIR
 
 
 def rewrite_graphs(archive: Archive, transform: Callable[[int, GraphIR], GraphIR], *, keep_plans: bool = False) -> None:
-    """Replace every graph ``ir`` of every rank with ``transform(rank, ir)``. Every graph
-    is transformed and encoded before the first file is written, so a transform
-    that fails leaves the archive as it was. Launch plans are dropped (LOAD then
-    builds from the IR) unless ``keep_plans``: only for transforms that change no
-    parameter, launch or edge, such as marking undefined bytes."""
+    """Replace every graph ``ir`` of every rank with ``transform(rank, ir)`` (see
+    :func:`rewrite_rank_graphs`)."""
+    rewrite_rank_graphs(archive, lambda rank, irs: [transform(rank, ir) for ir in irs], keep_plans=keep_plans)
+
+
+def rewrite_rank_graphs(archive: Archive, transform: Callable[[int, list[GraphIR]], list[GraphIR]], *,
+                        keep_plans: bool = False) -> None:  # fmt: skip
+    """Replace each rank's graphs, in session order, with ``transform(rank, graphs)``:
+    the same graphs, in the same order. Every graph is transformed and encoded before
+    the first file is written, so a transform that fails leaves the archive as it was.
+    Launch plans are dropped (LOAD then builds from the IR) unless ``keep_plans``:
+    only for transforms that change no parameter, launch or edge, such as marking
+    undefined bytes."""
     staged: list[tuple[int, list[tuple[GraphEntry, bytes, GraphIR]]]] = []
     for rank_entry in archive.catalog.ranks:
+        entries = archive.session(rank_entry.rank).graphs
+        irs = transform(rank_entry.rank, [archive.graph(rank_entry.rank, entry) for entry in entries])
+        if [ir.name for ir in irs] != [entry.name for entry in entries]:
+            raise ValueError("a graph rewrite must return the rank's graphs in their order")
         graphs = []
-        for entry in archive.session(rank_entry.rank).graphs:
-            ir = transform(rank_entry.rank, archive.graph(rank_entry.rank, entry))
+        for entry, ir in zip(entries, irs, strict=True):
             ir.check()
             graphs.append((entry, encode_graph(ir), ir))
         staged.append((rank_entry.rank, graphs))

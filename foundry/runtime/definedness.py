@@ -205,7 +205,7 @@ def merge_saves(primary: Path, other: Path) -> dict[str, int]:
     probes reproduce exactly (heap values of that process) differ between two.
     Both archives must agree on ranks, graphs, topology and allocation trace."""
     from foundry.archive.reader import Archive
-    from foundry.archive.rewrite import rewrite_graphs
+    from foundry.archive.rewrite import rewrite_rank_graphs
 
     a, b = Archive.open(primary), Archive.open(other)
     if a.ranks != b.ranks:
@@ -220,12 +220,13 @@ def merge_saves(primary: Path, other: Path) -> dict[str, int]:
             raise CaptureError("the two SAVE runs captured different graphs", field=f"rank{rank}.graphs",
                                expected=names_a[:8], found=names_b[:8])  # fmt: skip
     stats = {"graphs": 0, "undefined_bytes": 0}
-    merged: dict[int, dict[str, GraphIR]] = {}
-    for rank in a.ranks:
-        irs = [mark_undefined(a.graph(rank, e), b.graph(rank, e.name))[0] for e in a.entries(rank)]
+
+    def merge(rank: int, graphs: list[GraphIR]) -> list[GraphIR]:
+        irs = [mark_undefined(ir, b.graph(rank, ir.name))[0] for ir in graphs]
         mark_alike(irs)
-        merged[rank] = {ir.name: ir for ir in irs}
         stats["graphs"] += len(irs)
         stats["undefined_bytes"] += sum(len(n.undefined_offsets()) for ir in irs for n in ir.kernels())
-    rewrite_graphs(a, lambda rank, ir: merged[rank][ir.name], keep_plans=True)  # only undefined marks change
+        return irs
+
+    rewrite_rank_graphs(a, merge, keep_plans=True)  # only undefined marks change
     return stats
