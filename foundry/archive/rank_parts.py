@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import fcntl
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
@@ -102,6 +103,23 @@ def _part(path: Path, save_id: str) -> RankPart | None:
     return part if part.save_id == save_id else None  # an earlier SAVE's
 
 
+def make_catalog(environment: Environment, world_size: int, ranks: tuple[RankEntry, ...], module_state: ModuleState,
+                 blobs: Iterable[ModuleBlob], model: dict[str, str]) -> Catalog:  # fmt: skip
+    """The catalog of a SAVE whose ranks are all sealed: written now, modules and model
+    keys in sorted order."""
+    return Catalog(
+        format=ARCHIVE_FORMAT,
+        format_version=FORMAT_VERSION,
+        tool_version=__version__,
+        created=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        environment=environment,
+        world_size=world_size,
+        ranks=ranks,
+        modules=ModuleIndex(module_state, tuple(sorted(blobs, key=lambda b: b.sha256))),
+        model=dict(sorted(model.items())),
+    )
+
+
 def _catalog(parts: list[RankPart], world_size: int) -> Catalog:
     first = parts[0]
     model: dict[str, str] = {}
@@ -121,15 +139,5 @@ def _catalog(parts: list[RankPart], world_size: int) -> Catalog:
             raise ArchiveError("ranks stored their module images differently", field=f"rank{index}.module_state",
                                expected=first.module_state, found=part.module_state)  # fmt: skip
         modules.update((blob.sha256, blob) for blob in part.modules)
-    index = ModuleIndex(first.module_state, tuple(sorted(modules.values(), key=lambda b: b.sha256)))
-    return Catalog(
-        format=ARCHIVE_FORMAT,
-        format_version=FORMAT_VERSION,
-        tool_version=__version__,
-        created=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        environment=first.environment,
-        world_size=world_size,
-        ranks=tuple(part.rank for part in parts),
-        modules=index,
-        model=dict(sorted(model.items())),
-    )
+    ranks = tuple(part.rank for part in parts)
+    return make_catalog(first.environment, world_size, ranks, first.module_state, modules.values(), model)

@@ -4,31 +4,26 @@ archive."""
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 import shutil
 from pathlib import Path
 
 import msgspec
 
-from foundry import __version__
 from foundry.archive.files import atomic_write, sha256_hex
 from foundry.archive.outputs import OutputValue, check_output
-from foundry.archive.rank_parts import RankPart, check_save_id, commit_when_complete, write_part
+from foundry.archive.rank_parts import RankPart, check_save_id, commit_when_complete, make_catalog, write_part
 from foundry.archive.schema import (
-    ARCHIVE_FORMAT,
     CATALOG_FILE,
     FORMAT_VERSION,
     PLAN_SUFFIX,
     SESSION_FORMAT,
     BackendState,
-    Catalog,
     Environment,
     GraphEntry,
     ImageRecord,
     LaunchPlan,
     ModuleBlob,
-    ModuleIndex,
     ModuleState,
     PlanKernel,
     RankEntry,
@@ -226,17 +221,9 @@ class ArchiveWriter:
         missing = [r for r in range(self.world_size) if r not in self.ranks or self.ranks[r].sealed is None]
         if missing:
             raise ArchiveError("cannot commit before every rank is sealed", path=str(self.root), found=missing)
-        catalog = Catalog(
-            format=ARCHIVE_FORMAT,
-            format_version=FORMAT_VERSION,
-            tool_version=__version__,
-            created=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            environment=self.environment,
-            world_size=self.world_size,
-            ranks=tuple(self.ranks[r].sealed for r in range(self.world_size)),
-            modules=ModuleIndex(self.module_state, tuple(sorted(self.modules.values(), key=lambda b: b.sha256))),
-            model=dict(sorted(self.model.items())),
-        )
+        ranks = tuple(self.ranks[r].sealed for r in range(self.world_size))
+        catalog = make_catalog(self.environment, self.world_size, ranks, self.module_state, self.modules.values(),
+                               self.model)  # fmt: skip
         atomic_write(self.root / CATALOG_FILE, encode_record(catalog))
         return self.root
 
