@@ -107,19 +107,17 @@ CUresult fh_ipc_get_mem_handle(CUipcMemHandle *out, CUdeviceptr dptr) {
                          (unsigned long long)dptr, status);
     pthread_mutex_lock(&lock);
     hit = cached_export(offset); /* another thread exported it meanwhile: keep the first handle */
-    if (hit < 0 && exported_count < MAX_EXPORTS) {
+    int keep = hit < 0 && exported_count < MAX_EXPORTS;
+    if (keep) {
         exported[exported_count].offset = offset;
         exported[exported_count].handle = handle;
         hit = (int)exported_count++;
-    } else if (hit >= 0) {
-        foundry_ipc_unexport(handle.export_id);
     }
     if (hit >= 0) memcpy(out, &exported[hit].handle, sizeof *out);
     pthread_mutex_unlock(&lock);
-    if (hit < 0) {
-        foundry_ipc_unexport(handle.export_id);
+    if (!keep) foundry_ipc_unexport(handle.export_id); /* the first handle stands, or there is no room */
+    if (hit < 0)
         return fh_refuse(CUDA_ERROR_OUT_OF_MEMORY, "cuIpcGetMemHandle: more than %d live exports", MAX_EXPORTS);
-    }
     return CUDA_SUCCESS;
 }
 
