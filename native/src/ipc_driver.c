@@ -48,7 +48,6 @@ static struct {
 } mapped[MAX_MAPPINGS];
 
 static CUdeviceptr zone;   /* the import zone, once reserved */
-static size_t slot_size;   /* the region's size: a peer's whole region fits in its slot */
 
 /* This process's slot in its peers' import zones (its rank), or -1 when it has none. */
 static int rank_slot(void) {
@@ -138,17 +137,15 @@ static CUdeviceptr zone_base(void) {
 
 int foundry_ipc_zone(uint64_t *base, uint64_t *slot, uint32_t *slots) {
     if (base == NULL || slot == NULL || slots == NULL) return FOUNDRY_EINVAL;
-    CUdeviceptr region_base;
-    size_t region_size;
-    CUmemAccessDesc access;
-    fh_region_mode(); /* reads the configuration on first use */
-    fh_region_geometry(&region_base, &region_size, &access); /* the configured size, reserved or not */
-    *base = zone_base(), *slot = region_size, *slots = MAX_SLOTS;
+    foundry_region_info_t region; /* the configured size, reserved or not */
+    foundry_region_info(&region);
+    *base = zone_base(), *slot = region.size, *slots = MAX_SLOTS;
     return FOUNDRY_OK;
 }
 
-/* The import zone, reserved on first use at its fixed address. Call with the lock held. */
-static CUresult reserve_zone(void) {
+/* The import zone, reserved on first use at its fixed address, in slots of the region's
+ * size (a peer's whole region fits in its slot). Call with the lock held. */
+static CUresult reserve_zone(size_t slot_size) {
     if (zone) return CUDA_SUCCESS;
     CUdeviceptr want = zone_base(), got = 0;
     CUresult rc = DRIVER(cuMemAddressReserve)(&got, slot_size * MAX_SLOTS, GiB, want, 0);
@@ -218,9 +215,8 @@ CUresult fh_ipc_open_mem_handle(CUdeviceptr *dptr, CUipcMemHandle raw, unsigned 
         return fh_refuse(CUDA_ERROR_INVALID_HANDLE, "cuIpcOpenMemHandle of rank %u's memory refused (status %d)",
                          (unsigned)h.rank_slot, status);
     pthread_mutex_lock(&lock);
-    slot_size = region_size;
-    CUresult rc = reserve_zone();
-    CUdeviceptr at = zone + (CUdeviceptr)h.rank_slot * slot_size + h.offset;
+    CUresult rc = reserve_zone(region_size);
+    CUdeviceptr at = zone + (CUdeviceptr)h.rank_slot * region_size + h.offset;
     for (int i = 0; rc == CUDA_SUCCESS && i < MAX_MAPPINGS; i++) {
         if (mapped[i].used && same_handle(&mapped[i].handle, &h)) { /* opened before: the same address */
             pthread_mutex_unlock(&lock);
