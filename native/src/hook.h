@@ -30,6 +30,8 @@ int fh_region_geometry(CUdeviceptr *base, size_t *size, CUmemAccessDesc *access)
 CUresult fh_ipc_get_mem_handle(CUipcMemHandle *handle, CUdeviceptr dptr);
 CUresult fh_ipc_open_mem_handle(CUdeviceptr *dptr, CUipcMemHandle handle, unsigned int flags);
 CUresult fh_ipc_close_mem_handle(CUdeviceptr dptr);
+/* ipc.c: whether two Foundry handles name the same export (pid, number and token). */
+int fh_ipc_same_handle(const foundry_ipc_handle_t *a, const foundry_ipc_handle_t *b);
 /* The region allocation at `offset` was freed: withdraw its export, if any. */
 void fh_ipc_forget(size_t offset);
 void fh_capture_begin(void);

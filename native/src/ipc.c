@@ -54,9 +54,7 @@ static uint32_t export_count;
 static int server_fd = -1;
 
 static struct {
-    int32_t pid;
-    uint32_t export_id;
-    uint8_t token[16]; /* an import is the handle's, not just its pid and number */
+    foundry_ipc_handle_t handle; /* an import is the handle's, not just its pid and number */
     int fd;
     uint32_t refs;
 } imports[MAX_IMPORTS];
@@ -64,9 +62,12 @@ static pid_t server_pid; /* the process that started the server (a forked child 
 
 #define IO_TIMEOUT_S 5
 
+int fh_ipc_same_handle(const foundry_ipc_handle_t *a, const foundry_ipc_handle_t *b) {
+    return a->pid == b->pid && a->export_id == b->export_id && memcmp(a->token, b->token, sizeof a->token) == 0;
+}
+
 static int same_import(int i, const foundry_ipc_handle_t *h) {
-    return imports[i].refs && imports[i].pid == h->pid && imports[i].export_id == h->export_id &&
-           memcmp(imports[i].token, h->token, sizeof h->token) == 0;
+    return imports[i].refs && fh_ipc_same_handle(&imports[i].handle, h);
 }
 
 static void set_timeouts(int fd) {
@@ -339,9 +340,7 @@ int foundry_ipc_open(const foundry_ipc_handle_t *h, int *fd_out) {
         close(fd);
         return FOUNDRY_ESTATE;
     }
-    imports[free_slot].pid = h->pid;
-    imports[free_slot].export_id = h->export_id;
-    memcpy(imports[free_slot].token, h->token, sizeof h->token);
+    imports[free_slot].handle = *h;
     imports[free_slot].fd = fd;
     imports[free_slot].refs = 1;
     pthread_mutex_unlock(&lock);

@@ -159,10 +159,6 @@ static CUresult reserve_zone(size_t slot_size) {
     return CUDA_SUCCESS;
 }
 
-static int same_handle(const foundry_ipc_handle_t *a, const foundry_ipc_handle_t *b) {
-    return a->pid == b->pid && a->export_id == b->export_id && memcmp(a->token, b->token, sizeof a->token) == 0;
-}
-
 /* Map the descriptor at the handle's address in the zone; the mapping's index or -1. */
 static int map_import(const foundry_ipc_handle_t *h, int fd, CUdeviceptr at, const CUmemAccessDesc *access) {
     int slot = -1;
@@ -218,7 +214,7 @@ CUresult fh_ipc_open_mem_handle(CUdeviceptr *dptr, CUipcMemHandle raw, unsigned 
     CUresult rc = reserve_zone(region_size);
     CUdeviceptr at = zone + (CUdeviceptr)h.rank_slot * region_size + h.offset;
     for (int i = 0; rc == CUDA_SUCCESS && i < MAX_MAPPINGS; i++) {
-        if (mapped[i].used && same_handle(&mapped[i].handle, &h)) { /* opened before: the same address */
+        if (mapped[i].used && fh_ipc_same_handle(&mapped[i].handle, &h)) { /* opened before: the same address */
             pthread_mutex_unlock(&lock);
             *dptr = mapped[i].address;
             return CUDA_SUCCESS;
