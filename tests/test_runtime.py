@@ -25,7 +25,7 @@ from foundry.graphir.kernel import parameter_types
 from foundry.graphir.operands import OperandSite
 from foundry.graphir.regions import Region, RegionKind
 from foundry.runtime import launcher
-from foundry.runtime.definedness import host_ranges, mark_host_words, mark_undefined
+from foundry.runtime.definedness import host_ranges, mark_host_words, mark_undefined, merge_saves
 from foundry.runtime.load import LoadSession
 from foundry.runtime.rng import philox_cells
 from foundry.runtime.session import Session, open_session
@@ -453,6 +453,58 @@ def test_a_save_of_several_ranks_needs_a_fresh_save_id_before_it_starts(tmp_path
     config = launcher.RunConfig("save", tmp_path / "a", rank=1, world_size=2)
     with pytest.raises(FoundryError, match="SAVE id is 1-64"):
         launcher.run(config, [sys.executable, "-c", "raise SystemExit('must not run')"])
+
+
+# A rank's program standing in for the application: it writes its rank of a world-size-2
+# SAVE from a real H200 SAVE, the first run from saveload-a, later runs from saveload-b.
+RANK_SAVE = """
+import os, sys
+from foundry.archive import Archive
+from foundry.archive.writer import ArchiveWriter
+rank = int(os.environ["FOUNDRY_RANK"])
+source = Archive.open(sys.argv[2] if os.environ.get("FOUNDRY_SAVE_FIRST_RUN") else sys.argv[1])
+writer = ArchiveWriter(os.environ["FOUNDRY_ARCHIVE"], environment=source.catalog.environment, world_size=2,
+                       save_id=os.environ["FOUNDRY_SAVE_ID"], overwrite=os.environ["FOUNDRY_OVERWRITE"] == "1")
+part = writer.rank(rank)
+part.set_region(source.session(0).region)
+for entry in source.entries(0):
+    part.add_graph(source.graph(0, entry.name))
+part.seal()
+writer.commit()
+"""
+
+
+def test_a_save_of_two_ranks_runs_both_again_and_marks_them_once(tmp_path, with_hook, monkeypatch):
+    """Two ranks' launchers (threads here, a process each in use) run their ranks twice;
+    the second runs write one shared archive, and exactly one launcher merges it."""
+    import threading
+
+    monkeypatch.setenv("FOUNDRY_SAVE_ID", "two-ranks")
+    root, logs, codes = tmp_path / "a", {0: [], 1: []}, {}
+
+    def rank(r: int) -> None:
+        config = launcher.RunConfig("save", root, rank=r, world_size=2)
+        codes[r] = launcher.run(config, [sys.executable, "-c", RANK_SAVE, str(SAVE_A), str(SAVE_B)],
+                                log=logs[r].append)  # fmt: skip
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert codes == {0: 0, 1: 0}, logs
+    merged = [line for r in (0, 1) for line in logs[r] if "merged run 2 of every rank" in line]
+    found_done = [line for r in (0, 1) for line in logs[r] if "merged by another rank" in line]
+    assert len(merged) == 1 and len(found_done) == 1, logs
+    archive = Archive.open(root)
+    assert archive.ranks == [0, 1] and not list(tmp_path.glob(".a.run*"))
+    single = tmp_path / "single"  # the same pair merged in one process marks the same bytes
+    shutil.copytree(SAVE_A, single)
+    merge_saves(single, SAVE_B)
+    expected = [e.fingerprint for e in Archive.open(single).entries(0)]
+    assert expected != [e.fingerprint for e in Archive.open(SAVE_A).entries(0)]
+    for r in (0, 1):
+        assert [e.fingerprint for e in archive.entries(r)] == expected
 
 
 def test_pooled_marks_give_two_independent_saves_the_same_fingerprints():

@@ -46,6 +46,7 @@ class RunConfig:
     layout_pad: int = 0  # SAVE: bytes of padding in the environment (moves the stack and heap)
     first_run: Path | None = None  # SAVE runs after the first: its archive (sizes that must not be profiled again)
     region_threads: str = "owner"  # which threads may allocate in the region: owner or any
+    save_id: str | None = None  # SAVE of several ranks: FOUNDRY_SAVE_ID for this run (default: inherited)
 
 
 ADDR_NO_RANDOMIZE = 0x0040000
@@ -108,6 +109,8 @@ def environment(config: RunConfig, base_env: dict[str, str] | None = None) -> di
         env["FOUNDRY_SAVE_FIRST_RUN"] = str(config.first_run.resolve())
     else:
         env.pop("FOUNDRY_SAVE_FIRST_RUN", None)
+    if config.save_id is not None:
+        env["FOUNDRY_SAVE_ID"] = config.save_id
     if base is not None:
         env["FOUNDRY_REGION_BASE"] = hex(base)
     if size is not None:
@@ -132,11 +135,8 @@ def _start(command: list[str], config: RunConfig) -> int:
 def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Callable[[str], None] = print) -> int:
     """Run ``command`` under the hook; a SAVE runs it ``save_runs`` times in fresh
     processes and marks in the archive every parameter byte the runs disagree on
-    (:func:`foundry.runtime.definedness.merge_saves`). Returns the exit code."""
-    import shutil
-
-    from foundry.runtime.definedness import merge_saves
-
+    (:func:`foundry.runtime.definedness.merge_saves`); with several ranks, every rank's
+    launcher does so together. Returns the exit code."""
     if config.mode == "save" and (config.archive / CATALOG_FILE).exists() and not config.overwrite:
         raise FoundryError("already holds an archive (pass --overwrite to replace it)", path=str(config.archive))
     if config.mode == "save" and config.world_size > 1:  # refused now, not after the program ran
@@ -157,26 +157,95 @@ def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Calla
     if not written.is_file():
         raise FoundryError("the program finished but wrote no archive (does it open a session and call finish()?)",
                            path=str(config.archive))  # fmt: skip
-    if save_runs < 2:
-        return code
-    if config.world_size > 1:
-        log("foundry: a SAVE of several ranks runs once (--save-runs 1): the ranks' processes run together")
-        return code
     for run_index in range(2, save_runs + 1):
-        extra = config.archive.parent / f".{config.archive.name}.run{run_index}"
-        log(f"foundry: SAVE run {run_index} of {save_runs} (a fresh process, to find bytes the runs disagree on)")
-        try:
-            pad = LAYOUT_PAD * (run_index - 1) + 24 * run_index  # each later run a page or more further
-            again = RunConfig(**{**config.__dict__, "archive": extra, "overwrite": True, "layout_pad": pad,
-                                 "first_run": config.archive})  # fmt: skip
-            code = _start(command, again)
-            if code != 0:
-                log(f"foundry: SAVE run {run_index} failed (exit {code}); {config.archive} holds the first run's "
-                    "archive without the cross-run marks")  # fmt: skip
-                return code
-            stats = merge_saves(config.archive, extra)
-            log(f"foundry: merged run {run_index}: {stats['undefined_bytes']} undefined parameter bytes "
-                f"in {stats['graphs']} graphs")  # fmt: skip
-        finally:
-            shutil.rmtree(extra, ignore_errors=True)
+        again = _save_again if config.world_size == 1 else _save_ranks_again
+        code = again(config, command, run_index, save_runs, log)
+        if code != 0:
+            return code
     return 0
+
+
+def _later_run(config: RunConfig, run_index: int, save_id: str | None = None) -> RunConfig:
+    """The configuration of SAVE run ``run_index``: its own archive beside the first,
+    its layout moved a page or more further than the run before."""
+    extra = config.archive.parent / f".{config.archive.name}.run{run_index}"
+    pad = LAYOUT_PAD * (run_index - 1) + 24 * run_index
+    return RunConfig(**{**config.__dict__, "archive": extra, "overwrite": True, "layout_pad": pad,
+                        "first_run": config.archive, "save_id": save_id})  # fmt: skip
+
+
+def _save_again(config: RunConfig, command: list[str], run_index: int, save_runs: int,
+                log: Callable[[str], None]) -> int:  # fmt: skip
+    """One process: run the program again and mark what the two archives disagree on."""
+    import shutil
+
+    from foundry.runtime.definedness import merge_saves
+
+    again = _later_run(config, run_index)
+    log(f"foundry: SAVE run {run_index} of {save_runs} (a fresh process, to find bytes the runs disagree on)")
+    try:
+        code = _start(command, again)
+        if code != 0:
+            log(f"foundry: SAVE run {run_index} failed (exit {code}); {config.archive} holds the first run's "
+                "archive without the cross-run marks")  # fmt: skip
+            return code
+        stats = merge_saves(config.archive, again.archive)
+        log(f"foundry: merged run {run_index}: {stats['undefined_bytes']} undefined parameter bytes "
+            f"in {stats['graphs']} graphs")  # fmt: skip
+    finally:
+        shutil.rmtree(again.archive, ignore_errors=True)
+    return 0
+
+
+def _save_ranks_again(config: RunConfig, command: list[str], run_index: int, save_runs: int,
+                      log: Callable[[str], None]) -> int:  # fmt: skip
+    """One rank of several: every rank's launcher runs its rank again, together, into one
+    shared archive under the SAVE id with ``.run<N>`` added; once that archive is
+    committed, whichever launcher takes the lock first marks every rank's graphs in
+    the first archive (the others find it done)."""
+    import fcntl
+    import shutil
+
+    from foundry.archive.files import atomic_write
+    from foundry.archive.rank_parts import LOCK_FILE
+    from foundry.runtime.definedness import merge_saves
+
+    save_id = os.environ.get("FOUNDRY_SAVE_ID", "")
+    again = _later_run(config, run_index, f"{save_id}.run{run_index}")
+    # the first run is complete only once every rank sealed its part (later runs may read its catalog)
+    _wait_for(config.archive / f".committed.{save_id}", "every rank's first SAVE run", config)
+    log(f"foundry: SAVE run {run_index} of {save_runs}, rank {config.rank} (fresh processes, every rank again, "
+        "to find bytes the runs disagree on)")  # fmt: skip
+    code = _start(command, again)
+    if code != 0:
+        log(f"foundry: SAVE run {run_index} of rank {config.rank} failed (exit {code}); {config.archive} holds "
+            "the first run's archive without the cross-run marks")  # fmt: skip
+        return code
+    merged = config.archive / f".merged.{again.save_id}"
+    _wait_for(again.archive / f".committed.{again.save_id}", f"every rank's SAVE run {run_index}", config, merged)
+    with open(config.archive / LOCK_FILE, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if merged.exists():
+            log(f"foundry: run {run_index} was merged by another rank's launcher")
+            return 0
+        stats = merge_saves(config.archive, again.archive)
+        atomic_write(merged, b"")
+    shutil.rmtree(again.archive, ignore_errors=True)
+    log(f"foundry: merged run {run_index} of every rank: {stats['undefined_bytes']} undefined parameter bytes "
+        f"in {stats['graphs']} graphs")  # fmt: skip
+    return 0
+
+
+RANKS_WAIT_S = 600.0  # how long a rank's launcher waits for the other ranks' runs to finish
+
+
+def _wait_for(marker: Path, what: str, config: RunConfig, done: Path | None = None) -> None:
+    """Wait until ``marker`` (or ``done``) exists; refuse, naming what, after RANKS_WAIT_S."""
+    import time
+
+    deadline = time.monotonic() + RANKS_WAIT_S
+    while not marker.exists() and not (done is not None and done.exists()):
+        if time.monotonic() > deadline:
+            raise FoundryError(f"{what} did not finish within {RANKS_WAIT_S:.0f} s; {config.archive} holds the "
+                               "first run's archive without the cross-run marks", path=str(marker))  # fmt: skip
+        time.sleep(0.2)
