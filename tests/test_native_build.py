@@ -7,10 +7,11 @@ from __future__ import annotations
 import ctypes
 import struct
 
+import msgspec
 import pytest
 
 from foundry.archive import Archive
-from foundry.errors import IRError
+from foundry.errors import DriverError, IRError
 from foundry.runtime.native_build import check as check_packed
 from foundry.runtime.native_build import pack, supported
 
@@ -79,3 +80,58 @@ def test_a_parameter_outside_its_buffer_is_refused(lib):
         check_packed(lib, desc)
     fits = b"FGB1" + struct.pack("<III", 1, 1, 0) + kernel + struct.pack("<III", 1, 0, 8) + params[12:]
     assert check_packed(lib, fits) == (1, 0)
+
+
+def nccl_style(archive: str, graph: str):
+    """A real captured graph with one kernel turned into a launch the way NCCL makes
+    them: one packed ``extra`` buffer shorter than the kernel's parameter layout."""
+    ir = Archive.open(FIXTURES / archive).graph(0, graph)
+    for node in ir.kernels():
+        ends = [o.offset + 8 for o in ir.operands.of(node.id)]
+        packed = max([*ends, 8])
+        if packed + 8 <= node.layout.size:
+            params = node.params[:packed] + bytes(node.layout.size - packed)
+            ir.replace_node(msgspec.structs.replace(node, arg_mode="extra", packed_size=packed, params=params,
+                                                    undefined=()))  # fmt: skip
+            return ir, ir.node(node.id)
+    raise AssertionError("no kernel in the fixture leaves room for a shorter buffer")
+
+
+def test_a_shorter_packed_buffer_is_passed_as_captured(lib):
+    from foundry.graphir.build import relocated_params
+    from foundry.graphir.fingerprint import fingerprint
+
+    ir, node = nccl_style("saveload-a", "decode.bs8")
+    ir.check()
+    sent = relocated_params(node, ir.operands.of(node.id), None)
+    assert len(sent) == node.packed_size < node.layout.size and sent == node.params[: node.packed_size]
+    moved = relocated_params(node, ir.operands.of(node.id), lambda o: o.value + (1 << 34))
+    assert len(moved) == node.packed_size
+    desc = pack(ir, NumberedFunctions(), attribute_bytes=fake_attribute)
+    assert check_packed(lib, desc) == (len(ir), ir.edge_count())  # the C reader takes the shorter buffer
+    original = Archive.open(FIXTURES / "saveload-a").graph(0, "decode.bs8")
+    assert fingerprint(ir) != fingerprint(original)
+    as_params = msgspec.structs.replace(node, arg_mode="params")
+    ir.replace_node(as_params)
+    with pytest.raises(IRError, match="shorter packed buffer"):
+        ir.check()
+
+
+def test_the_packed_buffer_of_an_extra_launch_is_read_at_its_own_size():
+    from foundry.graphir.kernel import ParamLayout
+    from foundry.graphir.lower import _packed_params
+
+    layout = ParamLayout((0,), (4096,))
+    data = ctypes.create_string_buffer(bytes(range(1, 145)), 144)
+    size = ctypes.c_size_t(144)
+    extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(data), 2, ctypes.addressof(size), 0)
+    params, packed = _packed_params(extra, layout)
+    assert packed == 144 and len(params) == 4096
+    assert params[:144] == bytes(range(1, 145)) and params[144:] == bytes(4096 - 144)
+    size.value = 4096
+    whole = ctypes.create_string_buffer(bytes(4096), 4096)
+    extra[1] = ctypes.addressof(whole)
+    assert _packed_params(extra, layout) == (bytes(4096), 0)
+    size.value = 0
+    with pytest.raises(DriverError, match="empty"):
+        _packed_params(extra, layout)

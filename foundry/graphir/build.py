@@ -81,13 +81,14 @@ class BuiltGraph:
 
 
 def relocated_params(node: KernelNode, operands: tuple[Operand, ...], relocate: Relocation | None) -> bytes:
+    """The bytes the launch passes (``launch_bytes`` of them), each pointer operand relocated."""
     if relocate is None:
-        return node.params
+        return node.params[: node.launch_bytes()]
     buf = bytearray(node.params)
     for operand in operands:
         if operand.site == OperandSite.PARAM:
             buf[operand.offset : operand.offset + WORD] = relocate(operand).to_bytes(WORD, "little")
-    return bytes(buf)
+    return bytes(buf[: node.launch_bytes()])
 
 
 def operand_address(

@@ -68,7 +68,7 @@ def node_view(node: Node, operands: tuple[Operand, ...],
             node.arg_mode,
             tuple((a.name, a.value) for a in node.func_attrs),
             targets,
-        )
+        ) + ((("packed_size", node.packed_size),) if node.packed_size else ())
     if isinstance(node, MemcpyNode):
         fields = msgspec.structs.asdict(node)
         for key in ("id", "src", "dst"):

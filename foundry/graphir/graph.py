@@ -242,6 +242,9 @@ def _check_kernel(node: KernelNode) -> None:
             expected=node.layout.size,
             found=len(node.params),
         )
+    if node.packed_size and (node.arg_mode != "extra" or node.packed_size >= node.layout.size):
+        raise IRError("a shorter packed buffer needs arg mode 'extra' and fewer bytes than the layout", node=node.id,
+                      kernel=node.kernel.name, expected=f"< {node.layout.size}", found=node.packed_size)  # fmt: skip
 
 
 def _param_word(node: KernelNode, param: int, offset: int) -> int | None:

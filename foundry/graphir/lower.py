@@ -15,6 +15,8 @@ import logging
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+import msgspec
+
 from foundry.cuda import KernelNodeParamsLayout, cu, driver, handle_value, try_cu
 from foundry.errors import DriverError
 from foundry.graphir.graph import Edge, EdgeData, GraphIR, MetaValue
@@ -159,10 +161,11 @@ class _Lowering:
         if self.functions is not None:
             live = func or handle_value(cu("cuKernelGetFunction", self.drv.CUkernel(kern)))
             self.functions.add(identity, live)
+        packed_size = 0
         if raw.kernelParams:
             buf, mode = _gather_params(raw.kernelParams, layout), "params"
         elif raw.extra:
-            buf, mode = _packed_params(raw.extra, layout), "extra"
+            (buf, packed_size), mode = _packed_params(raw.extra, layout), "extra"
         else:
             buf, mode = b"", "params"
         if len(buf) != layout.size:
@@ -171,7 +174,8 @@ class _Lowering:
             )
         attributes = self._launch_attributes(handle, params)
         launch = LaunchConfig(tuple(raw.grid), tuple(raw.block), raw.sharedMemBytes, attributes)
-        node = KernelNode(node_id, identity, launch, layout, buf, mode, self._func_attrs(func, kern))
+        node = KernelNode(node_id, identity, launch, layout, buf, mode, self._func_attrs(func, kern),
+                          packed_size=packed_size or msgspec.UNSET)  # fmt: skip
         self._param_operands(node)
         for attr in attributes:
             if attr.name == "access_policy_window" and isinstance(attr.value, dict):
@@ -337,8 +341,11 @@ def _gather_params(kernel_params: Any, layout: ParamLayout) -> bytes:
     return bytes(buf)
 
 
-def _packed_params(extra: Any, layout: ParamLayout) -> bytes:
-    """The packed argument buffer of an ``extra`` launch (``CU_LAUNCH_PARAM_BUFFER_*``)."""
+def _packed_params(extra: Any, layout: ParamLayout) -> tuple[bytes, int]:
+    """The packed argument buffer of an ``extra`` launch (``CU_LAUNCH_PARAM_BUFFER_*``),
+    zero-filled to the layout's size, and the buffer's size when it is shorter (else 0):
+    NCCL launches its kernels, whose one parameter is a 4 KiB structure, with only the
+    bytes that launch uses."""
     pointer, size, i = None, None, 0
     while extra[i] and extra[i] != _LAUNCH_PARAM_END:
         key, value = extra[i], extra[i + 1]
@@ -349,9 +356,11 @@ def _packed_params(extra: Any, layout: ParamLayout) -> bytes:
         i += 2
     if pointer is None or size is None:
         raise DriverError("kernel node passes 'extra' without a parameter buffer and its size")
+    if size == 0 and layout.size:
+        raise DriverError(f"packed parameter buffer is empty, layout needs {layout.size} bytes")
     if size < layout.size:
-        raise DriverError(f"packed parameter buffer holds {size} bytes, layout needs {layout.size}")
-    return ctypes.string_at(pointer, layout.size)
+        return ctypes.string_at(pointer, size) + bytes(layout.size - size), size
+    return ctypes.string_at(pointer, layout.size), 0
 
 
 def _read_attributes(handle: Any) -> dict[str, Any]:

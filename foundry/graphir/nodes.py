@@ -20,7 +20,11 @@ class KernelNode(msgspec.Struct, frozen=True, gc=False, tag="kernel", forbid_unk
 
     ``params`` is the device-side parameter buffer (``layout.size`` bytes).
     ``arg_mode`` says how the capture passed it: ``params`` (``kernelParams``)
-    or ``extra`` (one packed buffer, as cuBLAS does).
+    or ``extra`` (one packed buffer, as cuBLAS does). ``packed_size``, when set,
+    is the size of an ``extra`` buffer shorter than the layout: NCCL passes
+    only the bytes it uses of its 4 KiB argument structure; ``params`` then
+    holds those bytes, zero-filled to ``layout.size``, and LOAD passes the same
+    shorter buffer again.
     """
 
     id: int
@@ -33,8 +37,13 @@ class KernelNode(msgspec.Struct, frozen=True, gc=False, tag="kernel", forbid_unk
     # (offset, length) runs of ``params`` the launcher left uninitialised: they
     # differed between two captures of the same step (see foundry.runtime.definedness)
     undefined: tuple[tuple[int, int], ...] = ()
+    packed_size: int | msgspec.UnsetType = msgspec.UNSET  # unset (not written) unless shorter
 
     kind: ClassVar[NodeKind] = NodeKind.KERNEL
+
+    def launch_bytes(self) -> int:
+        """How many bytes of ``params`` the launch passes to the driver."""
+        return self.packed_size or len(self.params)
 
     def undefined_offsets(self) -> set[int]:
         """Every byte offset of ``params`` inside an ``undefined`` run."""
