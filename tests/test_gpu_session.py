@@ -22,11 +22,16 @@ from .archive_tools import edit_json
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parent.parent
+# ``ops`` is a table of device function pointers, which the module loader fills with code
+# addresses that differ with every load (as NCCL's ncclDevFuncTable): never the application's
 KERNEL = r"""
 __device__ int scale;
+__device__ float twice(float v) { return 2.0f * v; }
+typedef float (*op_t)(float);
+__device__ op_t ops[2] = {twice, twice};
 extern "C" __global__ void scaled(const float* x, float* y, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = x[i] * scale;
+    if (i < n) y[i] = ops[i % 2](x[i]) * 0.5f * scale;
 }
 """
 

@@ -113,8 +113,12 @@ class GlobalRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: str
     size: int
     written: bool  # differs from the image's initial value: the application set it
-    sha256: str  # of SAVE's bytes
+    sha256: str  # of SAVE's bytes, the loader's words zeroed
     value: bytes | None = None  # SAVE's bytes, kept when written
+    # byte offsets of the 8-byte words the module loader fills with code addresses (a table of
+    # device function pointers, such as NCCL's ncclDevFuncTable): they differ with every load
+    # of the image, so they are neither compared nor restored; unset (not written) when none
+    loader_words: tuple[int, ...] | msgspec.UnsetType = msgspec.UNSET
 
 
 class ImageRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

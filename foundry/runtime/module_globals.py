@@ -12,6 +12,11 @@ the application wrote. LOAD then:
 - bound to a freshly loaded archived copy: written globals are restored;
 - an image whose globals cannot be listed (PTX only, compressed fatbin) may be
   bound live, but a fresh copy of it is refused.
+
+Words the module loader itself fills (code addresses in a table of device
+function pointers, such as NCCL's ``ncclDevFuncTable``) differ with every load
+of an image; SAVE finds them as the words two fresh copies disagree on, and
+they are left out of the comparison and of what is restored.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import ctypes
 import hashlib
 import struct
 from collections.abc import Iterator
+
+import msgspec
 
 from foundry.archive.schema import GlobalRecord, ImageRecord
 from foundry.cuda import cu, driver, handle_value
@@ -149,30 +156,52 @@ def record_image(sha256: str, image: bytes, kind: str, handle: int) -> ImageReco
     if not names:
         return ImageRecord(sha256, globals_known=True)
     data = ctypes.create_string_buffer(image, len(image))
-    fresh = cu("cuLibraryLoadData", ctypes.addressof(data), None, None, 0, None, None, 0)
+    # two fresh copies loaded side by side: their code lies at different addresses, so the words
+    # where they differ are the loader's (code addresses), not state anyone set
+    fresh = [cu("cuLibraryLoadData", ctypes.addressof(data), None, None, 0, None, None, 0) for _ in range(2)]
     try:
         records = []
         for name, _ in names:
             live = _read_global(kind, handle, name)
-            initial = _read_global("library", handle_value(fresh), name)
+            initial, again = (_read_global("library", handle_value(f), name) for f in fresh)
             if live is None and initial is None:
                 continue  # not reachable by name (internal linkage): no cudaMemcpyToSymbol can have set it
-            if live is None or initial is None:
+            if live is None or initial is None or again is None:
                 return ImageRecord(sha256, globals_known=False)
-            written = live != initial
-            records.append(
-                GlobalRecord(name, len(live), written, hashlib.sha256(live).hexdigest(), live if written else None)
-            )
+            records.append(_record(name, live, initial, loader_words(initial, again)))
         return ImageRecord(sha256, globals_known=True, globals=tuple(records))
     finally:
-        cu("cuLibraryUnload", fresh)
+        for f in fresh:
+            cu("cuLibraryUnload", f)
+
+
+def _record(name: str, live: bytes, initial: bytes, loader: tuple[int, ...]) -> GlobalRecord:
+    written = without_loader_words(live, loader) != without_loader_words(initial, loader)
+    digest = hashlib.sha256(without_loader_words(live, loader)).hexdigest()
+    return GlobalRecord(name, len(live), written, digest, live if written else None,
+                        loader_words=loader or msgspec.UNSET)  # fmt: skip
+
+
+def loader_words(first: bytes, second: bytes) -> tuple[int, ...]:
+    """Offsets of the 8-byte words two fresh loads of one image disagree on."""
+    return tuple(i for i in range(0, min(len(first), len(second)) - 7, 8) if first[i : i + 8] != second[i : i + 8])
+
+
+def without_loader_words(value: bytes, loader: tuple[int, ...] | msgspec.UnsetType) -> bytes:
+    """``value`` with the loader's words zeroed."""
+    if not loader:
+        return value
+    buf = bytearray(value)
+    for offset in loader:
+        buf[offset : offset + 8] = bytes(8)
+    return bytes(buf)
 
 
 def check_live(record: ImageRecord, kind: str, handle: int) -> None:
     """LOAD, bound to the application's own copy: its globals must hold SAVE's bytes."""
     for g in record.globals:
         live = _read_global(kind, handle, g.name)
-        if live is None or hashlib.sha256(live).hexdigest() != g.sha256:
+        if live is None or hashlib.sha256(without_loader_words(live, g.loader_words)).hexdigest() != g.sha256:
             raise DriftError(
                 "a device global of the live module differs from SAVE's (run the same initialisation as SAVE "
                 "before LOAD; a global holding a region address differs whenever the region moved)",
@@ -200,8 +229,17 @@ def restore_fresh(record: ImageRecord | None, sha256: str, library: int,
                 raise DriftError("a device global holds an address in SAVE's region, which this LOAD moved",
                                  field=g.name, path=f"image {sha256[:12]}")  # fmt: skip
     for g in written:
-        _write_global(library, g.name, g.value or b"")
+        _write_global(library, g.name, _keep_loader_words(g, _read_global("library", library, g.name)))
     return [g.name for g in written]
+
+
+def _keep_loader_words(g: GlobalRecord, fresh: bytes | None) -> bytes:
+    """SAVE's bytes of ``g`` with the fresh copy's own code addresses in the loader's words."""
+    value = bytearray(g.value or b"")
+    for offset in g.loader_words or ():
+        if fresh is not None and offset + 8 <= min(len(value), len(fresh)):
+            value[offset : offset + 8] = fresh[offset : offset + 8]
+    return bytes(value)
 
 
 def _words(value: bytes) -> list[int]:
