@@ -4,16 +4,16 @@
 #   scripts/validate_on_gpu.sh RESULTS_DIR [SECTION ...]
 #
 # Sections, in order (all one-GPU ones when none is named): tests session-tests recipe
-# relocation negative bench sglang sglang-more sglang-prefill, and on two GPUs tp2 tp2-nccl. relocation and negative need recipe's archive in RESULTS_DIR;
+# relocation negative bench sglang sglang-more sglang-prefill, and on two GPUs tp2 tp2-nccl ep2. relocation and negative need recipe's archive in RESULTS_DIR;
 # sglang needs SGLang 0.5.17 importable (and this package installed, so SGLang
-# finds the plugin's entry point).
+# finds the plugin's entry point); ep2 needs sgl-deep-ep 0.1.2 and nvidia-ml-py.
 #
 # Needs torch with CUDA, cuda-bindings, zstandard, nvcc and this package
 # (installed, so its backends' entry points exist) with the native hook built.
 # Writes logs and reports under RESULTS_DIR and prints a summary table last; each
 # step says which command produced it, for docs/validation.md.
 set -uo pipefail
-RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|relocation|negative|bench|sglang|sglang-more|sglang-prefill|tp2|tp2-nccl ...]}
+RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|relocation|negative|bench|sglang|sglang-more|sglang-prefill|tp2|tp2-nccl|ep2 ...]}
 shift
 SECTIONS=${*:-tests session-tests recipe relocation negative bench sglang sglang-more sglang-prefill}
 wants() { [[ " $SECTIONS " == *" $1 "* ]]; }
@@ -37,6 +37,15 @@ refused() {  # refused NAME FIELD RC: the step NAME must have failed (RC) and na
     else echo "$1: NOT refused by $2" | tee -a "$SUMMARY"; fi
 }
 RUN="python3 recipes/torch/run.py"
+ranks() {  # ranks NAME TEMPLATE: both ranks at once, @R@ replaced by each rank; rc 0 when both exit 0
+    local name=$1 template=$2 start=$SECONDS rc=0 pids=()
+    for r in 0 1; do
+        timeout "${RANKS_TIMEOUT:-180}" bash -c "${template//@R@/$r}" > "$RESULTS/$name.r$r.log" 2>&1 & pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+    printf '%-28s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - start))" "$template" | tee -a "$SUMMARY"
+    return $rc
+}
 SHIFTED=0x600400000000  # the default base + 16 GiB
 
 # 1. GPU tests (sessions, native builder, relocation, symmetric memory, the hook, lowering)
@@ -145,15 +154,6 @@ fi
 # the symmetric all-reduce graph, baseline vs SAVE vs SAVE2 vs fresh-process LOADs per rank
 if wants tp2 || wants tp2-nccl; then
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
-ranks() {  # ranks NAME TEMPLATE: both ranks at once, @R@ replaced by each rank; rc 0 when both exit 0
-    local name=$1 template=$2 start=$SECONDS rc=0 pids=()
-    for r in 0 1; do
-        timeout "${RANKS_TIMEOUT:-180}" bash -c "${template//@R@/$r}" > "$RESULTS/$name.r$r.log" 2>&1 & pids+=($!)
-    done
-    for p in "${pids[@]}"; do wait "$p" || rc=$?; done
-    printf '%-28s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - start))" "$template" | tee -a "$SUMMARY"
-    return $rc
-}
 tp_recipe() {  # tp_recipe PREFIX RECIPE-ARGS [FOUNDRY-RUN-ARGS [SHIFT]]: baseline, SAVE2, SAVE, LOADs, comparisons,
     # refusals. SHIFT relocate (default): the LOAD at a shifted base must decode identically; refuse: it must
     # be refused (NCCL's addresses are proven identical, never patched)
@@ -214,6 +214,27 @@ for r in 0 1; do
     step tp2-nccl-lint.r$r python3 -m foundry graph lint "$RESULTS/tp2-nccl/save" --rank $r --graph 'decode.*' --expect nccl-allreduce=4 --expect symm-allreduce=0
 done
 fi
+fi
+
+# 8. two GPUs: DeepEP low-latency dispatch and combine (EP=2, NVL buffer over CUDA IPC, no fabric),
+# baseline vs SAVE vs SAVE2 vs fresh-process LOAD, 8 replays each checked by the payload oracle
+if wants ep2; then
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+E=$RESULTS/ep2; rm -rf "$E" && mkdir -p "$E"
+EP="python3 recipes/deepep/ep2.py --rank @R@"
+FR="--region-threads any"  # NCCL's and NVSHMEM's helper threads allocate too
+step ep2-import python3 -c 'import sys; sys.path.insert(0, "recipes/deepep"); import ep2; print(ep2.import_deep_ep().__file__)'
+ranks ep2-baseline "$EP --out $E/baseline.r@R@.json"
+FOUNDRY_SAVE_ID=ep2-2 ranks ep2-save2 "python3 -m foundry run $FR --mode save --rank @R@ --world-size 2 --archive $E/save -- $EP --out $E/save.r@R@.json"
+mv "$E/save" "$E/save2" && for r in 0 1; do mv "$E/save.r$r.json" "$E/save2.r$r.json"; done
+FOUNDRY_SAVE_ID=ep2-1 ranks ep2-save "python3 -m foundry run $FR --mode save --rank @R@ --world-size 2 --archive $E/save -- $EP --out $E/save.r@R@.json"
+ranks ep2-load "python3 -m foundry run $FR --mode load --rank @R@ --archive $E/save -- $EP --out $E/load.r@R@.json"
+for r in 0 1; do
+    step ep2-compare.r$r python3 recipes/deepep/ep2.py --compare "$E/baseline.r$r.json" "$E/save.r$r.json" \
+        "$E/save2.r$r.json" "$E/load.r$r.json"
+    step ep2-lint.r$r python3 -m foundry graph lint "$E/save" --rank $r --expect deepep-dispatch=1 --expect deepep-combine=1
+done
+step ep2-save-vs-save2 python3 -m foundry archive diff "$E/save" "$E/save2"
 fi
 
 echo

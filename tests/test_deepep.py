@@ -157,3 +157,52 @@ def test_nvshmem_settings_are_compared_when_there_is_an_rdma_buffer():
     backend.validate(plain, [], facts(nvshmem={}))
     with pytest.raises(BackendError, match="another version"):
         backend.validate(msgspec.structs.replace(plain, version=1), [], facts())
+
+
+# -- the two-GPU recipe's own checks (recipes/deepep/ep2.py), without DeepEP ------------------
+
+import ep2  # noqa: E402  (recipes/deepep is on the path above)
+
+
+def ideal_receipt(rank: int, step: int) -> dict[int, list[list[float]]]:
+    """What ``rank``'s experts receive when dispatch is exact (rows in any order)."""
+    received = {e: [] for e in range(rank * ep2.LOCAL_EXPERTS, (rank + 1) * ep2.LOCAL_EXPERTS)}
+    for r, t, e in sorted(ep2.routed_to(rank, step), reverse=True):
+        received[e].append(ep2.token_row(r, t, e))
+    return received
+
+
+def test_routing_reaches_every_expert_from_both_ranks_and_moves_each_step():
+    for step in range(ep2.REPLAYS):
+        routed = ep2.routed_to(0, step) | ep2.routed_to(1, step)
+        assert len(routed) == ep2.WORLD * ep2.TOKENS  # top-1: every token once
+        assert {e for _, _, e in routed} == set(range(ep2.EXPERTS))
+        assert {r for r, _, _ in ep2.routed_to(0, step)} == {0, 1}
+    assert ep2.routing(0, 0) != ep2.routing(0, 1)
+
+
+def test_the_recipe_passes_an_exact_receipt_and_catches_a_wrong_element_anywhere_in_a_row():
+    received = ideal_receipt(1, 3)
+    assert ep2.check_received(1, 3, received) == []
+    expert = next(e for e, rows in received.items() if rows)
+    received[expert][0][ep2.HIDDEN - 1] += 1  # past the code: only the element-by-element check sees it
+    (problem,) = ep2.check_received(1, 3, received)
+    assert f"expert {expert} row 0" in problem.where and f"element {ep2.HIDDEN - 1}" in problem.where
+    stale = ideal_receipt(1, 2)  # the previous step's rows: routed elsewhere now
+    assert ep2.check_received(1, 3, stale)
+
+
+def write_report(path, replays, problems=()):
+    rows = [{"recv_count": [1, 2, 3, 4], "received_sha256": {"4": "ab"}, "combined_sha256": f"c{i}",
+             "problems": list(problems) if i == 1 else []} for i in range(replays)]  # fmt: skip
+    path.write_text(msgspec.json.encode({"replays": rows}).decode())
+    return path
+
+
+def test_compare_wants_every_replay_equal_and_every_oracle_passed(tmp_path, capsys):
+    a, b = write_report(tmp_path / "a.json", 8), write_report(tmp_path / "b.json", 8)
+    assert ep2.compare([a, b]) == 0 and capsys.readouterr().out.count("identical") == 2
+    assert ep2.compare([a, write_report(tmp_path / "c.json", 7)]) == 1
+    assert ep2.compare([a, write_report(tmp_path / "d.json", 8, ["expert 4 row 0: expected x, found y"])]) == 1
+    (tmp_path / "e.json").write_text("{}")
+    assert ep2.compare([a, tmp_path / "e.json"]) == 2
