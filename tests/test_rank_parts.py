@@ -102,3 +102,15 @@ def test_a_save_id_is_used_once_and_stays_inside_the_archive(tmp_path):
     with pytest.raises(ArchiveError, match="SAVE id is 1-64") as refused:
         ArchiveWriter(tmp_path / "b", environment=source.catalog.environment, world_size=2, save_id="../x")
     assert refused.value.field == "FOUNDRY_SAVE_ID"
+
+
+def test_an_id_that_failed_or_was_committed_is_refused(tmp_path):
+    from foundry.archive.rank_parts import check_save_id
+
+    check_save_id(tmp_path, "fresh")
+    (tmp_path / ".failed.broken").write_bytes(b"")
+    (tmp_path / ".committed.done").write_bytes(b"")
+    with pytest.raises(ArchiveError, match="failed here before"):
+        check_save_id(tmp_path, "broken")
+    with pytest.raises(ArchiveError, match="committed here already"):
+        check_save_id(tmp_path, "done")

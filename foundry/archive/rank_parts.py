@@ -56,17 +56,19 @@ class RankPart(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     model: dict[str, str] = {}
 
 
-def _check_id_form(save_id: str) -> None:
+def check_id_form(save_id: str) -> None:
     if not SAVE_ID.match(save_id):  # it names files in the archive directory
         raise ArchiveError("a SAVE id is 1-64 of A-Z a-z 0-9 . _ -", field="FOUNDRY_SAVE_ID", found=save_id)
 
 
 def check_save_id(root: Path, save_id: str) -> None:
-    """Refuse an id that could leave the archive directory or was committed there before."""
-    _check_id_form(save_id)
-    if (root / f".committed.{save_id}").exists():
-        raise ArchiveError("this SAVE id was committed here already; give the new SAVE a new FOUNDRY_SAVE_ID",
-                           path=str(root), field="FOUNDRY_SAVE_ID", found=save_id)  # fmt: skip
+    """Refuse an id that could leave the archive directory, or that was committed or
+    failed there before (``foundry.runtime.rank_runs`` marks a failed one)."""
+    check_id_form(save_id)
+    for marker, what in ((".committed", "was committed here already"), (".failed", "failed here before")):
+        if (root / f"{marker}.{save_id}").exists():
+            raise ArchiveError(f"this SAVE id {what}; give the new SAVE a new FOUNDRY_SAVE_ID", path=str(root),
+                               field="FOUNDRY_SAVE_ID", found=save_id)  # fmt: skip
 
 
 def read_part(path: Path) -> RankPart:
@@ -82,7 +84,7 @@ def commit_when_complete(root: Path, world_size: int, save_id: str) -> bool:
     other process took the commit; True when this call wrote it."""
     from foundry.archive.writer import encode_record
 
-    _check_id_form(save_id)
+    check_id_form(save_id)
     parts = [_part(root / f"rank{r}" / PART_FILE, save_id) for r in range(world_size)]
     if any(part is None for part in parts):
         return False

@@ -21,12 +21,14 @@ import ctypes
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from foundry.archive.rank_parts import PART_FILE, check_save_id, read_part
 from foundry.archive.reader import Archive
 from foundry.archive.schema import CATALOG_FILE
 from foundry.errors import DriftError, FoundryError, HookError
+from foundry.runtime import rank_runs
 from foundry.runtime.hook import LIBRARY, library_path
 
 
@@ -118,11 +120,13 @@ def environment(config: RunConfig, base_env: dict[str, str] | None = None) -> di
     return env
 
 
-def _start(command: list[str], config: RunConfig) -> int:
+def _start(command: list[str], config: RunConfig, stop: Callable[[], bool] | None = None) -> int:
+    """Run the program; its exit code. With ``stop``, it is polled while the program
+    runs, and once true the program is terminated (killed after 10 s)."""
     import subprocess
 
     try:
-        return subprocess.run(command, env=environment(config), preexec_fn=preexec(config)).returncode
+        child = subprocess.Popen(command, env=environment(config), preexec_fn=preexec(config))
     except FileNotFoundError:
         raise FoundryError("command not found", found=command[0]) from None
     except OSError as err:
@@ -130,6 +134,22 @@ def _start(command: list[str], config: RunConfig) -> int:
     except subprocess.SubprocessError as err:  # preexec failed: the kernel refused a fixed layout
         raise FoundryError(f"cannot start the program with a fixed address-space layout ({err}); "
                            "pass --keep-aslr to start it without") from None  # fmt: skip
+    try:
+        while True:
+            try:
+                return child.wait(timeout=None if stop is None else 0.2)
+            except subprocess.TimeoutExpired:
+                if stop is not None and stop():
+                    child.terminate()
+                    try:
+                        return child.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        child.kill()
+                        return child.wait()
+    except BaseException:  # the launcher interrupted: the program does not outlive it
+        child.kill()
+        child.wait()
+        raise
 
 
 def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Callable[[str], None] = print) -> int:
@@ -139,9 +159,15 @@ def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Calla
     launcher does so together. Returns the exit code."""
     if config.mode == "save" and (config.archive / CATALOG_FILE).exists() and not config.overwrite:
         raise FoundryError("already holds an archive (pass --overwrite to replace it)", path=str(config.archive))
-    if config.mode == "save" and config.world_size > 1:  # refused now, not after the program ran
-        check_save_id(config.archive, os.environ.get("FOUNDRY_SAVE_ID", ""))
-    code = _start(command, config)
+    ranks = config.mode == "save" and config.world_size > 1
+    if ranks:  # refused now, not after the program ran
+        check_save_id(config.archive, rank_runs.save_id())
+        rank_runs.check_run_ids(save_runs)
+    # one rank of several: stopped when another rank's SAVE fails (it would wait for a peer that is gone)
+    code = _start(command, config, rank_runs.failed(config.archive).exists if ranks else None)
+    if ranks and code != 0:
+        rank_runs.note_failure(config.archive)
+        log(f"foundry: rank {config.rank}'s SAVE ended with {code}; the other ranks' launchers stop theirs")
     if config.mode == "save" and code != 0 and (config.archive / CATALOG_FILE).is_file() and save_runs > 1:
         log(
             f"foundry: the program exited with {code} after writing {config.archive}; no further SAVE run "
@@ -151,15 +177,19 @@ def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Calla
         return code
     # one rank of several: its part of this SAVE is written; the catalog comes with the last rank to finish
     written = config.archive / (CATALOG_FILE if config.world_size == 1 else f"rank{config.rank}/{PART_FILE}")
-    if written.is_file() and config.world_size > 1 and read_part(written).save_id != os.environ.get("FOUNDRY_SAVE_ID"):
+    if written.is_file() and config.world_size > 1 and read_part(written).save_id != rank_runs.save_id():
         raise FoundryError("the program finished, but its rank's part belongs to an earlier SAVE",
                            path=str(written))  # fmt: skip
     if not written.is_file():
         raise FoundryError("the program finished but wrote no archive (does it open a session and call finish()?)",
                            path=str(config.archive))  # fmt: skip
     for run_index in range(2, save_runs + 1):
-        again = _save_again if config.world_size == 1 else _save_ranks_again
-        code = again(config, command, run_index, save_runs, log)
+        if config.world_size == 1:
+            code = _save_again(config, command, run_index, save_runs, log)
+        else:
+            again = _later_run(config, run_index, rank_runs.run_id(run_index))
+            code = rank_runs.save_again(config.archive, again.archive, config.rank, run_index,
+                                        partial(_start, command, again), log)  # fmt: skip
         if code != 0:
             return code
     return 0
@@ -195,57 +225,3 @@ def _save_again(config: RunConfig, command: list[str], run_index: int, save_runs
     finally:
         shutil.rmtree(again.archive, ignore_errors=True)
     return 0
-
-
-def _save_ranks_again(config: RunConfig, command: list[str], run_index: int, save_runs: int,
-                      log: Callable[[str], None]) -> int:  # fmt: skip
-    """One rank of several: every rank's launcher runs its rank again, together, into one
-    shared archive under the SAVE id with ``.run<N>`` added; once that archive is
-    committed, whichever launcher takes the lock first marks every rank's graphs in
-    the first archive (the others find it done)."""
-    import fcntl
-    import shutil
-
-    from foundry.archive.files import atomic_write
-    from foundry.archive.rank_parts import LOCK_FILE
-    from foundry.runtime.definedness import merge_saves
-
-    save_id = os.environ.get("FOUNDRY_SAVE_ID", "")
-    again = _later_run(config, run_index, f"{save_id}.run{run_index}")
-    # the first run is complete only once every rank sealed its part (later runs may read its catalog)
-    _wait_for(config.archive / f".committed.{save_id}", "every rank's first SAVE run", config)
-    log(f"foundry: SAVE run {run_index} of {save_runs}, rank {config.rank} (fresh processes, every rank again, "
-        "to find bytes the runs disagree on)")  # fmt: skip
-    code = _start(command, again)
-    if code != 0:
-        log(f"foundry: SAVE run {run_index} of rank {config.rank} failed (exit {code}); {config.archive} holds "
-            "the first run's archive without the cross-run marks")  # fmt: skip
-        return code
-    merged = config.archive / f".merged.{again.save_id}"
-    _wait_for(again.archive / f".committed.{again.save_id}", f"every rank's SAVE run {run_index}", config, merged)
-    with open(config.archive / LOCK_FILE, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if merged.exists():
-            log(f"foundry: run {run_index} was merged by another rank's launcher")
-            return 0
-        stats = merge_saves(config.archive, again.archive)
-        atomic_write(merged, b"")
-    shutil.rmtree(again.archive, ignore_errors=True)
-    log(f"foundry: merged run {run_index} of every rank: {stats['undefined_bytes']} undefined parameter bytes "
-        f"in {stats['graphs']} graphs")  # fmt: skip
-    return 0
-
-
-RANKS_WAIT_S = 600.0  # how long a rank's launcher waits for the other ranks' runs to finish
-
-
-def _wait_for(marker: Path, what: str, config: RunConfig, done: Path | None = None) -> None:
-    """Wait until ``marker`` (or ``done``) exists; refuse, naming what, after RANKS_WAIT_S."""
-    import time
-
-    deadline = time.monotonic() + RANKS_WAIT_S
-    while not marker.exists() and not (done is not None and done.exists()):
-        if time.monotonic() > deadline:
-            raise FoundryError(f"{what} did not finish within {RANKS_WAIT_S:.0f} s; {config.archive} holds the "
-                               "first run's archive without the cross-run marks", path=str(marker))  # fmt: skip
-        time.sleep(0.2)
