@@ -143,3 +143,21 @@ def test_catalog_records_environment_without_gpu_uuid():
     env = catalog["environment"]
     assert env["gpu_name"] == "NVIDIA H200" and env["compute_capability"] == "9.0"
     assert not any("uuid" in key.lower() for key in env)
+
+
+def test_a_session_is_written_at_the_lowest_version_that_holds_it(tmp_path):
+    import json
+
+    from foundry.archive.schema import GlobalRecord, ImageRecord
+
+    source = Archive.open(FIXTURES / "tiny-qwen3")
+    table = GlobalRecord("ncclDevFuncTable", 16, False, "0" * 64, loader_words=(0, 8))
+    for name, images, version in (("plain", [ImageRecord("ab" * 32, True)], 1),
+                                  ("loader", [ImageRecord("ab" * 32, True, (table,))], 2)):  # fmt: skip
+        writer = ArchiveWriter(tmp_path / name, environment=source.catalog.environment)
+        writer.rank(0).add_images(images)
+        writer.rank(0).seal()
+        writer.commit()
+        session = tmp_path / name / "rank0" / "session.json"
+        assert json.loads(session.read_text())["format_version"] == version
+        assert Archive.open(tmp_path / name).session(0).images == tuple(images)

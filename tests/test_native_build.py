@@ -135,3 +135,31 @@ def test_the_packed_buffer_of_an_extra_launch_is_read_at_its_own_size():
     size.value = 0
     with pytest.raises(DriverError, match="empty"):
         _packed_params(extra, layout)
+
+
+def test_a_packed_buffer_may_end_inside_its_parameters_but_not_run_past_them(lib):
+    kernel = struct.pack("<IQ3I3III", 1, 0x1000, 1, 1, 1, 32, 1, 1, 0, 1)  # arg mode 1: one packed buffer
+    layout = struct.pack("<III", 1, 0, 4096)
+
+    def desc(nbytes: int) -> bytes:
+        return b"FGB1" + struct.pack("<III", 1, 1, 0) + kernel + layout + struct.pack("<I", nbytes) + bytes(nbytes) \
+            + struct.pack("<I", 0)  # fmt: skip
+
+    assert check_packed(lib, desc(144)) == (1, 0)  # as NCCL launches its 4 KiB argument
+    assert check_packed(lib, desc(4096)) == (1, 0)
+    with pytest.raises(IRError, match="runs past its last parameter"):
+        check_packed(lib, desc(4104))
+
+
+def test_a_graph_is_written_at_the_lowest_version_that_holds_it():
+    from foundry.graphir.codec import decode_graph, encode_graph
+
+    plain = Archive.open(FIXTURES / "saveload-a").graph(0, "decode.bs8")
+    ir, node = nccl_style("saveload-a", "decode.bs8")
+    assert msgspec.msgpack.decode(encode_graph(plain))["version"] == 1  # older Foundry still reads it
+    document = msgspec.msgpack.decode(encode_graph(ir))
+    assert document["version"] == 2
+    assert decode_graph(encode_graph(ir)).node(node.id).packed_size == node.packed_size
+    document["version"] = 3
+    with pytest.raises(IRError, match="not readable by this Foundry"):
+        decode_graph(msgspec.msgpack.encode(document))

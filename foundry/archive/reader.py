@@ -19,6 +19,7 @@ from foundry.archive.schema import (
     CATALOG_FILE,
     FORMAT_VERSION,
     SESSION_FORMAT,
+    SESSION_VERSION,
     Catalog,
     GraphEntry,
     ModuleState,
@@ -65,18 +66,22 @@ def decode_typed(data: bytes, kind: type[T], *, path: Path) -> T:
         raise decode_error(err, path=path) from None
 
 
-def _check_header(data: bytes, *, expected: str, path: Path) -> None:
+def _check_header(data: bytes, *, expected: str, path: Path, newest: int = FORMAT_VERSION) -> None:
+    """The file's kind and a format version this Foundry reads (1 to ``newest``)."""
     header = decode_typed(data, _Header, path=path)
     if header.format != expected:
         raise ArchiveError(
             "not a Foundry file of this kind", path=str(path), field="format", expected=expected, found=header.format
         )
-    if header.format_version != FORMAT_VERSION:
-        newer = isinstance(header.format_version, int) and header.format_version > FORMAT_VERSION
-        reason = "written by a newer Foundry" if newer else "unsupported format version"
-        raise ArchiveError(
-            reason, path=str(path), field="format_version", expected=FORMAT_VERSION, found=header.format_version
+    version = header.format_version
+    if not isinstance(version, int) or not 1 <= version <= newest:
+        reason = (
+            "written by a newer Foundry"
+            if isinstance(version, int) and version > newest
+            else "unsupported format version"
         )
+        expected = newest if newest == 1 else f"1 to {newest}"
+        raise ArchiveError(reason, path=str(path), field="format_version", expected=expected, found=version)
 
 
 def _check_sha(value: str, *, path: Path, field: str) -> None:
@@ -160,7 +165,7 @@ class Archive:
                 expected=entry.sha256,
                 found=found,
             )
-        _check_header(data, expected=SESSION_FORMAT, path=path)
+        _check_header(data, expected=SESSION_FORMAT, path=path, newest=SESSION_VERSION)
         session = decode_typed(data, Session, path=path)
         self._check_session(session, rank, path)
         return session

@@ -15,7 +15,10 @@ from foundry.archive.outputs import OutputValue
 
 ARCHIVE_FORMAT = "foundry-archive"
 SESSION_FORMAT = "foundry-session"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # of the catalog
+# of sessions: 2 adds ``GlobalRecord.loader_words``. A session is written at the lowest
+# version that holds its content, so an archive without them stays readable by older Foundry.
+SESSION_VERSION = 2
 
 CATALOG_FILE = "foundry-archive.json"
 PLAN_SUFFIX = ".fgb"
@@ -127,6 +130,11 @@ class ImageRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     sha256: str
     globals_known: bool  # False: the image's globals could not be listed (e.g. compressed fatbin)
     globals: tuple[GlobalRecord, ...] = ()
+
+
+def session_version(images: tuple[ImageRecord, ...] | list[ImageRecord]) -> int:
+    """The lowest session format version that holds these image records."""
+    return 2 if any(g.loader_words for image in images for g in image.globals) else 1
 
 
 class RngRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -15,7 +15,6 @@ from foundry.archive.outputs import OutputValue, check_output
 from foundry.archive.rank_parts import RankPart, check_save_id, commit_when_complete, make_catalog, write_part
 from foundry.archive.schema import (
     CATALOG_FILE,
-    FORMAT_VERSION,
     PLAN_SUFFIX,
     SESSION_FORMAT,
     BackendState,
@@ -30,6 +29,7 @@ from foundry.archive.schema import (
     RegionRecord,
     RngRecord,
     Session,
+    session_version,
 )
 from foundry.errors import ArchiveError
 from foundry.graphir.codec import GRAPH_SUFFIX, encode_graph
@@ -131,7 +131,7 @@ class RankWriter:
         self._check_open()
         session = Session(
             format=SESSION_FORMAT,
-            format_version=FORMAT_VERSION,
+            format_version=session_version(self.images),
             rank=self.rank,
             graphs=tuple(self.graphs),
             region=self.region,

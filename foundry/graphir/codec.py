@@ -22,7 +22,9 @@ from foundry.graphir.operands import OperandColumns, OperandManifest
 from foundry.graphir.regions import Region
 
 GRAPH_FORMAT = "foundry-graph"
-GRAPH_VERSION = 1
+# 2 adds ``KernelNode.packed_size``; a graph is written at the lowest version that holds it,
+# so graphs without one stay readable by older Foundry
+GRAPH_VERSION = 2
 
 
 class GraphDocument(msgspec.Struct, gc=False, forbid_unknown_fields=True):
@@ -42,11 +44,16 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(GraphDocument)
 
 
+def graph_version(ir: GraphIR) -> int:
+    """The lowest graph format version that holds ``ir``."""
+    return 2 if any(node.packed_size for node in ir.kernels()) else 1
+
+
 def to_document(ir: GraphIR) -> GraphDocument:
     regions = tuple(sorted(ir.regions.values(), key=lambda r: r.name))
     return GraphDocument(
         format=GRAPH_FORMAT,
-        version=GRAPH_VERSION,
+        version=graph_version(ir),
         name=ir.name,
         meta=dict(sorted(ir.meta.items())),
         regions=regions,
@@ -68,11 +75,11 @@ def from_document(doc: GraphDocument, *, deep: bool = True) -> GraphIR:
     """Build and check the IR a document describes; raise :class:`IRError` if it
     breaks an invariant. ``deep=False`` checks structure only (see
     :meth:`GraphIR.check_structure`)."""
-    if doc.version != GRAPH_VERSION:
+    if not 1 <= doc.version <= GRAPH_VERSION:
         raise IRError(
             "graph format version not readable by this Foundry",
             field="version",
-            expected=GRAPH_VERSION,
+            expected=f"1 to {GRAPH_VERSION}",
             found=doc.version,
         )
     ir = GraphIR(doc.name, regions=doc.regions, meta=doc.meta)

@@ -207,7 +207,7 @@ class GraphIR:
             previous = key
             node = nodes[node_id]
             if site == OperandSite.PARAM and isinstance(node, KernelNode):
-                found = _param_word(node, param, offset)
+                found = _param_word(node, param, offset) if offset + WORD <= node.launch_bytes() else None
             else:
                 found = _field_word(node, site)
             if found != value:
@@ -242,7 +242,9 @@ def _check_kernel(node: KernelNode) -> None:
             expected=node.layout.size,
             found=len(node.params),
         )
-    if node.packed_size and (node.arg_mode != "extra" or node.packed_size >= node.layout.size):
+    if node.packed_size is not msgspec.UNSET and not (
+        node.arg_mode == "extra" and 0 < node.packed_size < node.layout.size
+    ):
         raise IRError("a shorter packed buffer needs arg mode 'extra' and fewer bytes than the layout", node=node.id,
                       kernel=node.kernel.name, expected=f"< {node.layout.size}", found=node.packed_size)  # fmt: skip
 

@@ -97,7 +97,13 @@ def mark_undefined(kept: GraphIR, probe: GraphIR) -> tuple[GraphIR, int]:
             raise CaptureError("the two captures of a step differ in node kind", path=kept.name, node=a.id)
         if not isinstance(a, KernelNode):
             continue
-        if a.kernel.name != b.kernel.name or a.layout != b.layout or a.launch != b.launch:
+        if (a.kernel.name, a.layout, a.launch, a.arg_mode, a.packed_size) != (
+            b.kernel.name,
+            b.layout,
+            b.launch,
+            b.arg_mode,
+            b.packed_size,
+        ):
             raise CaptureError(
                 "the two captures of a step launch different kernels", path=kept.name, node=a.id, kernel=a.kernel.name
             )

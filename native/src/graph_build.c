@@ -168,9 +168,15 @@ static CUresult add_kernel(reader_t *r, build_t *b, CUgraphNode *out) {
         uint32_t offset, size;
         memcpy(&offset, offsets + 4 * i, 4);
         memcpy(&size, sizes + 4 * i, 4);
-        if (arg_mode == 1) /* one packed buffer: the driver reads nbytes of it, which may end inside a */
-            continue;      /* parameter (NCCL passes only the used bytes of its 4 KiB argument) */
-        if (size == 0 || offset > nbytes || size > nbytes - offset) /* the driver reads all `size` bytes */
+        if (size == 0 || offset > UINT32_MAX - size)
+            fail(r, "parameter %u (%u bytes at %u) is malformed", i, size, offset);
+        else if (arg_mode == 1) {
+            /* one packed buffer: the driver reads its nbytes, which may end inside a parameter (NCCL
+             * passes only the used bytes of its 4 KiB argument), never past the last one */
+            if (i + 1 == nparams && nbytes > offset + size)
+                fail(r, "a packed buffer of %u bytes runs past its last parameter (%u bytes at %u)", nbytes, size,
+                     offset);
+        } else if (offset > nbytes || size > nbytes - offset) /* the driver reads all `size` bytes */
             fail(r, "parameter %u (%u bytes at %u) lies outside the %u-byte buffer", i, size, offset, nbytes);
         else
             pointers[i] = (void *)(bytes + offset);

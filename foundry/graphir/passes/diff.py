@@ -196,6 +196,7 @@ def compare_nodes(na: Node, oa: tuple[Operand, ...], nb: Node, ob: tuple[Operand
         check("attributes", _attributes(na), _attributes(nb))
         check("func_attrs", na.func_attrs, nb.func_attrs)
         check("arg_mode", na.arg_mode, nb.arg_mode)
+        check("packed_size", na.launch_bytes(), nb.launch_bytes())
         check("layout", na.layout.slots, nb.layout.slots)
         changes.extend(_param_changes(na, oa, nb, ob))
     else:
