@@ -225,6 +225,7 @@ EP="python3 recipes/deepep/ep2.py --rank @R@"
 FR="--region-threads any"  # NCCL's and NVSHMEM's helper threads allocate too
 step ep2-import python3 -c 'import sys; sys.path.insert(0, "recipes/deepep"); import ep2; print(ep2.import_deep_ep().__file__)'
 ranks ep2-baseline "$EP --out $E/baseline.r@R@.json"
+export RANKS_TIMEOUT=400  # a SAVE runs each rank twice, each starting NVSHMEM
 FOUNDRY_SAVE_ID=ep2-2 ranks ep2-save2 "python3 -m foundry run $FR --mode save --rank @R@ --world-size 2 --archive $E/save -- $EP --out $E/save.r@R@.json"
 mv "$E/save" "$E/save2" && for r in 0 1; do mv "$E/save.r$r.json" "$E/save2.r$r.json"; done
 FOUNDRY_SAVE_ID=ep2-1 ranks ep2-save "python3 -m foundry run $FR --mode save --rank @R@ --world-size 2 --archive $E/save -- $EP --out $E/save.r@R@.json"
@@ -235,6 +236,7 @@ for r in 0 1; do
     step ep2-lint.r$r python3 -m foundry graph lint "$E/save" --rank $r --expect deepep-dispatch=1 --expect deepep-combine=1
 done
 step ep2-save-vs-save2 python3 -m foundry archive diff "$E/save" "$E/save2"
+unset RANKS_TIMEOUT
 fi
 
 echo

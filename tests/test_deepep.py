@@ -206,3 +206,10 @@ def test_compare_wants_every_replay_equal_and_every_oracle_passed(tmp_path, caps
     assert ep2.compare([a, write_report(tmp_path / "d.json", 8, ["expert 4 row 0: expected x, found y"])]) == 1
     (tmp_path / "e.json").write_text("{}")
     assert ep2.compare([a, tmp_path / "e.json"]) == 2
+
+
+def test_compare_refuses_a_report_with_a_malformed_replay(tmp_path, capsys):
+    a = write_report(tmp_path / "a.json", 8)
+    (tmp_path / "b.json").write_text('{"replays": [{"problems": []}]}')
+    assert ep2.compare([a, tmp_path / "b.json"]) == 2
+    assert "not a report of this recipe" in capsys.readouterr().out
