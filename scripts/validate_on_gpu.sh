@@ -6,7 +6,7 @@
 # Sections, in order (all one-GPU ones when none is named): tests session-tests recipe
 # relocation negative bench sglang sglang-more sglang-prefill, and on two GPUs tp2 tp2-nccl ep2. relocation and negative need recipe's archive in RESULTS_DIR;
 # sglang needs SGLang 0.5.17 importable (and this package installed, so SGLang
-# finds the plugin's entry point); ep2 needs sgl-deep-ep 0.1.2 and nvidia-ml-py.
+# finds the plugin's entry point); ep2 needs sgl-deep-ep 0.1.2.post1 and nvidia-ml-py.
 #
 # Needs torch with CUDA, cuda-bindings, zstandard, nvcc and this package
 # (installed, so its backends' entry points exist) with the native hook built.

@@ -93,3 +93,28 @@ def test_every_nvshmem_setting_the_buffer_makes_is_recorded():
         and str(target.slice.value).startswith("NVSHMEM_")
     }  # fmt: skip
     assert len(set_there) >= 6 and set_there <= set(NVSHMEM_SETTINGS), set_there - set(NVSHMEM_SETTINGS)
+
+
+def _parameters(tree: ast.Module, cls: str, name: str) -> list[str]:
+    method = _method(tree, cls, name)
+    return [a.arg for a in (*method.args.args, *method.args.kwonlyargs)]
+
+
+def test_the_wheel_has_the_calls_the_two_gpu_recipe_makes():
+    """recipes/deepep/ep2.py builds a low-latency Buffer and captures low_latency_dispatch
+    and low_latency_combine; each call's parameters as the recipe passes them."""
+    with zipfile.ZipFile(_wheel()) as wheel:
+        legacy = ast.parse(wheel.read("deep_ep/buffers/legacy.py"))
+        exported = wheel.read("deep_ep/__init__.py").decode()
+    init = _parameters(legacy, "Buffer", "__init__")
+    assert {"low_latency_mode", "num_qps_per_rank", "allow_nvlink_for_low_latency_mode", "explicitly_destroy"} <= set(
+        init
+    )
+    assert _parameters(legacy, "Buffer", "get_low_latency_rdma_size_hint") == [
+        "num_max_dispatch_tokens_per_rank", "hidden", "num_ranks", "num_experts"]  # fmt: skip
+    dispatch = _parameters(legacy, "Buffer", "low_latency_dispatch")
+    assert dispatch[:5] == ["self", "x", "topk_idx", "num_max_dispatch_tokens_per_rank", "num_experts"]
+    assert "use_fp8" in dispatch
+    combine = _parameters(legacy, "Buffer", "low_latency_combine")
+    assert combine[:5] == ["self", "x", "topk_idx", "topk_weights", "handle"]
+    assert "topk_idx_t" in exported

@@ -87,7 +87,7 @@ def sorted_digest(rows: list[list[float]]) -> str:
 
 
 def import_deep_ep():
-    """``deep_ep`` with lazy symbol binding: the sgl-deep-ep 0.1.2 wheel is built against a
+    """``deep_ep`` with lazy symbol binding: the sgl-deep-ep 0.1.2.post1 wheel is built against a
     newer torch that exports one error constructor more, which only its error path calls.
     Its extension names ``libnvshmem_host.so.3`` by a path of its build machine, so the
     one installed with torch (nvidia-nvshmem-cu13 3.4.5, the version of the NVSHMEM
