@@ -117,7 +117,7 @@ def test_the_full_backend_keeps_graphs_and_outputs_where_the_plugin_puts_them(wh
     targets = [t for n in ast.walk(backend) if isinstance(n, ast.Assign) for t in n.targets]
     targets += [n.target for n in ast.walk(backend) if isinstance(n, ast.AnnAssign)]
     assigned = {t.attr for t in targets if isinstance(t, ast.Attribute)}
-    assert {"_graphs", "_outputs", "_device_module", "_tp_group", "_memory_saver_adapter"} <= assigned
+    assert {"_graphs", "_outputs", "_device_module", "_tp_group"} <= assigned
 
 
 def _recipe(name: str):

@@ -265,9 +265,6 @@ def _capture_one(original: Any, backend: Any, shape_key: Any, forward_fn: Any, c
                  post_warmup_hook: Any = None) -> None:  # fmt: skip
     if _state is None:
         return original(backend, shape_key, forward_fn, capture_inputs, post_warmup_hook)
-    saver = getattr(backend, "_memory_saver_adapter", None)
-    if saver is not None and getattr(saver, "enabled", False):
-        raise FoundryError("graphs captured under the memory saver cannot be persisted", field="sglang.memory_saver")
     runner = getattr(backend, "_foundry_runner", "graph")
     if not _state.model_checked:
         _check_model(backend)
