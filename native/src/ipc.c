@@ -58,7 +58,6 @@ static struct {
     int fd;
     uint32_t refs;
 } imports[MAX_IMPORTS];
-static pid_t server_pid; /* the process that started the server (a forked child has none) */
 
 #define IO_TIMEOUT_S 5
 
@@ -164,7 +163,6 @@ static void *server_loop(void *arg) {
 /* A forked child inherits the parent's socket but not its server thread. */
 static void forget_server(void) {
     server_fd = -1;
-    server_pid = 0;
     export_count = 0;
     memset(imports, 0, sizeof imports);
     pthread_mutex_init(&lock, NULL);
@@ -175,7 +173,7 @@ static void register_fork_handler(void) { pthread_atfork(NULL, NULL, forget_serv
 static int start_server(void) {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, register_fork_handler);
-    if (server_fd >= 0 && server_pid == getpid()) return 0;
+    if (server_fd >= 0) return 0; /* a forked child has none: forget_server */
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     struct sockaddr_un addr;
     socklen_t len = socket_address((int32_t)getpid(), &addr);
@@ -185,7 +183,6 @@ static int start_server(void) {
         return -1;
     }
     server_fd = fd;
-    server_pid = getpid();
     pthread_t thread;
     if (pthread_create(&thread, NULL, server_loop, NULL) != 0) {
         close(fd);
