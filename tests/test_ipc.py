@@ -191,3 +191,38 @@ def test_a_withdrawn_export_is_refused_to_later_importers(hook_library, ipc):
         proc.stdin.write("done\n")
         proc.stdin.flush()
         proc.wait(timeout=30)
+
+
+FORKING_EXPORTER = r"""
+import ctypes, os, sys
+sys.path.insert(0, sys.argv[2])
+from foundry.runtime.ipc import Ipc
+ipc = Ipc(ctypes.CDLL(sys.argv[1]))
+fd = os.memfd_create("parent")
+os.write(fd, b"parent bytes")
+ipc.export(fd, rank_slot=0, region_base=0x600000000000, offset=0, size=4096)  # the parent's server runs
+pid = os.fork()
+if pid == 0:  # the child inherits the parent's socket but not its server thread
+    fd = os.memfd_create("child")
+    os.write(fd, b"child bytes")
+    print(ipc.export(fd, rank_slot=1, region_base=0x600000000000, offset=0x1000, size=4096).hex(), flush=True)
+    sys.stdin.readline()
+    os._exit(0)
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_forked_child_serves_its_own_exports(hook_library, ipc):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "-c", FORKING_EXPORTER, str(hook_library), root], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        raw = bytes.fromhex(proc.stdout.readline().strip())
+        assert decode(raw).pid != proc.pid  # exported by the child, from its own socket
+        fd = ipc.open(raw)
+        assert os.pread(fd, 11, 0) == b"child bytes"
+        assert ipc.close(raw) == 0
+    finally:
+        proc.stdin.write("done\n")
+        proc.stdin.flush()
+        proc.wait(timeout=30)
