@@ -4,7 +4,8 @@
 #   scripts/validate_on_gpu.sh RESULTS_DIR [SECTION ...]
 #
 # Sections, in order (all one-GPU ones when none is named): tests session-tests recipe
-# relocation negative bench sglang sglang-more sglang-prefill, and on two GPUs tp2 tp2-nccl ep2. relocation and negative need recipe's archive in RESULTS_DIR;
+# recipe-runs3 relocation negative bench sglang sglang-more sglang-prefill, and on two GPUs
+# tp2 tp2-nccl ep2. relocation and negative need recipe's archive in RESULTS_DIR;
 # sglang needs SGLang 0.5.17 importable (and this package installed, so SGLang
 # finds the plugin's entry point); ep2 needs sgl-deep-ep 0.1.2.post1 and nvidia-ml-py.
 #
@@ -13,9 +14,9 @@
 # Writes logs and reports under RESULTS_DIR and prints a summary table last; each
 # step says which command produced it, for docs/validation.md.
 set -uo pipefail
-RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|relocation|negative|bench|sglang|sglang-more|sglang-prefill|tp2|tp2-nccl|ep2 ...]}
+RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|recipe-runs3|relocation|negative|bench|sglang|sglang-more|sglang-prefill|tp2|tp2-nccl|ep2 ...]}
 shift
-SECTIONS=${*:-tests session-tests recipe relocation negative bench sglang sglang-more sglang-prefill}
+SECTIONS=${*:-tests session-tests recipe recipe-runs3 relocation negative bench sglang sglang-more sglang-prefill}
 wants() { [[ " $SECTIONS " == *" $1 "* ]]; }
 cd "$(dirname "$0")/.."
 mkdir -p "$RESULTS"
@@ -69,6 +70,16 @@ step load-shifted python3 -m foundry run --mode load --region-base $SHIFTED --ar
 step compare python3 recipes/torch/compare.py "$RESULTS"/baseline.json "$RESULTS"/save.json "$RESULTS"/save2.json "$RESULTS"/load.json \
     "$RESULTS"/load-restore.json "$RESULTS"/load-native.json "$RESULTS"/load-shifted.json
 step save-vs-save2 python3 -m foundry archive diff "$RESULTS/a/save" "$RESULTS/a/save2"
+fi
+
+# 2b. SAVE vs SAVE2 again, each with three runs: do more runs find every leftover byte, so that
+# the two archives' fingerprints agree on every graph? (the same command line twice, as above)
+if wants recipe-runs3; then
+rm -rf "$RESULTS/a3" && mkdir -p "$RESULTS/a3"
+step save3-2 python3 -m foundry run --mode save --save-runs 3 --archive "$RESULTS/a3/save" -- $RUN --out "$RESULTS/a3/save.json"
+mv "$RESULTS/a3/save" "$RESULTS/a3/save2"
+step save3-1 python3 -m foundry run --mode save --save-runs 3 --archive "$RESULTS/a3/save" -- $RUN --out "$RESULTS/a3/save.json"
+step save3-diff python3 -m foundry archive diff "$RESULTS/a3/save" "$RESULTS/a3/save2"
 fi
 
 # 3. relocation proof: a SAVE at a base 16 GiB higher, compared word by word
