@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -28,17 +30,25 @@ sys.stdin.readline()
 """
 
 
-@pytest.fixture
-def exporter(hook_library):
+@contextmanager
+def exporting(hook_library, code: str) -> Iterator[tuple[subprocess.Popen, bytes]]:
+    """A process running ``code`` (given the hook library and the repository root): yields
+    it and the handle it printed first, and tells it to finish on the way out."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = EXPORTER % PAYLOAD.decode()
     proc = subprocess.Popen([sys.executable, "-c", code, str(hook_library), root], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)  # fmt: skip
-    raw = bytes.fromhex(proc.stdout.readline().strip())
-    yield proc, raw
-    proc.stdin.write("done\n")
-    proc.stdin.flush()
-    proc.wait(timeout=30)
+    try:
+        yield proc, bytes.fromhex(proc.stdout.readline().strip())
+    finally:
+        proc.stdin.write("done\n")
+        proc.stdin.flush()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture
+def exporter(hook_library):
+    with exporting(hook_library, EXPORTER % PAYLOAD.decode()) as started:
+        yield started
 
 
 @pytest.fixture
@@ -174,11 +184,7 @@ sys.stdin.readline()
 
 
 def test_a_withdrawn_export_is_refused_to_later_importers(hook_library, ipc):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.Popen([sys.executable, "-c", WITHDRAWING, str(hook_library), root], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        raw = bytes.fromhex(proc.stdout.readline().strip())
+    with exporting(hook_library, WITHDRAWING) as (proc, raw):
         fd = ipc.open(raw)  # before: the import works and keeps its descriptor
         proc.stdin.write("withdraw\n")
         proc.stdin.flush()
@@ -187,10 +193,6 @@ def test_a_withdrawn_export_is_refused_to_later_importers(hook_library, ipc):
         assert ipc.close(raw) == 0
         with pytest.raises(IpcError, match="wrong token"):
             ipc.open(raw)
-    finally:
-        proc.stdin.write("done\n")
-        proc.stdin.flush()
-        proc.wait(timeout=30)
 
 
 FORKING_EXPORTER = r"""
@@ -213,16 +215,8 @@ os.waitpid(pid, 0)
 
 
 def test_a_forked_child_serves_its_own_exports(hook_library, ipc):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.Popen([sys.executable, "-c", FORKING_EXPORTER, str(hook_library), root], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        raw = bytes.fromhex(proc.stdout.readline().strip())
+    with exporting(hook_library, FORKING_EXPORTER) as (proc, raw):
         assert decode(raw).pid != proc.pid  # exported by the child, from its own socket
         fd = ipc.open(raw)
         assert os.pread(fd, 11, 0) == b"child bytes"
         assert ipc.close(raw) == 0
-    finally:
-        proc.stdin.write("done\n")
-        proc.stdin.flush()
-        proc.wait(timeout=30)
