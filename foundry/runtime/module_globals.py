@@ -176,15 +176,15 @@ def record_image(sha256: str, image: bytes, kind: str, handle: int) -> ImageReco
 
 
 def _record(name: str, live: bytes, initial: bytes, loader: tuple[int, ...]) -> GlobalRecord:
-    written = without_loader_words(live, loader) != without_loader_words(initial, loader)
-    digest = hashlib.sha256(without_loader_words(live, loader)).hexdigest()
-    return GlobalRecord(name, len(live), written, digest, live if written else None,
+    kept = without_loader_words(live, loader)
+    written = kept != without_loader_words(initial, loader)
+    return GlobalRecord(name, len(live), written, hashlib.sha256(kept).hexdigest(), live if written else None,
                         loader_words=loader or msgspec.UNSET)  # fmt: skip
 
 
 def loader_words(first: bytes, second: bytes) -> tuple[int, ...]:
     """Offsets of the 8-byte words two fresh loads of one image disagree on."""
-    return tuple(i for i in range(0, min(len(first), len(second)) - 7, 8) if first[i : i + 8] != second[i : i + 8])
+    return tuple(8 * i for i, (a, b) in enumerate(zip(_words(first), _words(second), strict=False)) if a != b)
 
 
 def without_loader_words(value: bytes, loader: tuple[int, ...] | msgspec.UnsetType) -> bytes:
@@ -229,7 +229,8 @@ def restore_fresh(record: ImageRecord | None, sha256: str, library: int,
                 raise DriftError("a device global holds an address in SAVE's region, which this LOAD moved",
                                  field=g.name, path=f"image {sha256[:12]}")  # fmt: skip
     for g in written:
-        _write_global(library, g.name, _keep_loader_words(g, _read_global("library", library, g.name)))
+        fresh = _read_global("library", library, g.name) if g.loader_words else None
+        _write_global(library, g.name, _keep_loader_words(g, fresh))
     return [g.name for g in written]
 
 
