@@ -220,3 +220,35 @@ def test_a_forked_child_serves_its_own_exports(hook_library, ipc):
         fd = ipc.open(raw)
         assert os.pread(fd, 11, 0) == b"child bytes"
         assert ipc.close(raw) == 0
+
+
+REUSING = r"""
+import ctypes, os, sys
+sys.path.insert(0, sys.argv[2])
+from foundry.runtime.ipc import Ipc, decode
+lib = ctypes.CDLL(sys.argv[1])
+ipc = Ipc(lib)
+for n in range(1100):  # more exports over the process's life than it may hold at once (1024)
+    fd = os.memfd_create("churn")
+    handle = decode(ipc.export(fd, rank_slot=0, region_base=0x600000000000, offset=0, size=4096))
+    os.close(fd)
+    assert lib.foundry_ipc_unexport(handle.export_id) == 0, n
+withdrawn = ipc.export(os.memfd_create("old"), rank_slot=0, region_base=0x600000000000, offset=0, size=4096)
+lib.foundry_ipc_unexport(decode(withdrawn).export_id)
+fd = os.memfd_create("new")
+os.write(fd, b"new bytes")
+print(ipc.export(fd, rank_slot=0, region_base=0x600000000000, offset=0, size=4096).hex(), flush=True)
+print(withdrawn.hex(), flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_withdrawn_export_numbers_are_reused_and_their_old_handles_refused(hook_library, ipc):
+    with exporting(hook_library, REUSING) as (proc, raw):
+        old = bytes.fromhex(proc.stdout.readline().strip())
+        assert decode(raw).export_id == decode(old).export_id == 0  # the one number, used again
+        fd = ipc.open(raw)
+        assert os.pread(fd, 9, 0) == b"new bytes"
+        assert ipc.close(raw) == 0
+        with pytest.raises(IpcError, match="wrong token"):
+            ipc.open(old)  # a handle of the export that had the number before

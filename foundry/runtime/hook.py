@@ -29,6 +29,7 @@ COUNTERS = (
     "ipc_imports",
     "passthrough_captures",
     "passthrough_instantiates",
+    "other_thread_allocations",
 )
 
 

@@ -32,7 +32,6 @@
 
 #include "hook.h"
 
-#define DRIVER(fn) ((__typeof__(&fn))fh_real(#fn))
 #define MAX_PARAMS 4096
 #define ATTR_VALUE_BYTES 64
 

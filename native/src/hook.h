@@ -15,6 +15,9 @@ CUresult fh_refuse(CUresult rc, const char *fmt, ...) __attribute__((format(prin
 
 /* interpose.c: the real driver entry point for an exported (versioned) symbol name. */
 void *fh_real(const char *exported);
+/* The real driver function `fn`, typed as cuda.h declares it. */
+#define DRIVER(fn) ((__typeof__(&fn))fh_real(#fn))
+#define GiB (1ULL << 30)
 /* The first of `names` the driver lacks (fh_real logged it), or NULL when it has them all. */
 const char *fh_driver_missing(const char *const *names, size_t count);
 
@@ -29,6 +32,7 @@ int fh_region_geometry(CUdeviceptr *base, size_t *size, CUmemAccessDesc *access)
 /* ipc_driver.c: the driver's IPC calls on region memory, through Foundry handles. */
 CUresult fh_ipc_get_mem_handle(CUipcMemHandle *handle, CUdeviceptr dptr);
 CUresult fh_ipc_open_mem_handle(CUdeviceptr *dptr, CUipcMemHandle handle, unsigned int flags);
+CUresult fh_ipc_open_mem_handle_v1(CUdeviceptr *dptr, CUipcMemHandle handle, unsigned int flags);
 CUresult fh_ipc_close_mem_handle(CUdeviceptr dptr);
 /* ipc.c: whether two Foundry handles name the same export (pid, number and token). */
 int fh_ipc_same_handle(const foundry_ipc_handle_t *a, const foundry_ipc_handle_t *b);

@@ -204,7 +204,7 @@ static struct hook {
     {"cuModuleUnload", 2000, "cuModuleUnload", (void *)fh_module_unload, NULL},
     {"cuLibraryUnload", 12000, "cuLibraryUnload", (void *)fh_library_unload, NULL},
     {"cuIpcGetMemHandle", 4010, "cuIpcGetMemHandle", (void *)fh_ipc_get_mem_handle, NULL},
-    {"cuIpcOpenMemHandle", 4010, "cuIpcOpenMemHandle", (void *)fh_ipc_open_mem_handle, NULL},
+    {"cuIpcOpenMemHandle", 4010, "cuIpcOpenMemHandle", (void *)fh_ipc_open_mem_handle_v1, NULL},
     {"cuIpcOpenMemHandle", 11000, "cuIpcOpenMemHandle_v2", (void *)fh_ipc_open_mem_handle, NULL},
     {"cuIpcCloseMemHandle", 4010, "cuIpcCloseMemHandle", (void *)fh_ipc_close_mem_handle, NULL},
     {"cuGetProcAddress", 12000, "cuGetProcAddress_v2", (void *)hook_get_proc_v2, NULL},

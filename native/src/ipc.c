@@ -193,21 +193,29 @@ static int start_server(void) {
     return 0;
 }
 
+/* A withdrawn export's number, or the next new one (MAX_EXPORTS: none left). Its new token
+ * refuses the handles given out before. Call with the lock held. */
+static uint32_t free_export(void) {
+    for (uint32_t id = 0; id < export_count; id++)
+        if (exports[id].fd < 0) return id;
+    return export_count;
+}
+
 int foundry_ipc_export(int fd, uint16_t rank_slot, uint64_t region_base, uint64_t offset, uint64_t size,
                        foundry_ipc_handle_t *out) {
     if (fd < 0 || out == NULL) return FOUNDRY_EINVAL;
     int own = fcntl(fd, F_DUPFD_CLOEXEC, 0); /* ours: the caller may close or reuse its number */
     if (own < 0) return FOUNDRY_EINVAL;
     pthread_mutex_lock(&lock);
-    int status = export_count < MAX_EXPORTS && start_server() == 0 ? FOUNDRY_OK : FOUNDRY_ESTATE;
+    uint32_t id = free_export();
+    int status = id < MAX_EXPORTS && start_server() == 0 ? FOUNDRY_OK : FOUNDRY_ESTATE;
     if (status == FOUNDRY_OK) {
-        uint32_t id = export_count;
         if (getrandom(exports[id].token, sizeof exports[id].token, 0) != (ssize_t)sizeof exports[id].token) {
             status = FOUNDRY_ESTATE;
         } else {
             exports[id].fd = own;
             own = -1;
-            export_count++;
+            if (id == export_count) export_count++;
             memset(out, 0, sizeof *out);
             out->magic = FOUNDRY_IPC_MAGIC;
             out->version = FOUNDRY_IPC_VERSION;

@@ -21,8 +21,6 @@
 
 #include "hook.h"
 
-#define DRIVER(fn) ((__typeof__(&fn))fh_real(#fn))
-#define GiB (1ULL << 30)
 #define DEFAULT_ZONE 0x700000000000ULL
 #define MAX_SLOTS 8
 #define MAX_EXPORTS 1024
@@ -185,8 +183,19 @@ static int map_import(const foundry_ipc_handle_t *h, int fd, CUdeviceptr at, con
     return slot;
 }
 
+static CUresult open_handle(const char *real, CUdeviceptr *dptr, CUipcMemHandle raw, unsigned int flags);
+
+/* Each name passes through to its own driver function when the hook is off. */
 CUresult fh_ipc_open_mem_handle(CUdeviceptr *dptr, CUipcMemHandle raw, unsigned int flags) {
-    if (fh_region_mode() == FOUNDRY_MODE_OFF) return ((open_fn)fh_real("cuIpcOpenMemHandle_v2"))(dptr, raw, flags);
+    return open_handle("cuIpcOpenMemHandle_v2", dptr, raw, flags);
+}
+
+CUresult fh_ipc_open_mem_handle_v1(CUdeviceptr *dptr, CUipcMemHandle raw, unsigned int flags) {
+    return open_handle("cuIpcOpenMemHandle", dptr, raw, flags);
+}
+
+static CUresult open_handle(const char *real, CUdeviceptr *dptr, CUipcMemHandle raw, unsigned int flags) {
+    if (fh_region_mode() == FOUNDRY_MODE_OFF) return ((open_fn)fh_real(real))(dptr, raw, flags);
     if (dptr == NULL) return CUDA_ERROR_INVALID_VALUE;
     foundry_ipc_handle_t h;
     memcpy(&h, &raw, sizeof h);

@@ -22,7 +22,6 @@
 
 #include "hook.h"
 
-#define GiB (1ULL << 30)
 #define DEFAULT_BASE 0x600000000000ULL
 #define DEFAULT_SIZE (64 * GiB)
 
@@ -108,8 +107,6 @@ int fh_region_mode(void) {
     pthread_once(&once, configure);
     return region.mode;
 }
-
-#define DRIVER(fn) ((__typeof__(&fn))fh_real(#fn))
 
 /* Every driver entry point the region calls, resolved up front: a missing one is
  * refused here by name instead of crashing on a NULL call later. */
@@ -204,14 +201,20 @@ static CUresult map_at_cursor(CUdeviceptr *dptr, size_t bytesize) {
 /* The thread and context policy: one owner thread allocates at a time, in the
  * context the region was reserved in. FOUNDRY_REGION_THREADS=any lets other threads
  * allocate too (NCCL's proxy thread allocates its peer buffers while the caller
- * waits for it): each such allocation is logged, and the trace comparisons (the
- * runs of a SAVE, a LOAD against SAVE's warm-up) still refuse any reordering. */
+ * waits for it): each such allocation is counted (`other_thread_allocations`), the
+ * first of each run from one thread logged (logging every one could fill the log
+ * and crowd out later errors), and the trace comparisons (the runs of a SAVE, a
+ * LOAD against SAVE's warm-up) still refuse any reordering. */
 static CUresult check_caller(size_t bytesize) {
+    static pid_t last_logged; /* the other thread whose allocation was logged last */
     pid_t tid = thread_id();
     if (region.owner == 0) region.owner = tid;
     if (tid != region.owner && region.any_thread) {
-        fh_event("region: allocation #%zu of %zu bytes from thread %d (owner %d; FOUNDRY_REGION_THREADS=any)",
-                 region.count, bytesize, (int)tid, (int)region.owner);
+        fh_count("other_thread_allocations");
+        if (tid != last_logged)
+            fh_event("region: allocation #%zu of %zu bytes from thread %d (owner %d; FOUNDRY_REGION_THREADS=any)",
+                     region.count, bytesize, (int)tid, (int)region.owner);
+        last_logged = tid;
     } else if (tid != region.owner) {
         fh_event("error: allocation #%zu of %zu bytes from thread %d; the region's owner is thread %d", region.count,
                  bytesize, (int)tid, (int)region.owner);
@@ -267,6 +270,15 @@ CUresult fh_mem_alloc(CUdeviceptr *dptr, size_t bytesize) {
     return rc;
 }
 
+/* The live allocation holding p, or -1. Call with the lock held. */
+static long find_live(CUdeviceptr p) {
+    for (size_t i = 0; i < region.count; i++) {
+        foundry_alloc_t *a = &region.trace[i];
+        if (!a->freed && p >= region.base + a->offset && p < region.base + a->offset + a->size) return (long)i;
+    }
+    return -1;
+}
+
 CUresult fh_mem_free(CUdeviceptr dptr) {
     if (fh_region_mode() == FOUNDRY_MODE_OFF) return ((free_fn)fh_real("cuMemFree_v2"))(dptr);
     pthread_mutex_lock(&lock);
@@ -275,16 +287,14 @@ CUresult fh_mem_free(CUdeviceptr dptr) {
         return ((free_fn)fh_real("cuMemFree_v2"))(dptr);
     }
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
-    int found = 0;
-    for (size_t i = 0; i < region.count; i++) {
+    long i = find_live(dptr);
+    int found = i >= 0 && region.base + region.trace[i].offset == dptr; /* only an allocation's start frees it */
+    if (found) {
         foundry_alloc_t *a = &region.trace[i];
-        if (a->freed || region.base + a->offset != dptr) continue;
-        found = 1;
         DRIVER(cuCtxSynchronize)(); /* cuMemFree synchronizes; cuMemUnmap does not */
         rc = DRIVER(cuMemUnmap)(dptr, a->size);
         if (rc == CUDA_SUCCESS) rc = DRIVER(cuMemRelease)(region.handles[i]);
         if (rc == CUDA_SUCCESS) a->freed = 1;
-        break;
     }
     pthread_mutex_unlock(&lock);
     if (found && rc == CUDA_SUCCESS) fh_ipc_forget(dptr - region.base); /* an exported descriptor would keep it */
@@ -296,16 +306,11 @@ CUresult fh_mem_free(CUdeviceptr dptr) {
 }
 
 int fh_region_lookup(CUdeviceptr p, size_t *offset, size_t *size, CUmemGenericAllocationHandle *handle) {
-    int found = 0;
     pthread_mutex_lock(&lock);
-    for (size_t i = 0; region.reserved && i < region.count && !found; i++) {
-        foundry_alloc_t *a = &region.trace[i];
-        if (a->freed || p < region.base + a->offset || p >= region.base + a->offset + a->size) continue;
-        *offset = a->offset, *size = a->size, *handle = region.handles[i];
-        found = 1;
-    }
+    long i = region.reserved ? find_live(p) : -1;
+    if (i >= 0) *offset = region.trace[i].offset, *size = region.trace[i].size, *handle = region.handles[i];
     pthread_mutex_unlock(&lock);
-    return found;
+    return i >= 0;
 }
 
 int fh_region_geometry(CUdeviceptr *base, size_t *size, CUmemAccessDesc *access) {
