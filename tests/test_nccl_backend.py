@@ -88,3 +88,16 @@ def test_peers_in_the_import_zone_are_named_regions_and_the_zone_must_not_move()
         backend.validate(state, [], live(peers=[]))
     with pytest.raises(BackendError, match="no slot in the import zone"):
         backend.facts(world_size=2, rank=0, nccl_version="none", import_zone=zone, peers=[8])
+
+
+def test_a_record_of_the_format_before_the_import_zone_is_refused_by_its_version():
+    """Version 1 records had no import zone or peers: refused as an older record, not
+    blamed on the live communicator."""
+    import msgspec
+
+    backend = NcclIpcBackend()
+    state = backend.record(process())
+    old = {k: v for k, v in state.record.items() if k not in ("import_zone", "peers")}
+    with pytest.raises(BackendError, match="state record of another version") as err:
+        backend.validate(msgspec.structs.replace(state, version=1, record=old), [], process())
+    assert err.value.field == "nccl-ipc.version"

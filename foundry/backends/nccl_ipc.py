@@ -27,7 +27,15 @@ import re
 from typing import Any
 
 from foundry.archive.schema import BackendState
-from foundry.backends.base import Backend, KernelMatch, LiveState, SaveState, require_same, roles
+from foundry.backends.base import (
+    Backend,
+    KernelMatch,
+    LiveState,
+    SaveState,
+    require_same,
+    require_state_version,
+    roles,
+)
 from foundry.errors import BackendError
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import KernelIdentity
@@ -61,6 +69,7 @@ class NcclIpcBackend(Backend):
     description = "NCCL collectives; addresses proven identical through deterministic peer memory"
     kinds = frozenset({*_KINDS.values(), "nccl-onerank", "nccl-internal"})
     regions = ("ipc.peer*", "nccl.*")
+    state_version = 2  # 2: the import zone and the peers
 
     def facts(
         self,
@@ -115,6 +124,7 @@ class NcclIpcBackend(Backend):
         return BackendState(self.name, self.state_version, record)
 
     def validate(self, state: BackendState, graphs: list[GraphIR], live: LiveState) -> None:
+        require_state_version(self, state)
         facts = dict(live.backend_facts(self.name))
         facts["region_base"] = live.backend_facts("vmm").get("base", facts.get("region_base"))
         require_same(self.name, "the live NCCL communicator", _EXACT, state.record, facts)
