@@ -154,7 +154,7 @@ class LoadSession(Session):
                                field=backend)  # fmt: skip
         if self.graphs is not None:
             raise FoundryError("attach backends before the first graph()", field=backend)
-        owner = next((b for b, _ in self.backends if b.name == backend), None)
+        owner, state = next(((b, s) for b, s in self.backends if b.name == backend), (None, None))
         if owner is None:
             raise DriftError(f"the archive records no state for backend {backend!r}", field=f"backends.{backend}")
         facts = backend_facts(owner, objects)
@@ -162,9 +162,8 @@ class LoadSession(Session):
         # archive's trace; what the graphs need of the communicator is checked at restore
         live = self._live_facts()
         live.facts[backend] = facts
-        owner.validate(self._state(backend), [], live)
+        owner.validate(state, [], live)
         self.attached[backend] = facts
-        self._owners.clear()  # an attached backend now places its regions
 
     def warmup(self, fn: Callable[[], Any]) -> None:
         if self.warmup_mode == "replay":
@@ -453,9 +452,6 @@ class LoadSession(Session):
     def _live_facts(self) -> ProcessFacts:
         vmm = {} if self.live_base is None else {"vmm": {"base": self.live_base}}
         return ProcessFacts(self.rank, self.archive.catalog.world_size, {**vmm, **self.attached})
-
-    def _state(self, backend: str) -> Any:
-        return next(state for b, state in self.backends if b.name == backend)
 
     def _validate_backends(self, graphs: list[GraphIR]) -> None:
         live = self._live_facts()

@@ -34,7 +34,9 @@ from pathlib import Path
 import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "torch"))
 from oracle import Mismatch, PayloadCode, check_dispatch, check_rows
+from process_group import start_group
 
 TOKENS, HIDDEN, EXPERTS, WORLD = 16, 2048, 8, 2
 LOCAL_EXPERTS = EXPERTS // WORLD
@@ -117,10 +119,7 @@ def run(args: argparse.Namespace) -> int:
 
     session = open_session(device=args.rank, model={"recipe": "deepep-ep2"})
     session.start()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29561")
-    torch.cuda.set_device(args.rank)
-    dist.init_process_group("nccl", rank=args.rank, world_size=WORLD, device_id=torch.device("cuda", args.rank))
+    start_group(args.rank, WORLD, "29561")
     deep_ep = import_deep_ep()
     rdma_bytes = deep_ep.Buffer.get_low_latency_rdma_size_hint(TOKENS, HIDDEN, WORLD, EXPERTS)
     # fabric handles off, attached to the session as deepep-nvl (SAVE records it, LOAD validates it)

@@ -38,12 +38,6 @@ def wait_for(path: Path) -> None:
         time.sleep(0.05)
 
 
-def publish(path: Path, data: bytes) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rank", type=int, choices=[0, 1], required=True)
@@ -57,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from cuda.bindings import driver
 
+    from foundry.archive.files import atomic_write
     from foundry.runtime.hook import Hook
     from foundry.runtime.session import open_session
     from foundry.runtime.tensors import tensor_at
@@ -73,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     if int(err) or int(err2):
         raise SystemExit(f"cuIpcGetMemHandle failed: {err} / {err2}")
     inside = mine.data_ptr() - int(start)  # the caching allocator's block within the allocation
-    publish(args.exchange / f"handle{rank}.bin", bytes(handle.reserved) + inside.to_bytes(8, "little"))
+    atomic_write(args.exchange / f"handle{rank}.bin", bytes(handle.reserved) + inside.to_bytes(8, "little"))
     wait_for(args.exchange / f"handle{peer_rank}.bin")
     blob = (args.exchange / f"handle{peer_rank}.bin").read_bytes()
     raw = driver.CUipcMemHandle()
@@ -102,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     report.update(out_sha256=hashlib.sha256(data).hexdigest(), correct=bool(torch.equal(out, expected)),
                   peer_address=hex(peer_ptr), counters=hook.counters())  # fmt: skip
     args.out.write_text(json.dumps(report, indent=1, default=str) + "\n")
-    publish(args.exchange / f"done{rank}", b"")
+    atomic_write(args.exchange / f"done{rank}", b"")
     wait_for(args.exchange / f"done{peer_rank}")
     return 0
 

@@ -33,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decoder import CONFIGS, Decoder, TensorParallel, sample
+from process_group import start_group
 
 from foundry.runtime.session import open_session
 
@@ -47,16 +48,6 @@ CUDA_SEED = 1234
 
 def digest(t: torch.Tensor) -> str:
     return hashlib.sha256(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
-
-
-def start_group(rank: int, world_size: int, port: str) -> None:
-    """One process per GPU: this one on GPU ``rank``, in a NCCL process group on this host."""
-    import torch.distributed as dist
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", port)
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world_size, device_id=torch.device("cuda", rank))
 
 
 def symmetric_tp(session, rank: int, world_size: int, max_batch: int, hidden: int) -> TensorParallel:

@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.distributed._symmetric_memory as symm_mem
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import start_group
+from process_group import start_group
 
 from foundry.runtime.session import open_session
 
