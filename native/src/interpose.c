@@ -101,10 +101,13 @@ static int passthrough_stream(CUstream stream, int add) {
     int found = -1;
     for (int i = 0; i < passthrough_count && found < 0; i++)
         if (passthrough_streams[i] == stream) found = i;
-    if (add && found < 0 && passthrough_count < MAX_PASSTHROUGH_STREAMS)
-        passthrough_streams[passthrough_count++] = stream;
+    int full = add && found < 0 && passthrough_count == MAX_PASSTHROUGH_STREAMS;
+    if (add && found < 0 && !full) passthrough_streams[passthrough_count++] = stream;
     if (!add && found >= 0) passthrough_streams[found] = passthrough_streams[--passthrough_count];
     pthread_mutex_unlock(&passthrough_lock);
+    if (full) /* its end would then count as the end of a capture Foundry owns: say so */
+        fh_event("error: more than %d passed-through captures at once; one's stream is not remembered",
+                 MAX_PASSTHROUGH_STREAMS);
     return found >= 0;
 }
 
