@@ -295,15 +295,32 @@ def test_the_second_save_run_moves_the_layout(tmp_path, with_hook):
     # A real program standing in for the application: it "saves" by copying a real
     # H200 SAVE to the archive path it is given and notes the padding it saw.
     seen = tmp_path / "pads.txt"
-    code = ("import os, shutil, sys; shutil.copytree(sys.argv[1], os.environ['FOUNDRY_ARCHIVE']); "
-            "open(sys.argv[2], 'a').write(str(len(os.environ.get('FOUNDRY_LAYOUT_PAD', ''))) + ' ' "
-            "+ os.environ.get('FOUNDRY_SAVE_FIRST_RUN', '-') + ' ')")  # fmt: skip
+    code = (
+        "import os, shutil, sys; shutil.copytree(sys.argv[1], os.environ['FOUNDRY_ARCHIVE']); "
+        "open(sys.argv[2], 'a').write(str(len(os.environ.get('FOUNDRY_LAYOUT_PAD', ''))) + ' ' "
+        "+ os.environ.get('FOUNDRY_SAVE_FIRST_RUN', '-') + ' ' + os.environ.get('MALLOC_PERTURB_', '-') + ' ')"
+    )
     config = launcher.RunConfig("save", tmp_path / "a")
-    code_ = launcher.run(config, [sys.executable, "-c", code, str(SAVE_A), str(seen)], log=lambda _: None)
-    first, first_ref, second, second_ref = seen.read_text().split()
-    assert code_ == 0 and int(first) == 0 and int(second) > 4096 and int(second) % 16  # moves the stack > a page
-    assert first_ref == "-" and second_ref == str((tmp_path / "a").resolve())  # later runs see the first's archive
+    code_ = launcher.run(config, [sys.executable, "-c", code, str(SAVE_A), str(seen)], save_runs=3, log=lambda _: None)
+    first, first_ref, first_fill, *later = seen.read_text().split()
+    assert code_ == 0 and int(first) == 0 and first_ref == "-" and first_fill == "-"
+    pads, refs, fills = later[0::3], later[1::3], [int(f) for f in later[2::3]]
+    assert all(int(pad) > 4096 and int(pad) % 16 for pad in pads) and pads[0] != pads[1]  # moves the stack > a page
+    assert refs == [str((tmp_path / "a").resolve())] * 2  # later runs see the first's archive
+    # each later run's heap is filled with its own bytes (the fill and its complement), never 0 or 0xff
+    filled = [{fill, fill ^ 0xFF} for fill in fills]
+    assert not filled[0] & filled[1] and not {0, 0xFF} & (filled[0] | filled[1])
     assert not list(tmp_path.glob(".a.run*"))  # the second run's archive is merged and removed
+
+
+def test_a_later_runs_heap_fill_reaches_what_malloc_returns(tmp_path, with_hook):
+    # the program reads a fresh malloc block: glibc filled it with the complement of the run's fill
+    later = launcher._later_run(launcher.RunConfig("save", tmp_path / "a"), 2)
+    code = ("import ctypes; libc = ctypes.CDLL(None); libc.malloc.restype = ctypes.c_void_p; "
+            "print(ctypes.string_at(libc.malloc(4096), 4096).hex())")  # fmt: skip
+    env = launcher.environment(later, base_env={"PATH": os.environ.get("PATH", "")})
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert bytes.fromhex(out.strip()) == bytes([later.heap_fill ^ 0xFF]) * 4096
 
 
 def test_the_launcher_refuses_without_a_built_hook(monkeypatch, tmp_path):

@@ -13,6 +13,10 @@ and the heap: every leftover that depends on the layout then differs between
 the runs and is marked undefined. Without the pad the runs differ only by the
 length of their archive paths, which the stack's 16-byte alignment can absorb
 (seen on the H200 test machine: two SAVEs then differed in leftover stack words).
+Each later run also has glibc fill fresh and freed heap blocks with its own byte
+(``MALLOC_PERTURB_``), so a leftover from the heap differs between the runs even
+where the layout moved nothing: cuDNN's kernel parameters held 24 such bytes that
+three unperturbed runs of one SAVE agreed on and another SAVE's runs did not.
 """
 
 from __future__ import annotations
@@ -49,10 +53,14 @@ class RunConfig:
     first_run: Path | None = None  # SAVE runs after the first: its archive (sizes that must not be profiled again)
     region_threads: str = "owner"  # which threads may allocate in the region: owner or any
     save_id: str | None = None  # SAVE of several ranks: FOUNDRY_SAVE_ID for this run (default: inherited)
+    heap_fill: int = 0  # SAVE runs after the first: MALLOC_PERTURB_, the byte glibc fills heap blocks with
 
 
 ADDR_NO_RANDOMIZE = 0x0040000
 LAYOUT_PAD = 5000  # > one page and not a multiple of 16: every stack address moves, low bytes included
+# MALLOC_PERTURB_ of SAVE runs 2, 3, ...: glibc writes the byte into freed blocks and its
+# complement into allocated ones, so none of them is 0x00 or 0xff, and no two runs share either
+HEAP_FILLS = (0x5A, 0xC3, 0x96, 0x17, 0x2D)
 
 
 def _no_randomization() -> None:
@@ -107,6 +115,8 @@ def environment(config: RunConfig, base_env: dict[str, str] | None = None) -> di
         env["FOUNDRY_LAYOUT_PAD"] = "." * config.layout_pad
     else:
         env.pop("FOUNDRY_LAYOUT_PAD", None)
+    if config.heap_fill:
+        env["MALLOC_PERTURB_"] = str(config.heap_fill)
     if config.first_run is not None:
         env["FOUNDRY_SAVE_FIRST_RUN"] = str(config.first_run.resolve())
     else:
@@ -197,11 +207,13 @@ def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Calla
 
 def _later_run(config: RunConfig, run_index: int, save_id: str | None = None) -> RunConfig:
     """The configuration of SAVE run ``run_index``: its own archive beside the first,
-    its layout moved a page or more further than the run before."""
+    its layout moved a page or more further than the run before, its heap filled
+    with a byte of its own."""
     extra = config.archive.parent / f".{config.archive.name}.run{run_index}"
     pad = LAYOUT_PAD * (run_index - 1) + 24 * run_index
+    fill = HEAP_FILLS[(run_index - 2) % len(HEAP_FILLS)]
     return RunConfig(**{**config.__dict__, "archive": extra, "overwrite": True, "layout_pad": pad,
-                        "first_run": config.archive, "save_id": save_id})  # fmt: skip
+                        "first_run": config.archive, "save_id": save_id, "heap_fill": fill})  # fmt: skip
 
 
 def _save_again(config: RunConfig, command: list[str], run_index: int, save_runs: int,
