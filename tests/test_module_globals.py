@@ -9,6 +9,7 @@ import struct
 import subprocess
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from foundry.runtime.module_globals import ZSTD_MAGIC, global_names
@@ -84,3 +85,72 @@ def test_words_the_loader_fills_are_left_out_of_comparison_and_restore():
     plain = GlobalRecord("scale", 4, True, "0" * 64, b"\x03\0\0\0")
     assert _keep_loader_words(plain, bytes(4)) == b"\x03\0\0\0"
     assert without_loader_words(b"ab", plain.loader_words) == b"ab"
+
+
+def test_a_refused_global_names_the_words_that_differ():
+    """LOAD's refusal of a live global says where SAVE's bytes and the live ones part
+    (loader words excluded), so a per-process value reads as such."""
+    from foundry.runtime.module_globals import _first_differences, _record
+
+    words = [1, 0x7F00_0000_1000, 3, 0x6000_0000_0000, 5]
+    saved = b"".join(w.to_bytes(8, "little") for w in words)
+    record = _record("state", saved, bytes(len(saved)), (8,))
+    live = bytearray(saved)
+    live[8:16] = (0x7F00_0000_2000).to_bytes(8, "little")  # a loader word: not reported
+    live[24:32] = (0x6000_4000_0000).to_bytes(8, "little")
+    expected, found = _first_differences(record, bytes(live))
+    assert expected == {"+0x18": "0x600000000000"} and found == {"+0x18": "0x600040000000"}
+    assert _first_differences(record, None) == (None, "unreadable")
+    unwritten = _record("zeros", bytes(16), bytes(16), ())  # SAVE kept no bytes: only the live hash
+    assert _first_differences(unwritten, b"\x01" * 16)[1].startswith("sha256 ")
+
+
+def test_words_holding_host_addresses_are_the_processs_own(monkeypatch):
+    """NVSHMEM's device state held three pinned-host addresses that a LOAD's process
+    mapped elsewhere (seen on the H200 test machine). SAVE lists such words; LOAD
+    bound to the live copy wants a host address of its own there and SAVE's bytes
+    everywhere else; a fresh copy, which no initialisation of this process filled,
+    is refused. Reading the live global needs a GPU, so this test hands check_live
+    the bytes the driver would return (``_read_global`` replaced)."""
+    from foundry.archive.schema import ImageRecord
+    from foundry.errors import DriftError
+    from foundry.runtime import module_globals as mg
+
+    save_host, live_host = [(0x7FFC_0000_0000, 0x7FFD_0000_0000)], [(0x7F19_0000_0000, 0x7F1A_0000_0000)]
+
+    save_host.append((0x40_0000, 0x200_0000))  # a heap at a few MiB (no PIE, no randomisation)
+
+    def state(pinned: int, heap: int) -> bytes:  # 0x1000000: a size that lies inside that heap
+        return b"".join(w.to_bytes(8, "little") for w in (2, pinned, heap, 0x1000000))
+
+    saved = state(0x7FFC_CFF2_1E00, 0x6000_0000_0000)
+    record = mg._record("nvshmemi_device_state_d", saved, bytes(32), (), save_host)  # the size is data
+    assert record.host_words == (8,) and record.written and record.value == saved
+    image = ImageRecord("ab" * 32, True, (record,))
+    monkeypatch.setattr(mg, "host_ranges", lambda: live_host)
+    reads = {}
+    monkeypatch.setattr(mg, "_read_global", lambda kind, handle, name: reads[name])
+    reads["nvshmemi_device_state_d"] = state(0x7F19_EBF2_1E00, 0x6000_0000_0000)
+    mg.check_live(image, "module", 1)  # this process's own pinned address: accepted
+    reads["nvshmemi_device_state_d"] = state(0x7F19_EBF2_1E00, 0x6000_4000_0000)
+    with pytest.raises(DriftError, match="differs from SAVE's") as err:
+        mg.check_live(image, "module", 1)  # the heap word is compared by value
+    assert err.value.expected == {"+0x10": "0x600000000000"} and err.value.found == {"+0x10": "0x600040000000"}
+    reads["nvshmemi_device_state_d"] = state(0x1234, 0x6000_0000_0000)
+    with pytest.raises(DriftError, match="holds none of this process") as err:
+        mg.check_live(image, "module", 1)
+    assert err.value.field == "nvshmemi_device_state_d" and err.value.found == {"+0x8": "0x1234"}
+    with pytest.raises(DriftError, match="fresh copy cannot") as err:
+        mg.restore_fresh(image, image.sha256, 1)
+    assert err.value.field == "nvshmemi_device_state_d"
+    assert mg._record("plain", saved, bytes(32), (), []).host_words is msgspec.UNSET  # no host ranges given
+
+
+def test_a_session_with_host_words_is_written_at_version_3():
+    from foundry.archive.schema import GlobalRecord, ImageRecord, session_version
+
+    def image(**words):
+        return ImageRecord("cd" * 32, True, (GlobalRecord("g", 8, True, "0" * 64, bytes(8), **words),))
+
+    assert [session_version([image()]), session_version([image(loader_words=(0,))]),
+            session_version([image(host_words=(0,))])] == [1, 2, 3]  # fmt: skip

@@ -16,9 +16,10 @@ from foundry.archive.outputs import OutputValue
 ARCHIVE_FORMAT = "foundry-archive"
 SESSION_FORMAT = "foundry-session"
 FORMAT_VERSION = 1  # of the catalog
-# of sessions: 2 adds ``GlobalRecord.loader_words``. A session is written at the lowest
-# version that holds its content, so an archive without them stays readable by older Foundry.
-SESSION_VERSION = 2
+# of sessions: 2 adds ``GlobalRecord.loader_words``, 3 ``GlobalRecord.host_words``. A session
+# is written at the lowest version that holds its content, so an archive without them stays
+# readable by older Foundry.
+SESSION_VERSION = 3
 
 CATALOG_FILE = "foundry-archive.json"
 PLAN_SUFFIX = ".fgb"
@@ -122,6 +123,11 @@ class GlobalRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # device function pointers, such as NCCL's ncclDevFuncTable): they differ with every load
     # of the image, so they are neither compared nor restored; unset (not written) when none
     loader_words: tuple[int, ...] | msgspec.UnsetType = msgspec.UNSET
+    # byte offsets of the 8-byte words that held an address mapped in SAVE's host process
+    # (NVSHMEM's device state points at its pinned host buffers): each process's own
+    # initialisation writes its own, so LOAD wants a host address there, not SAVE's value;
+    # unset (not written) when none
+    host_words: tuple[int, ...] | msgspec.UnsetType = msgspec.UNSET
 
 
 class ImageRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -134,6 +140,8 @@ class ImageRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 def session_version(images: tuple[ImageRecord, ...] | list[ImageRecord]) -> int:
     """The lowest session format version that holds these image records."""
+    if any(g.host_words for image in images for g in image.globals):
+        return 3
     return 2 if any(g.loader_words for image in images for g in image.globals) else 1
 
 

@@ -17,6 +17,12 @@ Words the module loader itself fills (code addresses in a table of device
 function pointers, such as NCCL's ``ncclDevFuncTable``) differ with every load
 of an image; SAVE finds them as the words two fresh copies disagree on, and
 they are left out of the comparison and of what is restored.
+
+Words that hold an address mapped in the host process (NVSHMEM's device state
+points at its pinned host buffers, which every process maps anew) are the
+process's own: SAVE lists them, LOAD bound to the live copy wants a host
+address of its own process there, and a fresh copy, which no initialisation
+of this process filled, is refused.
 """
 
 from __future__ import annotations
@@ -25,12 +31,14 @@ import ctypes
 import hashlib
 import struct
 from collections.abc import Iterator
+from typing import Any
 
 import msgspec
 
 from foundry.archive.schema import GlobalRecord, ImageRecord
 from foundry.cuda import cu, driver, handle_value
 from foundry.errors import DriftError
+from foundry.runtime.definedness import host_ranges
 
 ELF_MAGIC = b"\x7fELF"
 FATBIN_MAGIC = 0xBA55ED50
@@ -148,13 +156,16 @@ def _write_global(handle: int, name: str, value: bytes) -> None:
     cu("cuMemcpyHtoD", dptr, ctypes.addressof(buf), len(value))
 
 
-def record_image(sha256: str, image: bytes, kind: str, handle: int) -> ImageRecord:
-    """SAVE: the globals of one image as the application left them."""
+def record_image(sha256: str, image: bytes, kind: str, handle: int,
+                 host: list[tuple[int, int]] | None = None) -> ImageRecord:  # fmt: skip
+    """SAVE: the globals of one image as the application left them (``host``: the
+    address ranges mapped in this process, read when not given)."""
     names = global_names(image)
     if names is None:
         return ImageRecord(sha256, globals_known=False)
     if not names:
         return ImageRecord(sha256, globals_known=True)
+    host = host_ranges() if host is None else host
     data = ctypes.create_string_buffer(image, len(image))
     # two fresh copies loaded side by side: their code lies at different addresses, so the words
     # where they differ are the loader's (code addresses), not state anyone set
@@ -168,18 +179,38 @@ def record_image(sha256: str, image: bytes, kind: str, handle: int) -> ImageReco
                 continue  # not reachable by name (internal linkage): no cudaMemcpyToSymbol can have set it
             if live is None or initial is None or again is None:
                 return ImageRecord(sha256, globals_known=False)
-            records.append(_record(name, live, initial, loader_words(initial, again)))
+            records.append(_record(name, live, initial, loader_words(initial, again), host))
         return ImageRecord(sha256, globals_known=True, globals=tuple(records))
     finally:
         for f in fresh:
             cu("cuLibraryUnload", f)
 
 
-def _record(name: str, live: bytes, initial: bytes, loader: tuple[int, ...]) -> GlobalRecord:
-    kept = without_loader_words(live, loader)
-    written = kept != without_loader_words(initial, loader)
+def _record(name: str, live: bytes, initial: bytes, loader: tuple[int, ...],
+            host: list[tuple[int, int]] | None = None) -> GlobalRecord:  # fmt: skip
+    host_words = tuple(o for o in _host_words(live, host or []) if o not in loader)
+    written = without_loader_words(live, loader) != without_loader_words(initial, loader)
+    kept = without_loader_words(live, (*loader, *host_words))
     return GlobalRecord(name, len(live), written, hashlib.sha256(kept).hexdigest(), live if written else None,
-                        loader_words=loader or msgspec.UNSET)  # fmt: skip
+                        loader_words=loader or msgspec.UNSET, host_words=host_words or msgspec.UNSET)  # fmt: skip
+
+
+# Words below this are data even where a host range covers them: a SAVE runs without address
+# randomisation, so an interpreter built without PIE has its heap at a few MiB, and NVSHMEM's
+# device state held a size (0x1000000) inside it on the H200 test machine. Pinned host memory
+# is mapped far higher (0x7f..., seen there).
+MIN_HOST_ADDRESS = 1 << 32
+
+
+def _host_words(value: bytes, host: list[tuple[int, int]]) -> list[int]:
+    """Offsets of the 8-byte words of ``value`` holding an address inside one of ``host``'s ranges."""
+    return [8 * i for i, word in enumerate(_words(value))
+            if word >= MIN_HOST_ADDRESS and any(lo <= word < hi for lo, hi in host)]  # fmt: skip
+
+
+def _skipped(g: GlobalRecord) -> tuple[int, ...]:
+    """The words of ``g`` compared by kind, not value: the loader's and the host process's."""
+    return (*(g.loader_words or ()), *(g.host_words or ()))
 
 
 def loader_words(first: bytes, second: bytes) -> tuple[int, ...]:
@@ -198,16 +229,40 @@ def without_loader_words(value: bytes, loader: tuple[int, ...] | msgspec.UnsetTy
 
 
 def check_live(record: ImageRecord, kind: str, handle: int) -> None:
-    """LOAD, bound to the application's own copy: its globals must hold SAVE's bytes."""
+    """LOAD, bound to the application's own copy: its globals must hold SAVE's bytes,
+    and a host address of this process where SAVE's held one of its own."""
+    host: list[tuple[int, int]] | None = None
     for g in record.globals:
         live = _read_global(kind, handle, g.name)
-        if live is None or hashlib.sha256(without_loader_words(live, g.loader_words)).hexdigest() != g.sha256:
+        if live is None or hashlib.sha256(without_loader_words(live, _skipped(g))).hexdigest() != g.sha256:
+            saved, found = _first_differences(g, live)
             raise DriftError(
                 "a device global of the live module differs from SAVE's (run the same initialisation as SAVE "
                 "before LOAD; a global holding a region address differs whenever the region moved)",
                 field=g.name,
                 path=f"image {record.sha256[:12]}",
+                expected=saved,
+                found=found,
             )
+        if g.host_words:
+            host = host_ranges() if host is None else host
+            missing = [o for o in g.host_words if o not in _host_words(live, host)]
+            if missing:
+                raise DriftError("a device global word that held a host address at SAVE holds none of this "
+                                 "process", field=g.name, path=f"image {record.sha256[:12]}",
+                                 expected="a mapped host address", found={f"+{o:#x}": hex(_words(live)[o // 8])
+                                                                          for o in missing[:4]})  # fmt: skip
+
+
+def _first_differences(g: GlobalRecord, live: bytes | None, limit: int = 4) -> tuple[Any, Any]:
+    """SAVE's and the live words where they first differ, by byte offset (SAVE's bytes
+    are kept only for a global the application wrote)."""
+    if live is None or g.value is None:
+        return None, "unreadable" if live is None else f"sha256 {hashlib.sha256(live).hexdigest()[:12]}"
+    skip = set(_skipped(g))
+    pairs = [(8 * i, a, b) for i, (a, b) in enumerate(zip(_words(g.value), _words(live), strict=False))
+             if a != b and 8 * i not in skip][:limit]  # fmt: skip
+    return {f"+{o:#x}": hex(a) for o, a, _ in pairs}, {f"+{o:#x}": hex(b) for o, _, b in pairs}
 
 
 def restore_fresh(record: ImageRecord | None, sha256: str, library: int,
@@ -223,6 +278,11 @@ def restore_fresh(record: ImageRecord | None, sha256: str, library: int,
             path=f"image {sha256[:12]}",
         )
     written = [g for g in record.globals if g.written]
+    for g in written:
+        if g.host_words:
+            raise DriftError("a device global holds host addresses its application wrote in SAVE's process; a "
+                             "fresh copy cannot be given this process's, so load the image in the application "
+                             "before LOAD", field=g.name, path=f"image {sha256[:12]}")  # fmt: skip
     if moved_from is not None:
         for g in written:
             if any(moved_from[0] <= w < moved_from[1] for w in _words(g.value or b"")):

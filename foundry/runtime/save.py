@@ -200,7 +200,7 @@ class SaveSession(Session):
                 node=node.id,
                 kernel=node.kernel.name,
             )
-        from foundry.runtime.definedness import mark_alike
+        from foundry.runtime.definedness import host_ranges, mark_alike
 
         self.undefined_bytes += mark_alike([ir for ir, _ in self.entries])
         save_id = os.environ.get("FOUNDRY_SAVE_ID") if self.world_size > 1 else None
@@ -216,10 +216,11 @@ class SaveSession(Session):
             save_id=save_id,  # several ranks: one process per rank, the catalog by whoever finishes last
         )
         records: list[ImageRecord] = []
+        host = host_ranges()  # a device global holding one of these addresses is this process's own
         for sha256, image in sorted(self.images.used.items()):
             blob = self.hook.image_bytes(image)
             writer.add_module(blob, format=image.format)
-            records.append(record_image(sha256, blob, image.kind, image.handle))
+            records.append(record_image(sha256, blob, image.kind, image.handle, host))
         rank = writer.rank(self.rank)
         planned = 0
         for ir, extra in self.entries:
