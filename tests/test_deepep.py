@@ -136,6 +136,30 @@ def test_a_kernel_on_the_rdma_buffer_needs_one_in_the_live_process():
     backend.validate(with_rdma, [_graph_of(low_latency)], facts(num_rdma_bytes=1 << 20, buffers=rdma))
 
 
+def test_the_rdma_buffer_is_a_region_of_the_backend_and_must_not_move():
+    """NVSHMEM maps the RDMA buffer outside the deterministic region (on the H200 test
+    machine a low-latency dispatch's pointer resolved to ``alloc.0`` and LOAD refused it):
+    SAVE resolves such pointers to ``deepep.rdma``, which the backend owns and LOAD
+    accepts only at SAVE's address."""
+    from foundry.graphir.lower import AddressResolver
+
+    backend = DeepEPNvlBackend()
+    rdma = {"deepep.nvl": 0x600100000000, "deepep.rdma": 0x7F0000000000}
+    saved = facts(num_rdma_bytes=1 << 20, buffers=rdma)
+    regions = backend.regions_for(saved.backend_facts("deepep-nvl"))
+    assert [(r.name, r.base, r.size) for r in regions] == [("deepep.rdma", 0x7F0000000000, 1 << 20)]
+    resolver = AddressResolver(regions, query_driver=False)
+    region, offset = resolver.resolve(0x7F0000000900)
+    assert (region.name, offset) == ("deepep.rdma", 0x900) and backend.owns(region.name)
+    assert resolver.resolve(0x7F0000000000 + (1 << 20)) is None  # past the buffer: not the backend's
+    assert backend.regions_for(facts().backend_facts("deepep-nvl")) == []  # no RDMA buffer, no region
+    state = backend.record(saved)
+    moved = facts(num_rdma_bytes=1 << 20, buffers={**rdma, "deepep.rdma": 0x7F0000200000})
+    with pytest.raises(BackendError, match="not where SAVE saw it") as err:
+        backend.validate(state, [], moved)
+    assert err.value.field == "deepep-nvl.buffers.deepep.rdma"
+
+
 def test_nvshmem_settings_are_compared_when_there_is_an_rdma_buffer():
     backend = DeepEPNvlBackend()
     settings = {"NVSHMEM_DISABLE_P2P": "0", "NVSHMEM_MAX_TEAMS": "7"}

@@ -124,5 +124,6 @@ def test_collectives_whose_backend_cannot_relocate_are_flagged(registry):
     flagged = [f for f in report.findings if f.rule == "unrelocatable-collective"]
     assert [f.node for f in flagged] == [2, 3] and all(f.severity == "warning" for f in flagged)
     assert "recognise-only" in flagged[0].message and "one_shot_all_reduce" in (flagged[0].kernel or "")
+    assert flagged[0].message.endswith("; LOAD will refuse this graph")  # the backend cannot relocate at all
     quiet = lint(archive, BackendRegistry([_RecogniseOnly()]), disabled={"unrelocatable-collective"})
     assert not [f for f in quiet.findings if f.rule == "unrelocatable-collective"]

@@ -6,7 +6,10 @@ older DeepEP builds lack the ``legacy`` level, so both are accepted. Each kernel
 parameters and where its pointers point are in :mod:`foundry.backends.deepep_abi`;
 the kernels that take DeepEP's RDMA buffer (low-latency and internode) require
 ``nvshmem``, which makes them unrelocatable for lint and refused at LOAD where
-the live buffer has no RDMA part.
+the live buffer has no RDMA part. NVSHMEM maps its heap, and the RDMA buffer in
+it, outside the deterministic region: SAVE names the buffer ``deepep.rdma`` so
+that its pointers are the backend's, and LOAD accepts them only where the live
+buffer is at SAVE's address.
 
 State (version 2): NVL and RDMA buffer sizes, ``use_fabric`` (a SAVE with
 fabric handles is refused: they cannot be restored), rank, world size, experts
@@ -30,6 +33,7 @@ from foundry.errors import BackendError
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import KernelIdentity
 from foundry.graphir.operands import Operand
+from foundry.graphir.regions import Region, RegionKind
 
 _EXACT = ("num_nvl_bytes", "num_rdma_bytes", "rank", "world_size", "experts_per_rank")
 # The NVSHMEM settings that shape DeepEP's RDMA buffer and its peers' mappings: the ones
@@ -89,6 +93,11 @@ class DeepEPNvlBackend(Backend):
             "experts_per_rank": int(experts_per_rank),
             "buffers": {k: int(v) for k, v in buffers.items()},
         }
+
+    def regions_for(self, facts: dict[str, Any]) -> list[Region]:
+        """DeepEP's RDMA buffer, which NVSHMEM's heap holds (the NVL buffer is the region's)."""
+        rdma, size = facts.get("buffers", {}).get("deepep.rdma"), facts.get("num_rdma_bytes")
+        return [Region("deepep.rdma", RegionKind.BACKEND, int(rdma), int(size))] if rdma and size else []
 
     def record(self, save: SaveState) -> BackendState:
         facts = save.backend_facts(self.name)

@@ -153,12 +153,16 @@ def _unrelocatable_collective(ctx: GraphContext) -> Iterator[Finding]:
         if match.relocatable or not outside:
             continue
         node = ctx.ir.node(node_id)
-        needs = f" (it needs {match.requires})" if match.requires else ""
+        cannot = f"{match.kind}: backend {match.backend!r} cannot relocate its pointers outside the region"
+        if match.requires:  # the backend proves them unmoved at LOAD, or refuses by name
+            message = (f"{cannot} (it needs {match.requires}); LOAD restores this graph only where that memory "
+                       "is at SAVE's addresses")  # fmt: skip
+        else:
+            message = f"{cannot}; LOAD will refuse this graph"
         yield Finding(
             "unrelocatable-collective",
             Severity.WARNING,
-            f"{match.kind}: backend {match.backend!r} cannot relocate its pointers outside the region{needs}; "
-            "LOAD will refuse this graph",
+            message,
             ctx.rank,
             ctx.entry.name,
             node_id,
