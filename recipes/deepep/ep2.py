@@ -89,18 +89,25 @@ def sorted_digest(rows: list[list[float]]) -> str:
 
 
 def import_deep_ep():
-    """``deep_ep`` with lazy symbol binding: the sgl-deep-ep 0.1.2.post1 wheel is built against a
-    newer torch that exports one error constructor more, which only its error path calls.
-    Its extension names ``libnvshmem_host.so.3`` by a path of its build machine, so the
-    one installed with torch (nvidia-nvshmem-cu13 3.4.5, the version of the NVSHMEM
-    device library inside the wheel) is loaded first."""
+    """``deep_ep`` built from source for the installed torch (``build_deep_ep.sh``); the
+    published sgl-deep-ep wheels are built for torch 2.13-2.15, and with torch 2.11 their
+    extension misread tensors (its dispatch refused a contiguous 2-D bf16 input as not
+    one). Its NCCL device-API backend, which only DeepEP's elastic buffers use, was
+    compiled against NCCL 2.30 headers while torch 2.11 loads NCCL 2.28: so the
+    extension is loaded with lazy binding (two NCCL functions stay unbound until an
+    elastic buffer calls them) and DeepEP's check that the loaded NCCL is the one it was
+    built with is skipped. The low-latency buffer here uses NVSHMEM, not NCCL. Its
+    extension names ``libnvshmem_host.so.3``, the one installed with torch (3.4.5) is
+    loaded first."""
     import ctypes
 
     for entry in sys.path:
         host = Path(entry or ".") / "nvidia" / "nvshmem" / "lib" / "libnvshmem_host.so.3"
         if host.is_file():
             ctypes.CDLL(str(host), mode=ctypes.RTLD_GLOBAL)
+            os.environ.setdefault("EP_NCCL_ROOT_DIR", str(host.parent.parent.parent / "nccl"))
             break
+    os.environ.setdefault("EP_SUPPRESS_NCCL_CHECK", "1")
     flags = sys.getdlopenflags()
     sys.setdlopenflags(os.RTLD_LAZY)
     try:
