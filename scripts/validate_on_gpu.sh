@@ -235,21 +235,23 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 E=$RESULTS/ep2; rm -rf "$E" && mkdir -p "$E"
 EP="python3 recipes/deepep/ep2.py --rank @R@"
 FR="--region-threads any"  # NCCL's and NVSHMEM's helper threads allocate too
-step ep2-import python3 -c 'import sys; sys.path.insert(0, "recipes/deepep"); import ep2; print(ep2.import_deep_ep().__file__)'
 # each step needs the one before: stop at the first that fails (a hung SAVE costs RANKS_TIMEOUT)
 ep2_steps() {
+step ep2-import python3 -c 'import sys; sys.path.insert(0, "recipes/deepep"); import ep2; print(ep2.import_deep_ep().__file__)' || return
 ranks ep2-baseline "$EP --out $E/baseline.r@R@.json" || return
 export RANKS_TIMEOUT=400  # a SAVE runs each rank twice, each starting NVSHMEM
 FOUNDRY_SAVE_ID=ep2-2 ranks ep2-save2 "python3 -m foundry run $FR --mode save --rank @R@ --world-size 2 --archive $E/save -- $EP --out $E/save.r@R@.json" || return
-mv "$E/save" "$E/save2" && for r in 0 1; do mv "$E/save.r$r.json" "$E/save2.r$r.json"; done
+mv "$E/save" "$E/save2" || return
+for r in 0 1; do mv "$E/save.r$r.json" "$E/save2.r$r.json" || return; done
 FOUNDRY_SAVE_ID=ep2-1 ranks ep2-save "python3 -m foundry run $FR --mode save --rank @R@ --world-size 2 --archive $E/save -- $EP --out $E/save.r@R@.json" || return
-ranks ep2-load "python3 -m foundry run $FR --mode load --rank @R@ --archive $E/save -- $EP --out $E/load.r@R@.json"
-for r in 0 1; do
+ranks ep2-load "python3 -m foundry run $FR --mode load --rank @R@ --archive $E/save -- $EP --out $E/load.r@R@.json" || return
+for r in 0 1; do  # the checks run whatever the one before says
     step ep2-compare.r$r python3 recipes/deepep/ep2.py --compare "$E/baseline.r$r.json" "$E/save.r$r.json" \
         "$E/save2.r$r.json" "$E/load.r$r.json"
     step ep2-lint.r$r python3 -m foundry graph lint "$E/save" --rank $r --expect deepep-dispatch=1 --expect deepep-combine=1
 done
 step ep2-save-vs-save2 python3 -m foundry archive diff "$E/save" "$E/save2"
+return 0
 }
 ep2_steps || echo "ep2: stopped after the first failing step" | tee -a "$SUMMARY"
 unset RANKS_TIMEOUT

@@ -83,6 +83,29 @@ def test_session_altered_after_commit(archive_copy):
         open_all(path)
 
 
+def _wide_global(s: dict) -> dict:
+    """The first recorded device global of at least 16 bytes in a real H200 SAVE's session."""
+    return next(g for image in s["images"] for g in image["globals"] if g["size"] >= 16)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda s: _wide_global(s).update(host_words=[4]), "not an 8-byte word inside the global"),
+        (lambda s: _wide_global(s).update(loader_words=[_wide_global(s)["size"] - 4]),
+         "not an 8-byte word inside the global"),
+        (lambda s: _wide_global(s).update(host_words=[-8]), "not an 8-byte word inside the global"),
+        (lambda s: _wide_global(s).update(size=_wide_global(s)["size"] + 8, value="AAAA"), "differ from its size"),
+        (lambda s: _wide_global(s).update(host_words=[0]), "holds fields of format version 3"),
+    ],
+)  # fmt: skip
+def test_device_global_checks(archive_copy, edit, message):
+    path = archive_copy("saveload-a")
+    edit_json(session(path), edit, root=path)
+    with pytest.raises(ArchiveError, match=message):
+        open_all(path)
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [

@@ -117,6 +117,15 @@ class _RecogniseOnly(Backend):
         return self.match("symm-allreduce") if "all_reduce_kernel" in kernel.name else None
 
 
+class _NeedsMulticast(_RecogniseOnly):
+    """Claims them as kernels that need more than the backend: NVLink multicast."""
+
+    name = "needs-multicast"
+
+    def recognise(self, kernel):
+        return self.match("symm-allreduce", (), "multimem") if "all_reduce_kernel" in kernel.name else None
+
+
 def test_collectives_whose_backend_cannot_relocate_are_flagged(registry):
     archive = Archive.open(FIXTURES / "symm-mem-ws1")
     assert not [f for f in lint(archive, registry).findings if f.rule == "unrelocatable-collective"]
@@ -125,5 +134,9 @@ def test_collectives_whose_backend_cannot_relocate_are_flagged(registry):
     assert [f.node for f in flagged] == [2, 3] and all(f.severity == "warning" for f in flagged)
     assert "recognise-only" in flagged[0].message and "one_shot_all_reduce" in (flagged[0].kernel or "")
     assert flagged[0].message.endswith("; LOAD will refuse this graph")  # the backend cannot relocate at all
+    needing = lint(archive, BackendRegistry([_NeedsMulticast()]))
+    flagged = [f for f in needing.findings if f.rule == "unrelocatable-collective"]
+    assert [f.node for f in flagged] == [2, 3]  # a kernel that needs more than its backend: LOAD asks the backend
+    assert "(it needs multimem); LOAD restores this graph only where the backend accepts" in flagged[0].message
     quiet = lint(archive, BackendRegistry([_RecogniseOnly()]), disabled={"unrelocatable-collective"})
     assert not [f for f in quiet.findings if f.rule == "unrelocatable-collective"]

@@ -127,7 +127,7 @@ def test_words_holding_host_addresses_are_the_processs_own(monkeypatch):
     record = mg._record("nvshmemi_device_state_d", saved, bytes(32), (), save_host)  # the size is data
     assert record.host_words == (8,) and record.written and record.value == saved
     image = ImageRecord("ab" * 32, True, (record,))
-    monkeypatch.setattr(mg, "host_ranges", lambda: live_host)
+    monkeypatch.setattr(mg, "host_ranges", lambda accessible=False: live_host)
     reads = {}
     monkeypatch.setattr(mg, "_read_global", lambda kind, handle, name: reads[name])
     reads["nvshmemi_device_state_d"] = state(0x7F19_EBF2_1E00, 0x6000_0000_0000)
@@ -154,3 +154,31 @@ def test_a_session_with_host_words_is_written_at_version_3():
 
     assert [session_version([image()]), session_version([image(loader_words=(0,))]),
             session_version([image(host_words=(0,))])] == [1, 2, 3]  # fmt: skip
+
+
+def test_host_words_come_from_host_accessible_ranges_only():
+    """The CUDA driver reserves device addresses in the host's map without access
+    (``---p``); a global holding a region address stays compared by value."""
+    from foundry.runtime.definedness import host_ranges
+    from foundry.runtime.module_globals import _record
+
+    maps = ("600000000000-600400000000 ---p 00000000 00:00 0\n"
+            "7ffccff00000-7ffccff40000 rw-s 00000000 00:05 12 /dev/nvidiactl\n")  # fmt: skip
+    assert host_ranges(maps) == [(0x600000000000, 0x600400000000), (0x7FFCCFF00000, 0x7FFCCFF40000)]
+    assert host_ranges(maps, accessible=True) == [(0x7FFCCFF00000, 0x7FFCCFF40000)]
+    value = b"".join(w.to_bytes(8, "little") for w in (0x6000_0000_1000, 0x7FFC_CFF2_1E00))
+    assert _record("state", value, bytes(16), (), host_ranges(maps, accessible=True)).host_words == (8,)
+
+
+def test_a_short_or_resized_global_is_still_reported(monkeypatch):
+    from foundry.archive.schema import ImageRecord
+    from foundry.errors import DriftError
+    from foundry.runtime import module_globals as mg
+
+    scale = mg._record("scale", b"\x03\0\0\0", bytes(4), ())  # 4 bytes: a padded word
+    assert mg._first_differences(scale, b"\x05\0\0\0") == ({"+0x0": "0x3"}, {"+0x0": "0x5"})
+    assert mg._first_differences(scale, bytes(8)) == ("4 bytes", "8 bytes")
+    monkeypatch.setattr(mg, "_read_global", lambda kind, handle, name: bytes(8))  # the driver's answer, no GPU here
+    with pytest.raises(DriftError, match="another size") as err:
+        mg.check_live(ImageRecord("ef" * 32, True, (scale,)), "module", 1)
+    assert (err.value.field, err.value.expected, err.value.found) == ("scale", 4, 8)

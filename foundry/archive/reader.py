@@ -21,9 +21,11 @@ from foundry.archive.schema import (
     SESSION_FORMAT,
     SESSION_VERSION,
     Catalog,
+    GlobalRecord,
     GraphEntry,
     ModuleState,
     Session,
+    session_version,
 )
 from foundry.errors import ArchiveError, IRError
 from foundry.graphir.codec import decode_graph
@@ -82,6 +84,18 @@ def _check_header(data: bytes, *, expected: str, path: Path, newest: int = FORMA
         )
         expected = newest if newest == 1 else f"1 to {newest}"
         raise ArchiveError(reason, path=str(path), field="format_version", expected=expected, found=version)
+
+
+def _check_global_words(g: GlobalRecord, *, path: Path, field: str) -> None:
+    """A global's skipped words: whole 8-byte words inside it, and its kept bytes its size."""
+    if g.size < 0 or (g.value is not None and len(g.value) != g.size):
+        raise ArchiveError("a device global's bytes differ from its size", path=str(path), field=f"{field}.size",
+                           expected=g.size, found=None if g.value is None else len(g.value))  # fmt: skip
+    for name in ("loader_words", "host_words"):
+        bad = [o for o in getattr(g, name) or () if o % 8 or not 0 <= o <= g.size - 8]
+        if bad:
+            raise ArchiveError("a word offset is not an 8-byte word inside the global", path=str(path),
+                               field=f"{field}.{name}", found=bad[:4])  # fmt: skip
 
 
 def _check_sha(value: str, *, path: Path, field: str) -> None:
@@ -191,6 +205,13 @@ class Archive:
         backends = [b.backend for b in session.backends]
         if len(set(backends)) != len(backends):
             raise ArchiveError("a backend has two state records", path=str(path), field="backends")
+        for i, image in enumerate(session.images):
+            for j, g in enumerate(image.globals):
+                _check_global_words(g, path=path, field=f"images[{i}].globals[{j}]")
+        needed = session_version(session.images)
+        if session.format_version < needed:  # an older Foundry would have misread it
+            raise ArchiveError(f"the session holds fields of format version {needed}", path=str(path),
+                               field="format_version", expected=needed, found=session.format_version)  # fmt: skip
 
     def session_path(self, rank: int) -> Path:
         entry = next(e for e in self.catalog.ranks if e.rank == rank)

@@ -123,14 +123,19 @@ def mark_undefined(kept: GraphIR, probe: GraphIR) -> tuple[GraphIR, int]:
     return kept, undefined_bytes
 
 
-def host_ranges(maps: str | None = None) -> list[tuple[int, int]]:
-    """The address ranges mapped in this process (``/proc/self/maps``), sorted."""
+def host_ranges(maps: str | None = None, *, accessible: bool = False) -> list[tuple[int, int]]:
+    """The address ranges mapped in this process (``/proc/self/maps``), sorted; with
+    ``accessible``, only those the host can read, write or execute: the CUDA driver
+    keeps device addresses out of host use with inaccessible (``---p``) reservations."""
     if maps is None:
         with open("/proc/self/maps") as f:
             maps = f.read()
     ranges = []
     for line in maps.splitlines():
-        start, _, end = line.partition(" ")[0].partition("-")
+        span, _, rest = line.partition(" ")
+        if accessible and rest[:3] == "---":
+            continue
+        start, _, end = span.partition("-")
         ranges.append((int(start, 16), int(end, 16)))
     return sorted(ranges)
 

@@ -59,7 +59,8 @@ class RunConfig:
 ADDR_NO_RANDOMIZE = 0x0040000
 LAYOUT_PAD = 5000  # > one page and not a multiple of 16: every stack address moves, low bytes included
 # MALLOC_PERTURB_ of SAVE runs 2, 3, ...: glibc writes the byte into freed blocks and its
-# complement into allocated ones, so none of them is 0x00 or 0xff, and no two runs share either
+# complement into allocated ones. None of them is 0x00 or 0xff, and runs 2-6 share neither
+# (later runs start over: each run is compared with the first, which has no fill of ours)
 HEAP_FILLS = (0x5A, 0xC3, 0x96, 0x17, 0x2D)
 
 

@@ -159,13 +159,13 @@ def _write_global(handle: int, name: str, value: bytes) -> None:
 def record_image(sha256: str, image: bytes, kind: str, handle: int,
                  host: list[tuple[int, int]] | None = None) -> ImageRecord:  # fmt: skip
     """SAVE: the globals of one image as the application left them (``host``: the
-    address ranges mapped in this process, read when not given)."""
+    host-accessible address ranges of this process, read when not given)."""
     names = global_names(image)
     if names is None:
         return ImageRecord(sha256, globals_known=False)
     if not names:
         return ImageRecord(sha256, globals_known=True)
-    host = host_ranges() if host is None else host
+    host = host_ranges(accessible=True) if host is None else host
     data = ctypes.create_string_buffer(image, len(image))
     # two fresh copies loaded side by side: their code lies at different addresses, so the words
     # where they differ are the loader's (code addresses), not state anyone set
@@ -234,6 +234,9 @@ def check_live(record: ImageRecord, kind: str, handle: int) -> None:
     host: list[tuple[int, int]] | None = None
     for g in record.globals:
         live = _read_global(kind, handle, g.name)
+        if live is not None and len(live) != g.size:
+            raise DriftError("a device global of the live module has another size than at SAVE", field=g.name,
+                             path=f"image {record.sha256[:12]}", expected=g.size, found=len(live))  # fmt: skip
         if live is None or hashlib.sha256(without_loader_words(live, _skipped(g))).hexdigest() != g.sha256:
             saved, found = _first_differences(g, live)
             raise DriftError(
@@ -245,7 +248,7 @@ def check_live(record: ImageRecord, kind: str, handle: int) -> None:
                 found=found,
             )
         if g.host_words:
-            host = host_ranges() if host is None else host
+            host = host_ranges(accessible=True) if host is None else host
             missing = [o for o in g.host_words if o not in _host_words(live, host)]
             if missing:
                 raise DriftError("a device global word that held a host address at SAVE holds none of this "
@@ -256,11 +259,14 @@ def check_live(record: ImageRecord, kind: str, handle: int) -> None:
 
 def _first_differences(g: GlobalRecord, live: bytes | None, limit: int = 4) -> tuple[Any, Any]:
     """SAVE's and the live words where they first differ, by byte offset (SAVE's bytes
-    are kept only for a global the application wrote)."""
+    are kept only for a global the application wrote; a last partial word is padded)."""
     if live is None or g.value is None:
         return None, "unreadable" if live is None else f"sha256 {hashlib.sha256(live).hexdigest()[:12]}"
+    if len(live) != len(g.value):
+        return f"{len(g.value)} bytes", f"{len(live)} bytes"
     skip = set(_skipped(g))
-    pairs = [(8 * i, a, b) for i, (a, b) in enumerate(zip(_words(g.value), _words(live), strict=False))
+    padded = [_words(v + bytes(-len(v) % 8)) for v in (g.value, live)]
+    pairs = [(8 * i, a, b) for i, (a, b) in enumerate(zip(*padded, strict=True))
              if a != b and 8 * i not in skip][:limit]  # fmt: skip
     return {f"+{o:#x}": hex(a) for o, a, _ in pairs}, {f"+{o:#x}": hex(b) for o, _, b in pairs}
 

@@ -216,7 +216,7 @@ class SaveSession(Session):
             save_id=save_id,  # several ranks: one process per rank, the catalog by whoever finishes last
         )
         records: list[ImageRecord] = []
-        host = host_ranges()  # a device global holding one of these addresses is this process's own
+        host = host_ranges(accessible=True)  # a device global holding one of these addresses is this process's own
         for sha256, image in sorted(self.images.used.items()):
             blob = self.hook.image_bytes(image)
             writer.add_module(blob, format=image.format)

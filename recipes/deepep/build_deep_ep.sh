@@ -28,7 +28,7 @@ CUDA_PIP=$SITE/nvidia/cu13/include  # cusparse.h, nvrtc.h, ... where the CUDA in
 [ -f /usr/include/infiniband/mlx5dv.h ] || { echo "need rdma-core headers (libibverbs-dev)" >&2; exit 2; }
 [ -d /usr/include/fmt ] || [ -f "$SRC/third-party/fmt/include/fmt/format.h" ] || { echo "need fmt (libfmt-dev)" >&2; exit 2; }
 mkdir -p "$SRC/third-party/fmt/include"
-if ! ldconfig -p | grep -q 'libcuda.so '; then
+if ! ldconfig -p 2>/dev/null | grep 'libcuda.so ' > /dev/null; then  # grep reads it all: no SIGPIPE
     echo "" > "$WORK/stub.c" && gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$WORK/libcuda.so" "$WORK/stub.c"
 fi
 

@@ -95,10 +95,11 @@ def import_deep_ep():
     one). Its NCCL device-API backend, which only DeepEP's elastic buffers use, was
     compiled against NCCL 2.30 headers while torch 2.11 loads NCCL 2.28: so the
     extension is loaded with lazy binding (two NCCL functions stay unbound until an
-    elastic buffer calls them) and DeepEP's check that the loaded NCCL is the one it was
-    built with is skipped. The low-latency buffer here uses NVSHMEM, not NCCL. Its
-    extension names ``libnvshmem_host.so.3``, the one installed with torch (3.4.5) is
-    loaded first."""
+    elastic buffer calls them), DeepEP's check that the loaded NCCL is the one it was
+    built with is skipped, and ``EP_NCCL_ROOT_DIR`` names torch's NCCL, where DeepEP's
+    start-up looks for NCCL (its build recorded the build machine's path). The
+    low-latency buffer here uses NVSHMEM, not NCCL. The extension names
+    ``libnvshmem_host.so.3``: the one installed with torch (3.4.5) is loaded first."""
     import ctypes
 
     for entry in sys.path:

@@ -154,9 +154,9 @@ def _unrelocatable_collective(ctx: GraphContext) -> Iterator[Finding]:
             continue
         node = ctx.ir.node(node_id)
         cannot = f"{match.kind}: backend {match.backend!r} cannot relocate its pointers outside the region"
-        if match.requires:  # the backend proves them unmoved at LOAD, or refuses by name
-            message = (f"{cannot} (it needs {match.requires}); LOAD restores this graph only where that memory "
-                       "is at SAVE's addresses")  # fmt: skip
+        if match.requires:  # the backend decides at LOAD, from the live process, or refuses by name
+            message = (f"{cannot} (it needs {match.requires}); LOAD restores this graph only where the backend "
+                       f"accepts the live process's {match.requires}")  # fmt: skip
         else:
             message = f"{cannot}; LOAD will refuse this graph"
         yield Finding(
