@@ -120,6 +120,9 @@ def _render_restore(console: Console, s: ArchiveSummary) -> None:
         )
         if facts["globals_written"]:
             console.print("  device globals the application set: " + ", ".join(facts["globals_written"]))
+        if facts["globals_per_process"]:
+            console.print("  device globals holding host addresses of the process (LOAD needs the application's "
+                          "own loaded copy): " + ", ".join(facts["globals_per_process"]))  # fmt: skip
         if facts["globals_unknown"]:
             console.print("  images whose globals are unknown: " + ", ".join(facts["globals_unknown"]))
     rng = [g.name for g in s.graphs if g.rng]

@@ -170,4 +170,6 @@ def restore_facts(archive: Archive, rank: int) -> dict[str, Any]:
     facts["images"] = len(session.images)
     facts["globals_unknown"] = [i.sha256[:12] for i in session.images if not i.globals_known]
     facts["globals_written"] = sorted({g.name for i in session.images for g in i.globals if g.written})
+    # globals holding the host addresses of SAVE's process: LOAD needs the application's own copy
+    facts["globals_per_process"] = sorted({g.name for i in session.images for g in i.globals if g.host_words})
     return facts
