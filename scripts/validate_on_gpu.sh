@@ -251,6 +251,9 @@ for r in 0 1; do  # the checks run whatever the one before says
     step ep2-lint.r$r python3 -m foundry graph lint "$E/save" --rank $r --expect deepep-dispatch=1 --expect deepep-combine=1
 done
 step ep2-save-vs-save2 python3 -m foundry archive diff "$E/save" "$E/save2"
+# each rank given the other's part: refused, naming the Buffer's rank
+RANKS_TIMEOUT=120 ranks ep2-other-rank "python3 -m foundry run $FR --mode load --rank \$((1-@R@)) --archive $E/save -- $EP --out $E/other-rank.r@R@.json"
+refused ep2-other-rank "deepep-nvl.rank" $?
 return 0
 }
 ep2_steps || echo "ep2: stopped after the first failing step" | tee -a "$SUMMARY"
