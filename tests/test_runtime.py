@@ -313,14 +313,32 @@ def test_the_second_save_run_moves_the_layout(tmp_path, with_hook):
     assert not list(tmp_path.glob(".a.run*"))  # the second run's archive is merged and removed
 
 
+_MALLOC_TWICE = """
+import ctypes
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = libc.free.argtypes = [ctypes.c_void_p]
+fresh = ctypes.string_at(libc.malloc(4096), 4096)
+small = libc.malloc(64)
+ctypes.memset(small, 0x11, 64)  # a leftover, freed and allocated again
+libc.free(small)
+again = libc.malloc(64)
+print(fresh.hex(), ctypes.string_at(again, 64).hex())
+"""
+
+
 def test_a_later_runs_heap_fill_reaches_what_malloc_returns(tmp_path, with_hook):
-    # the program reads a fresh malloc block: glibc filled it with the complement of the run's fill
+    # fresh blocks and recycled small ones (glibc's per-thread cache would hand those back
+    # unfilled) come with the complement of the run's fill, not with what was left in them
     later = launcher._later_run(launcher.RunConfig("save", tmp_path / "a"), 2)
-    code = ("import ctypes; libc = ctypes.CDLL(None); libc.malloc.restype = ctypes.c_void_p; "
-            "print(ctypes.string_at(libc.malloc(4096), 4096).hex())")  # fmt: skip
-    env = launcher.environment(later, base_env={"PATH": os.environ.get("PATH", "")})
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert bytes.fromhex(out.strip()) == bytes([later.heap_fill ^ 0xFF]) * 4096
+    env = launcher.environment(later, base_env={"PATH": os.environ.get("PATH", ""), "GLIBC_TUNABLES": "a.b=1"})
+    assert env["GLIBC_TUNABLES"] == "a.b=1:glibc.malloc.tcache_count=0"  # the user's tunables kept
+    out = subprocess.run([sys.executable, "-c", _MALLOC_TWICE], env=env, capture_output=True, text=True, check=True)
+    fresh, again = (bytes.fromhex(h) for h in out.stdout.split())
+    fill = bytes([later.heap_fill ^ 0xFF])
+    assert fresh == fill * 4096 and again == fill * 64
+    first = launcher.environment(launcher.RunConfig("save", tmp_path / "a"), base_env={})
+    assert "MALLOC_PERTURB_" not in first and "GLIBC_TUNABLES" not in first  # the kept run is left alone
 
 
 def test_the_launcher_refuses_without_a_built_hook(monkeypatch, tmp_path):

@@ -14,7 +14,8 @@ the runs and is marked undefined. Without the pad the runs differ only by the
 length of their archive paths, which the stack's 16-byte alignment can absorb
 (seen on the H200 test machine: two SAVEs then differed in leftover stack words).
 Each later run also has glibc fill fresh and freed heap blocks with its own byte
-(``MALLOC_PERTURB_``), so a leftover from the heap differs between the runs even
+(``MALLOC_PERTURB_``, with glibc's per-thread cache off, which would hand small
+blocks back unfilled), so a leftover from the heap differs between the runs even
 where the layout moved nothing: cuDNN's kernel parameters held 24 such bytes that
 three unperturbed runs of one SAVE agreed on and another SAVE's runs did not.
 """
@@ -62,6 +63,7 @@ LAYOUT_PAD = 5000  # > one page and not a multiple of 16: every stack address mo
 # complement into allocated ones. None of them is 0x00 or 0xff, and runs 2-6 share neither
 # (later runs start over: each run is compared with the first, which has no fill of ours)
 HEAP_FILLS = (0x5A, 0xC3, 0x96, 0x17, 0x2D)
+TCACHE_COUNT = "glibc.malloc.tcache_count"
 
 
 def _no_randomization() -> None:
@@ -117,7 +119,11 @@ def environment(config: RunConfig, base_env: dict[str, str] | None = None) -> di
     else:
         env.pop("FOUNDRY_LAYOUT_PAD", None)
     if config.heap_fill:
+        # glibc fills a block only on its way through the arena; its per-thread cache hands
+        # small blocks back as they were freed, so the cache is turned off for this run
         env["MALLOC_PERTURB_"] = str(config.heap_fill)
+        tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and not t.startswith(TCACHE_COUNT)]
+        env["GLIBC_TUNABLES"] = ":".join([*tunables, f"{TCACHE_COUNT}=0"])
     if config.first_run is not None:
         env["FOUNDRY_SAVE_FIRST_RUN"] = str(config.first_run.resolve())
     else:
