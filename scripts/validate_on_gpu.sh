@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything Foundry claims about a GPU, in one run on one GPU machine.
+# Everything Foundry claims about a GPU, section by section (tp2, tp2-nccl and ep2 need two GPUs).
 #
 #   scripts/validate_on_gpu.sh RESULTS_DIR [SECTION ...]
 #
