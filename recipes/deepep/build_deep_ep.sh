@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build DeepEP from source as a wheel for the torch that runs recipes/deepep/ep2.py.
 #
-#   recipes/deepep/build_deep_ep.sh DEEPEP_SRC PYTHON NCCL_ROOT [OUT_DIR]
+#   recipes/deepep/build_deep_ep.sh DEEPEP_SRC PYTHON NCCL_ROOT [WHEEL_DIR]
 #
 # DEEPEP_SRC  a DeepEP source tree (the H200 runs used DeepEP at dd758ca, version 2.1.0)
 # PYTHON      the interpreter of the target: the same Python and torch as the GPU machine
@@ -16,10 +16,10 @@
 # without a libcuda.so to link, an empty stub with its soname is linked (DeepEP calls
 # the driver through dlsym).
 set -euo pipefail
-SRC=$(realpath "${1:?usage: build_deep_ep.sh DEEPEP_SRC PYTHON NCCL_ROOT [OUT_DIR]}")
+SRC=$(realpath "${1:?usage: build_deep_ep.sh DEEPEP_SRC PYTHON NCCL_ROOT [WHEEL_DIR]}")
 PY=${2:?python of the target}
 NCCL=$(realpath "${3:?NCCL >= 2.30 root}")
-OUT=$(realpath -m "${4:-$SRC/dist}")
+WHEEL_DIR=$(realpath -m "${4:-$SRC/dist}")
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
@@ -37,5 +37,5 @@ export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS
 export PATH=$CUDA_HOME/bin:$PATH CPATH=$CUDA_PIP${CPATH:+:$CPATH}
 export LIBRARY_PATH=$NCCL/lib:$WORK${LIBRARY_PATH:+:$LIBRARY_PATH}
 export EP_NCCL_ROOT_DIR=$NCCL
-"$PY" setup.py bdist_wheel --dist-dir "$OUT"
-ls -la "$OUT"
+"$PY" setup.py bdist_wheel --dist-dir "$WHEEL_DIR"
+ls -la "$WHEEL_DIR"
