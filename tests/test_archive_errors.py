@@ -88,40 +88,34 @@ def _wide_global(s: dict) -> dict:
     return next(g for image in s["images"] for g in image["globals"] if g["size"] >= 16)
 
 
-@pytest.mark.parametrize(
-    ("edit", "message"),
-    [
-        (lambda s: _wide_global(s).update(host_words=[4]), "not an 8-byte word inside the global"),
-        (lambda s: _wide_global(s).update(loader_words=[_wide_global(s)["size"] - 4]),
-         "not an 8-byte word inside the global"),
-        (lambda s: _wide_global(s).update(host_words=[-8]), "not an 8-byte word inside the global"),
-        (lambda s: _wide_global(s).update(size=_wide_global(s)["size"] + 8, value="AAAA"), "differ from its size"),
-        (lambda s: _wide_global(s).update(host_words=[0]), "holds fields of format version 3"),
-    ],
-)  # fmt: skip
-def test_device_global_checks(archive_copy, edit, message):
-    path = archive_copy("saveload-a")
-    edit_json(session(path), edit, root=path)
-    with pytest.raises(ArchiveError, match=message):
-        open_all(path)
+TRITON, GLOBALS = "compiled-triton", "saveload-a"  # GLOBALS: a real H200 SAVE whose session records device globals
 
 
 @pytest.mark.parametrize(
-    ("edit", "message"),
+    ("fixture", "edit", "message"),
     [
-        (lambda s: s.update(rank=3), "session belongs to another rank"),
-        (lambda s: s["graphs"].append(dict(s["graphs"][0])), "graph name used twice"),
-        (lambda s: s["graphs"][0].update(sha256="F" * 64), "not a sha256"),
-        (lambda s: s["graphs"][0].update(file="../../foundry-archive.json"), "stay inside the archive"),
-        (lambda s: s["graphs"][0].update(file="/etc/passwd"), "stay inside the archive"),
-        (lambda s: s.update(format_version=9), "written by a newer Foundry"),
-        (lambda s: s["graphs"][0].update(outputs={"type": "pickle", "value": "x"}), "Invalid value 'pickle'"),
-        (lambda s: s["graphs"][0].update(outputs={"type": "tensor", "dtype": "float13", "shape": [], "stride": []}),
+        (TRITON, lambda s: s.update(rank=3), "session belongs to another rank"),
+        (TRITON, lambda s: s["graphs"].append(dict(s["graphs"][0])), "graph name used twice"),
+        (TRITON, lambda s: s["graphs"][0].update(sha256="F" * 64), "not a sha256"),
+        (TRITON, lambda s: s["graphs"][0].update(file="../../foundry-archive.json"), "stay inside the archive"),
+        (TRITON, lambda s: s["graphs"][0].update(file="/etc/passwd"), "stay inside the archive"),
+        (TRITON, lambda s: s.update(format_version=9), "written by a newer Foundry"),
+        (TRITON, lambda s: s["graphs"][0].update(outputs={"type": "pickle", "value": "x"}),
+         "Invalid value 'pickle'"),
+        (TRITON,
+         lambda s: s["graphs"][0].update(outputs={"type": "tensor", "dtype": "float13", "shape": [], "stride": []}),
          "unknown tensor dtype"),
+        (GLOBALS, lambda s: _wide_global(s).update(host_words=[4]), "not an 8-byte word inside the global"),
+        (GLOBALS, lambda s: _wide_global(s).update(loader_words=[_wide_global(s)["size"] - 4]),
+         "not an 8-byte word inside the global"),
+        (GLOBALS, lambda s: _wide_global(s).update(host_words=[-8]), "not an 8-byte word inside the global"),
+        (GLOBALS, lambda s: _wide_global(s).update(size=_wide_global(s)["size"] + 8, value="AAAA"),
+         "differ from its size"),
+        (GLOBALS, lambda s: _wide_global(s).update(host_words=[0]), "holds fields of format version 3"),
     ],
 )  # fmt: skip
-def test_session_checks(archive_copy, edit, message):
-    path = archive_copy("compiled-triton")
+def test_session_checks(archive_copy, fixture, edit, message):
+    path = archive_copy(fixture)
     edit_json(session(path), edit, root=path)
     with pytest.raises(ArchiveError, match=message):
         open_all(path)
