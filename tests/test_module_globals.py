@@ -118,7 +118,7 @@ def test_words_holding_host_addresses_are_the_processs_own(monkeypatch):
 
     save_host, live_host = [(0x7FFC_0000_0000, 0x7FFD_0000_0000)], [(0x7F19_0000_0000, 0x7F1A_0000_0000)]
 
-    save_host.append((0x40_0000, 0x200_0000))  # a heap at a few MiB (no PIE, no randomisation)
+    save_host.insert(0, (0x40_0000, 0x200_0000))  # a heap at a few MiB (no PIE, no randomisation)
 
     def state(pinned: int, heap: int) -> bytes:  # 0x1000000: a size that lies inside that heap
         return b"".join(w.to_bytes(8, "little") for w in (2, pinned, heap, 0x1000000))

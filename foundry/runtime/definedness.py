@@ -140,6 +140,12 @@ def host_ranges(maps: str | None = None, *, accessible: bool = False) -> list[tu
     return sorted(ranges)
 
 
+def mapped(value: int, ranges: list[tuple[int, int]], starts: list[int]) -> bool:
+    """Whether ``value`` lies in one of the sorted, disjoint ``ranges`` (``starts``: their starts)."""
+    i = bisect.bisect_right(starts, value) - 1
+    return i >= 0 and value < ranges[i][1]
+
+
 def mark_host_words(ir: GraphIR, ranges: list[tuple[int, int]]) -> tuple[GraphIR, int]:
     """Mark as undefined every 8-byte-aligned parameter word that is not an operand
     and holds an address mapped in this (host) process: a return address or heap
@@ -155,8 +161,7 @@ def mark_host_words(ir: GraphIR, ranges: list[tuple[int, int]]) -> tuple[GraphIR
             if offset in words or all(i in undefined for i in range(offset, offset + WORD)):
                 continue
             value = int.from_bytes(node.params[offset : offset + WORD], "little")
-            i = bisect.bisect_right(starts, value) - 1
-            if value and i >= 0 and value < ranges[i][1]:
+            if value and mapped(value, ranges, starts):
                 hits.append(offset)
         if hits:
             marked += len(hits)

@@ -38,7 +38,7 @@ import msgspec
 from foundry.archive.schema import GlobalRecord, ImageRecord
 from foundry.cuda import cu, driver, handle_value
 from foundry.errors import DriftError
-from foundry.runtime.definedness import host_ranges
+from foundry.runtime.definedness import host_ranges, mapped
 
 ELF_MAGIC = b"\x7fELF"
 FATBIN_MAGIC = 0xBA55ED50
@@ -203,9 +203,10 @@ MIN_HOST_ADDRESS = 1 << 32
 
 
 def _host_words(value: bytes, host: list[tuple[int, int]]) -> list[int]:
-    """Offsets of the 8-byte words of ``value`` holding an address inside one of ``host``'s ranges."""
-    return [8 * i for i, word in enumerate(_words(value))
-            if word >= MIN_HOST_ADDRESS and any(lo <= word < hi for lo, hi in host)]  # fmt: skip
+    """Offsets of the 8-byte words of ``value`` holding an address inside one of ``host``'s
+    ranges (sorted, as :func:`host_ranges` gives them)."""
+    starts = [lo for lo, _ in host]
+    return [8 * i for i, word in enumerate(_words(value)) if word >= MIN_HOST_ADDRESS and mapped(word, host, starts)]
 
 
 def _skipped(g: GlobalRecord) -> tuple[int, ...]:
