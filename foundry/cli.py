@@ -409,6 +409,9 @@ def _address(text: str) -> int:
               help="LOAD: build graphs via cuda-bindings, or via the hook from SAVE's launch plans")  # fmt: skip
 @click.option("--build-threads", type=click.IntRange(1, 64), default=1, show_default=True,
               help="LOAD with --builder native: threads that build and instantiate graphs")  # fmt: skip
+@click.option("--instantiate", type=click.Choice(["now", "background"]), default="now", show_default=True,
+              help="LOAD with --builder native: instantiate every graph before the program gets them, or on a "
+              "thread while it goes on (a graph replayed first is instantiated then)")  # fmt: skip
 @click.option("--overwrite", is_flag=True, help="SAVE: replace an archive already at --archive")
 @click.option("--keep-aslr", is_flag=True, help="SAVE: keep address-space randomisation (fingerprints may differ)")
 @click.option("--save-runs", type=click.IntRange(min=1, max=8), default=2, show_default=True,
@@ -419,8 +422,8 @@ def _address(text: str) -> int:
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @guarded
 def run(mode: str, archive: Path, region_base: int | None, region_size: int | None, warmup: str, rank: int,
-        world_size: int, builder: str, build_threads: int, overwrite: bool, keep_aslr: bool, save_runs: int,
-        region_threads: str, command: tuple[str, ...]) -> int:  # fmt: skip
+        world_size: int, builder: str, build_threads: int, instantiate: str, overwrite: bool, keep_aslr: bool,
+        save_runs: int, region_threads: str, command: tuple[str, ...]) -> int:  # fmt: skip
     """Run COMMAND (after --) with the native hook and a SAVE or LOAD session.
 
     The program opens the session with foundry.runtime.open_session(); the exit
@@ -430,8 +433,10 @@ def run(mode: str, archive: Path, region_base: int | None, region_size: int | No
 
     if rank >= world_size and mode == "save":
         raise click.BadParameter(f"rank {rank} is not below the world size {world_size}", param_hint="--rank")
+    if instantiate == "background" and builder != "native":
+        raise click.BadParameter("background instantiation needs --builder native", param_hint="--instantiate")
     config = launcher.RunConfig(mode, archive, region_base, region_size, warmup, rank, world_size,
-                                fixed_layout=not keep_aslr,
+                                fixed_layout=not keep_aslr, instantiate=instantiate,
                                 builder=builder, build_threads=build_threads, overwrite=overwrite,
                                 region_threads=region_threads)  # fmt: skip
     try:

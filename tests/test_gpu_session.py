@@ -94,6 +94,16 @@ def test_the_native_builder_restores_the_same_graph_from_its_plan(saved, cubin, 
     assert result["report"]["counters"]["stream_captures"] == 0
 
 
+def test_background_instantiation_restores_the_same_graph(saved, cubin):
+    """LOAD returns the graph built but not instantiated; the replay or the background
+    thread instantiates it once, and finish() counts it."""
+    result = foundry_run("load", saved, cubin, extra=("--builder", "native", "--instantiate", "background"))
+    report = result["report"]
+    assert result["scale_seen"] == 3.0 and report["instantiate"] == "background", result
+    assert report["counters"]["graph_instantiates"] == 1 and report["counters"]["stream_captures"] == 0
+    assert report["instantiated_s"] >= report["map_s"]
+
+
 def test_the_native_builder_packs_the_ir_when_the_region_moves(saved, cubin):
     shifted = hex(0x600000000000 + (16 << 30))
     result = foundry_run("load", saved, cubin, extra=("--builder", "native", "--region-base", shifted))
@@ -159,6 +169,7 @@ def test_the_recipe_decodes_identically_after_load(tmp_path, extra):
     reports = []
     shifted = hex(0x600000000000 + (16 << 30))
     runs = (("baseline", []), ("save", ["save"]), ("load", ["load"]), ("load-native", ["load", "--builder", "native"]),
+            ("load-background", ["load", "--builder", "native", "--instantiate", "background"]),
             ("load-shifted", ["load", "--region-base", shifted]))  # fmt: skip
     for name, prefix in runs:
         out = tmp_path / f"{name}.json"

@@ -28,7 +28,7 @@ from foundry.runtime import launcher
 from foundry.runtime.definedness import host_ranges, mark_host_words, mark_undefined, merge_saves
 from foundry.runtime.load import LoadSession
 from foundry.runtime.rng import philox_cells
-from foundry.runtime.session import Session, open_session
+from foundry.runtime.session import Session, load_options, open_session
 from foundry.runtime.validate import check_environment, check_graph, check_modules, check_region
 
 from .archive_tools import edit_json, write_archive
@@ -247,6 +247,26 @@ def test_restoring_warmup_bytes_needs_them_in_the_archive():
     assert err.value.field == "region.warmup_bytes"
     with pytest.raises(FoundryError, match="unknown warm-up mode"):
         LoadSession(SAVE_A, warmup="sometimes")
+
+
+def test_background_instantiation_is_asked_for_with_the_native_builder():
+    with pytest.raises(FoundryError, match="unknown instantiation mode") as err:
+        LoadSession(SAVE_A, builder="native", instantiate="later")
+    assert err.value.field == "instantiate"
+    with pytest.raises(FoundryError, match="needs the native builder") as err:
+        LoadSession(SAVE_A, instantiate="background")
+    assert err.value.field == "instantiate"
+    assert LoadSession(SAVE_A, builder="native", instantiate="background").instantiate == "background"
+
+
+def test_load_options_read_the_instantiation_mode(monkeypatch, with_hook):
+    monkeypatch.delenv("FOUNDRY_INSTANTIATE", raising=False)
+    assert load_options()["instantiate"] == "now"
+    monkeypatch.setenv("FOUNDRY_INSTANTIATE", "background")
+    assert load_options()["instantiate"] == "background"
+    env = launcher.environment(launcher.RunConfig("load", SAVE_A, builder="native", instantiate="background"),
+                               base_env={})  # fmt: skip
+    assert env["FOUNDRY_INSTANTIATE"] == "background" and env["FOUNDRY_BUILDER"] == "native"
 
 
 def test_open_session_reads_the_launcher_environment(monkeypatch):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from foundry.errors import HookError
 
-ABI = 3
+ABI = 4
 LIBRARY = "libfoundry_hook.so"
 COUNTERS = (
     "stream_captures",

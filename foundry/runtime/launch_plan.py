@@ -80,8 +80,9 @@ def check_plan(lib: ctypes.CDLL, data: bytes, plan: LaunchPlan, bounds: tuple[in
 
 def build_plans(lib: ctypes.CDLL, plans: Sequence[tuple[str, bytes, LaunchPlan]],
                 function: Callable[[PlanKernel], int], bounds: tuple[int, int], *,
-                threads: int = 1) -> list[tuple[Any, Any]]:  # fmt: skip
-    """Build and instantiate every ``(name, data, plan)``: ``(CUgraph, CUgraphExec)`` each.
+                threads: int = 1, instantiate: bool = True) -> list[tuple[Any, Any]]:  # fmt: skip
+    """Build and instantiate every ``(name, data, plan)``: ``(CUgraph, CUgraphExec)`` each
+    (the exec None when ``instantiate`` is false: the caller instantiates).
     ``function(kernel)`` returns the live handle with the kernel's attributes applied;
     every copy and set must lie in ``bounds``, the region SAVE used."""
     from foundry.cuda import driver
@@ -96,7 +97,8 @@ def build_plans(lib: ctypes.CDLL, plans: Sequence[tuple[str, bytes, LaunchPlan]]
         *(ctypes.cast(t, ctypes.POINTER(ctypes.c_uint64)) for t in tables)
     )
     nfuncs = (ctypes.c_size_t * count)(*(len(p.kernels) for _, _, p in plans))
-    graphs, execs = (ctypes.c_uint64 * count)(), (ctypes.c_uint64 * count)()
+    graphs = (ctypes.c_uint64 * count)()
+    execs = (ctypes.c_uint64 * count)() if instantiate else None
     err = ctypes.create_string_buffer(256)
     lo, hi = ctypes.c_uint64(bounds[0]), ctypes.c_uint64(bounds[1])
     status = lib.foundry_graph_build_many(descs, lens, ctypes.c_uint32(count), funcs, nfuncs, lo, hi,
@@ -106,7 +108,7 @@ def build_plans(lib: ctypes.CDLL, plans: Sequence[tuple[str, bytes, LaunchPlan]]
         index = _graph_index(message)
         raise IRError(f"native build failed: {message}", path=plans[index][0] if index is not None else None)
     drv = driver()
-    return [(drv.CUgraph(graphs[i]), drv.CUgraphExec(execs[i])) for i in range(count)]
+    return [(drv.CUgraph(graphs[i]), drv.CUgraphExec(execs[i]) if execs else None) for i in range(count)]
 
 
 def _graph_index(message: str) -> int | None:

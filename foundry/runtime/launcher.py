@@ -49,6 +49,7 @@ class RunConfig:
     fixed_layout: bool = True  # SAVE: no address-space randomisation, fixed hash seed
     builder: str = "python"  # LOAD: python (cuda-bindings) or native (the hook's builder)
     build_threads: int = 1  # LOAD, native builder: threads that build and instantiate
+    instantiate: str = "now"  # LOAD, native builder: now, or on a thread behind the program (background)
     overwrite: bool = False  # SAVE: replace an archive already at the path
     layout_pad: int = 0  # SAVE: bytes of padding in the environment (moves the stack and heap)
     first_run: Path | None = None  # SAVE runs after the first: its archive (sizes that must not be profiled again)
@@ -108,6 +109,7 @@ def environment(config: RunConfig, base_env: dict[str, str] | None = None) -> di
         FOUNDRY_WORLD_SIZE=str(config.world_size),
         FOUNDRY_BUILDER=config.builder,
         FOUNDRY_BUILD_THREADS=str(config.build_threads),
+        FOUNDRY_INSTANTIATE=config.instantiate,
         FOUNDRY_OVERWRITE="1" if config.overwrite else "0",
         FOUNDRY_HOOK_ECHO="1",  # the hook's refusals reach stderr, also in processes no session reads
         FOUNDRY_REGION_THREADS=config.region_threads,

@@ -24,6 +24,7 @@ from foundry.runtime.session import RestoredGraph, Session, anchor_generator, ch
 
 WARMUP_MODES = ("replay", "restore")
 BUILDERS = ("python", "native")  # native: foundry.runtime.native_build and launch plans
+INSTANTIATE_MODES = ("now", "background")  # background: see foundry.runtime.instantiation
 # backends whose kernels read communicator state a LOAD must validate, not just addresses
 COMMUNICATOR_BACKENDS = frozenset({"torch-symm-mem", "nccl-ipc", "custom-allreduce", "deepep-nvl"})
 
@@ -44,6 +45,7 @@ class LoadSession(Session):
         builder: str = "python",
         relocate: bool = False,
         build_threads: int = 1,
+        instantiate: str = "now",
     ) -> None:
         super().__init__(device=device)
         if warmup not in WARMUP_MODES:
@@ -65,6 +67,16 @@ class LoadSession(Session):
         self.build_threads = build_threads
         if builder not in BUILDERS:
             raise FoundryError("unknown graph builder", field="builder", expected=BUILDERS, found=builder)
+        if instantiate not in INSTANTIATE_MODES:
+            raise FoundryError("unknown instantiation mode", field="instantiate", expected=INSTANTIATE_MODES,
+                               found=instantiate)  # fmt: skip
+        if instantiate == "background" and builder != "native":
+            raise FoundryError("background instantiation needs the native builder (--builder native)",
+                               field="instantiate")  # fmt: skip
+        self.instantiate = instantiate
+        self.instantiation: Any = None  # a BackgroundInstantiation while graphs instantiate behind the program
+        self._warmup_copy: Any = None  # the thread restoring the warm-up bytes while graphs are built
+        self._restore_started = 0.0
         self.backends = self._require_backends()
         self.attached: dict[str, dict[str, Any]] = {}  # backend name -> live facts
         self.live_base: int | None = None  # the region's base in this process, once start() reserved it
@@ -183,6 +195,8 @@ class LoadSession(Session):
     def finish(self) -> dict[str, Any]:
         if not hasattr(self, "hook"):
             raise FoundryError("finish() before start(): call session.start() before the first CUDA allocation")
+        if self.instantiation is not None:  # every instantiation counted, or its error raised
+            self.report["instantiated_s"] = self.instantiation.wait() - self._restore_started
         self.report["counters"] = self.hook.counters()
         return self.report
 
@@ -203,6 +217,8 @@ class LoadSession(Session):
         self._map_region(region)
         mapped = time.perf_counter()
         graphs = self._build_all(region, irs)
+        if self.instantiate == "background":  # only launch plans leave instantiation for later
+            self.report["instantiate"] = "now: no launch plans apply (relocation or backend state)"
         torch.cuda.synchronize()
         self.report.update(
             decode_s=decoded - started,
@@ -232,10 +248,11 @@ class LoadSession(Session):
 
         from foundry.graphir.build import BuiltGraph, apply_attributes
         from foundry.runtime.functions import ArchiveFunctions
+        from foundry.runtime.instantiation import BackgroundInstantiation
         from foundry.runtime.launch_plan import build_plans
         from foundry.runtime.validate import check_image
 
-        started = time.perf_counter()
+        started = self._restore_started = time.perf_counter()
         region = self.record.region
         assert region is not None  # checked in start()
         entries = self.record.graphs
@@ -248,7 +265,7 @@ class LoadSession(Session):
                 self._refuse_unclaimed(entry.name, identity)
         plans = [(e.name, self.archive.rank_blob(self.rank, e.plan.file, sha256=e.plan.sha256, size=e.plan.size,
                                                  what="launch plan"), e.plan) for e in entries]  # fmt: skip
-        self._map_region(region)
+        self._map_region(region, overlap=True)
         mapped = time.perf_counter()
         functions = ArchiveFunctions(self.hook, self.archive, {r.sha256: r for r in self.record.images})
         begun = time.perf_counter()
@@ -265,16 +282,26 @@ class LoadSession(Session):
             return handle
 
         bounds = (region.base, region.base + region.final_offset)  # plans are used only at SAVE's base
-        built = build_plans(self.hook.lib, plans, function, bounds, threads=self.build_threads)
+        background = self.instantiate == "background"
+        try:
+            built = build_plans(self.hook.lib, plans, function, bounds, threads=self.build_threads,
+                                instantiate=not background)  # fmt: skip
+        except BaseException:
+            self._finish_warmup_bytes(quiet=True)  # the build's error is the one to report
+            raise
+        self._finish_warmup_bytes()
         base_of = partial(_region_base_at_save, region.base)
         graphs = {
             entry.name: self._restored(entry, BuiltGraph(graph, graph_exec, []), base_of)
             for entry, (graph, graph_exec) in zip(entries, built, strict=True)
         }
+        if background:
+            self.instantiation = BackgroundInstantiation([g.pending for g in graphs.values() if g.pending])
         torch.cuda.synchronize()
         self.report.update(
             builder="native-plans",
             build_threads=self.build_threads,
+            instantiate=self.instantiate,
             functions_s=resolving[0],
             prefetch_s=prefetch_s,
             prefetched_images=prefetched,
@@ -288,6 +315,7 @@ class LoadSession(Session):
 
     def _restored(self, entry: GraphEntry, built: Any, base_of: Callable[[str], int | None]) -> RestoredGraph:
         """A built graph with its outputs as tensors and its generator cells, as the program gets it."""
+        from foundry.runtime.instantiation import PendingExec
         from foundry.runtime.rng import PhiloxReplay
         from foundry.runtime.tensors import outputs_at
 
@@ -295,11 +323,13 @@ class LoadSession(Session):
             built,
             None if entry.outputs is None else outputs_at(entry.outputs, base_of),
             PhiloxReplay(entry.rng, self.live_base) if entry.rng else None,
+            PendingExec(entry.name, built) if built.exec is None else None,
         )
 
-    def _map_region(self, region: RegionRecord) -> None:
+    def _map_region(self, region: RegionRecord, *, overlap: bool = False) -> None:
         """Check the warm-up's allocations against SAVE's, then map the region up to SAVE's
-        final offset (and restore the warm-up's bytes when asked)."""
+        final offset (and restore the warm-up's bytes when asked: with ``overlap``, on a
+        thread while the graphs are built; :meth:`_finish_warmup_bytes` joins it)."""
         import torch
 
         if self.warmup_mode == "replay":  # SAVE allocated the generator's cells after its warm-up
@@ -309,8 +339,27 @@ class LoadSession(Session):
         begun = time.perf_counter()
         self.hook.map_to(region.final_offset)
         self.report["map_to_s"] = time.perf_counter() - begun
-        if self.warmup_mode == "restore":
+        if self.warmup_mode != "restore":
+            return
+        if not overlap:
             self._restore_warmup_bytes(region)
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        context = cu("cuCtxGetCurrent")
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="foundry-warmup")
+        self._warmup_copy = pool.submit(self._restore_warmup_bytes, region, context)
+        pool.shutdown(wait=False)
+
+    def _finish_warmup_bytes(self, *, quiet: bool = False) -> None:
+        """Wait for the warm-up bytes a thread restores, if one does, and raise its error
+        unless ``quiet``."""
+        if self._warmup_copy is None:
+            return
+        copy, self._warmup_copy = self._warmup_copy, None
+        error = copy.exception()
+        if error is not None and not quiet:
+            raise error
 
     def _check_trace(self) -> None:
         actual = self.hook.trace()
@@ -332,11 +381,13 @@ class LoadSession(Session):
                 found=len(actual),
             )
 
-    def _restore_warmup_bytes(self, region: RegionRecord) -> None:
+    def _restore_warmup_bytes(self, region: RegionRecord, context: Any = None) -> None:
         import torch
 
         warm = region.warmup_bytes
         assert warm is not None
+        if context is not None:  # another thread: the driver's current context is per thread
+            cu("cuCtxSetCurrent", context)
         begun = time.perf_counter()
         data = self.archive.rank_blob(self.rank, warm.file, sha256=warm.sha256, size=warm.size, what="warm-up bytes")
         read = time.perf_counter()
@@ -495,4 +546,5 @@ def _binding_report(functions: Any) -> dict[str, Any]:
     """How LOAD bound its kernels: images found live, images loaded from the archive,
     device globals restored."""
     return {"bound_live": len(functions.bound_live), "loaded_images": len(functions.loaded),
-            "restored_globals": functions.restored_globals}  # fmt: skip
+            "restored_globals": functions.restored_globals,
+            "binding_s": {k: round(v, 4) for k, v in functions.seconds.items()}}  # fmt: skip

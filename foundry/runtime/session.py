@@ -72,14 +72,17 @@ class CapturedGraph:
 class RestoredGraph:
     """A graph rebuilt from an archive; replays like ``torch.cuda.CUDAGraph``."""
 
-    def __init__(self, built: Any, outputs: Any, rng: Any = None) -> None:
+    def __init__(self, built: Any, outputs: Any, rng: Any = None, pending: Any = None) -> None:
         self.built = built
         self.outputs = outputs
         self.rng = rng
+        self.pending = pending  # a PendingExec when instantiation happens behind the program
 
     def replay(self) -> None:
         import torch
 
+        if self.pending is not None:
+            self.pending.ensure()
         if self.rng is not None:
             self.rng.prologue()
         self.built.launch(torch.cuda.current_stream().cuda_stream)
@@ -157,7 +160,7 @@ def capturing(graph: Any, pool: Any) -> Iterator[None]:
 def open_session(*, device: int = 0, model: dict[str, str] | None = None) -> Session:
     """The session ``foundry run`` asked for (``FOUNDRY_MODE``, ``FOUNDRY_ARCHIVE``,
     ``FOUNDRY_RANK``, ``FOUNDRY_WORLD_SIZE``, ``FOUNDRY_LOAD_WARMUP``, ``FOUNDRY_BUILDER``,
-    ``FOUNDRY_BUILD_THREADS``, ``FOUNDRY_RELOCATE``, ``FOUNDRY_OVERWRITE``); mode ``off``
+    ``FOUNDRY_BUILD_THREADS``, ``FOUNDRY_INSTANTIATE``, ``FOUNDRY_RELOCATE``, ``FOUNDRY_OVERWRITE``); mode ``off``
     when none. Programs that need more control construct :class:`~foundry.runtime.save.SaveSession` or
     :class:`~foundry.runtime.load.LoadSession` themselves."""
     mode = os.environ.get("FOUNDRY_MODE", "off") or "off"
@@ -188,7 +191,8 @@ def open_session(*, device: int = 0, model: dict[str, str] | None = None) -> Ses
 
 def load_options() -> dict[str, Any]:
     """:class:`~foundry.runtime.load.LoadSession`'s options as ``foundry run`` set them
-    (``FOUNDRY_LOAD_WARMUP``, ``FOUNDRY_BUILDER``, ``FOUNDRY_BUILD_THREADS``, ``FOUNDRY_RELOCATE``)."""
+    (``FOUNDRY_LOAD_WARMUP``, ``FOUNDRY_BUILDER``, ``FOUNDRY_BUILD_THREADS``, ``FOUNDRY_RELOCATE``,
+    ``FOUNDRY_INSTANTIATE``)."""
     threads = os.environ.get("FOUNDRY_BUILD_THREADS", "1")
     if not threads.isdigit():
         raise FoundryError("FOUNDRY_BUILD_THREADS must be a number", field="FOUNDRY_BUILD_THREADS", found=threads)
@@ -197,4 +201,5 @@ def load_options() -> dict[str, Any]:
         "builder": os.environ.get("FOUNDRY_BUILDER", "python"),
         "relocate": os.environ.get("FOUNDRY_RELOCATE") == "1",
         "build_threads": int(threads),
+        "instantiate": os.environ.get("FOUNDRY_INSTANTIATE", "now"),
     }

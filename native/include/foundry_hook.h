@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#define FOUNDRY_HOOK_ABI 3
+#define FOUNDRY_HOOK_ABI 4
 
 enum foundry_status {
     FOUNDRY_OK = 0,
@@ -155,8 +155,10 @@ int foundry_graph_check(const void *desc, size_t len, uint32_t *nodes, uint32_t 
 int foundry_graph_check_indexed(const void *desc, size_t len, size_t nfuncs, uint64_t lo, uint64_t hi,
                                 uint32_t *nodes, uint32_t *edges, char *err, size_t errlen);
 /* Build and instantiate `count` descriptions (funcs[i]: description i's function table of
- * nfuncs[i] entries, checked as plans against [lo, hi); funcs NULL when they hold handles) on `threads` threads (1-64) in the caller's context. All or nothing:
- * on failure nothing stays built and err names the graph. */
+ * nfuncs[i] entries, checked as plans against [lo, hi); funcs NULL when they hold handles)
+ * on `threads` threads (1-64) in the caller's context. With execs NULL the graphs are built
+ * but not instantiated (the caller instantiates them later). All or nothing: on failure
+ * nothing stays built and err names the graph. */
 int foundry_graph_build_many(const void *const *descs, const size_t *lens, uint32_t count,
                              const uint64_t *const *funcs, const size_t *nfuncs, uint64_t lo, uint64_t hi,
                              uint32_t threads, uint64_t *graphs, uint64_t *execs, char *err, size_t errlen);
