@@ -69,13 +69,13 @@ def test_words_the_loader_fills_are_left_out_of_comparison_and_restore():
     """Two fresh loads of one image disagree exactly on the code addresses the loader
     wrote (a function-pointer table); those words are neither compared nor restored."""
     from foundry.archive.schema import GlobalRecord
-    from foundry.runtime.module_globals import _keep_loader_words, _record, loader_words, without_loader_words
+    from foundry.runtime.module_globals import _keep_loader_words, _record, loader_words, without_words
 
     code = (0x7F00_0000_1000).to_bytes(8, "little")
     table_a = code + (5).to_bytes(8, "little")  # a code address, then data
     table_b = (0x7F00_0000_9000).to_bytes(8, "little") + (5).to_bytes(8, "little")
     assert loader_words(table_a, table_b) == (0,)
-    assert without_loader_words(table_a, (0,)) == without_loader_words(table_b, (0,)) == bytes(8) + table_a[8:]
+    assert without_words(table_a, (0,)) == without_words(table_b, (0,)) == bytes(8) + table_a[8:]
     untouched = _record("ops", table_b, table_a, (0,))  # the live copy: only its code addresses differ
     assert not untouched.written and untouched.value is None and untouched.loader_words == (0,)
     written = _record("ops", table_b[:8] + (9).to_bytes(8, "little"), table_a, (0,))
@@ -84,7 +84,7 @@ def test_words_the_loader_fills_are_left_out_of_comparison_and_restore():
     assert _keep_loader_words(written, fresh) == fresh[:8] + (9).to_bytes(8, "little")
     plain = GlobalRecord("scale", 4, True, "0" * 64, b"\x03\0\0\0")
     assert _keep_loader_words(plain, bytes(4)) == b"\x03\0\0\0"
-    assert without_loader_words(b"ab", plain.loader_words) == b"ab"
+    assert without_words(b"ab", plain.loader_words) == b"ab"
 
 
 def test_a_refused_global_names_the_words_that_differ():

@@ -189,8 +189,8 @@ def record_image(sha256: str, image: bytes, kind: str, handle: int,
 def _record(name: str, live: bytes, initial: bytes, loader: tuple[int, ...],
             host: list[tuple[int, int]] | None = None) -> GlobalRecord:  # fmt: skip
     host_words = tuple(o for o in _host_words(live, host or []) if o not in loader)
-    written = without_loader_words(live, loader) != without_loader_words(initial, loader)
-    kept = without_loader_words(live, (*loader, *host_words))
+    written = without_words(live, loader) != without_words(initial, loader)
+    kept = without_words(live, (*loader, *host_words))
     return GlobalRecord(name, len(live), written, hashlib.sha256(kept).hexdigest(), live if written else None,
                         loader_words=loader or msgspec.UNSET, host_words=host_words or msgspec.UNSET)  # fmt: skip
 
@@ -219,12 +219,13 @@ def loader_words(first: bytes, second: bytes) -> tuple[int, ...]:
     return tuple(8 * i for i, (a, b) in enumerate(zip(_words(first), _words(second), strict=False)) if a != b)
 
 
-def without_loader_words(value: bytes, loader: tuple[int, ...] | msgspec.UnsetType) -> bytes:
-    """``value`` with the loader's words zeroed."""
-    if not loader:
+def without_words(value: bytes, offsets: tuple[int, ...] | msgspec.UnsetType) -> bytes:
+    """``value`` with the 8-byte words at ``offsets`` zeroed: words the loader fills in
+    per process, and words holding a host address of SAVE's process."""
+    if not offsets:
         return value
     buf = bytearray(value)
-    for offset in loader:
+    for offset in offsets:
         buf[offset : offset + 8] = bytes(8)
     return bytes(buf)
 
@@ -238,7 +239,7 @@ def check_live(record: ImageRecord, kind: str, handle: int) -> None:
         if live is not None and len(live) != g.size:
             raise DriftError("a device global of the live module has another size than at SAVE", field=g.name,
                              path=f"image {record.sha256[:12]}", expected=g.size, found=len(live))  # fmt: skip
-        if live is None or hashlib.sha256(without_loader_words(live, _skipped(g))).hexdigest() != g.sha256:
+        if live is None or hashlib.sha256(without_words(live, _skipped(g))).hexdigest() != g.sha256:
             saved, found = _first_differences(g, live)
             raise DriftError(
                 "a device global of the live module differs from SAVE's (run the same initialisation as SAVE "
