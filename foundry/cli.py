@@ -408,7 +408,8 @@ def _address(text: str) -> int:
 @click.option("--builder", type=click.Choice(["python", "native"]), default="python",
               help="LOAD: build graphs via cuda-bindings, or via the hook from SAVE's launch plans")  # fmt: skip
 @click.option("--build-threads", type=click.IntRange(1, 64), default=1, show_default=True,
-              help="LOAD with --builder native: threads that build and instantiate graphs")  # fmt: skip
+              help="LOAD with --builder native: threads that build graphs (and instantiate them, unless in the "
+              "background)")  # fmt: skip
 @click.option("--instantiate", type=click.Choice(["now", "background"]), default="now", show_default=True,
               help="LOAD with --builder native: instantiate every graph before the program gets them, or on a "
               "thread while it goes on (a graph replayed first is instantiated then)")  # fmt: skip

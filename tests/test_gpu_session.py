@@ -101,7 +101,8 @@ def test_background_instantiation_restores_the_same_graph(saved, cubin):
     report = result["report"]
     assert result["scale_seen"] == 3.0 and report["instantiate"] == "background", result
     assert report["counters"]["graph_instantiates"] == 1 and report["counters"]["stream_captures"] == 0
-    assert report["instantiated_s"] >= report["map_s"]
+    assert report["counters"].get("native_instantiate_us", 0) == 0  # the builder left it to the thread or replay
+    assert report["instantiated_s"] >= report["restore_s"]
 
 
 def test_the_native_builder_packs_the_ir_when_the_region_moves(saved, cubin):

@@ -1,8 +1,9 @@
-"""PendingExec: a restored graph instantiated once, by whichever thread asks first.
+"""PendingExec and BackgroundInstantiation: a restored graph instantiated once, by
+whichever thread asks first; the background thread's errors reach its waiter.
 
 This machine has no CUDA driver, so the instantiation is a function the test
-passes in; the real one (the driver's cuGraphInstantiate) runs in the GPU tests
-(tests/test_gpu_session.py, background instantiation)."""
+passes in; the real one (the driver's cuGraphInstantiate, in the session's
+context) runs in the GPU tests (tests/test_gpu_session.py, background instantiation)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from foundry.errors import DriverError, FoundryError
-from foundry.runtime.instantiation import PendingExec
+from foundry.runtime.instantiation import BackgroundInstantiation, PendingExec
 
 
 def test_two_threads_instantiate_a_graph_once():
@@ -49,3 +50,37 @@ def test_a_failed_instantiation_is_raised_at_every_replay_naming_the_graph():
             pending.ensure()
         assert err.value.path == "decode.bs8"
     assert calls == ["g"]  # not retried: the background thread's error is the one replays see
+
+
+def _pending(names, instantiate):
+    return [PendingExec(name, SimpleNamespace(graph=name, exec=None), instantiate) for name in names]
+
+
+def test_the_background_thread_instantiates_every_graph_in_order():
+    order = []
+    pending = _pending(["decode.bs1", "decode.bs2", "sample.bs8"], lambda graph: order.append(graph) or graph)
+    background = BackgroundInstantiation(pending)
+    finished = background.wait()
+    assert order == ["decode.bs1", "decode.bs2", "sample.bs8"]
+    assert [p.built.exec for p in pending] == order and finished >= background.started
+
+
+def test_wait_raises_a_graph_error_and_what_stopped_the_thread():
+    def fails_on_bs2(graph):
+        if graph == "decode.bs2":
+            raise DriverError("cuGraphInstantiate failed: CUDA_ERROR_INVALID_VALUE", found=1)
+        return graph
+
+    background = BackgroundInstantiation(_pending(["decode.bs1", "decode.bs2", "decode.bs4"], fails_on_bs2))
+    with pytest.raises(FoundryError, match="could not be instantiated") as err:
+        background.wait()
+    assert err.value.path == "decode.bs2"
+    assert background.pending[2].built.exec == "decode.bs4"  # the thread went on past the failed graph
+
+    def broken(graph):
+        raise RuntimeError("Failed to dlopen libcuda.so.1")
+
+    stopped = BackgroundInstantiation(_pending(["decode.bs1"], broken))
+    with pytest.raises(RuntimeError, match="dlopen"):
+        stopped.wait()
+    assert stopped.finished is not None

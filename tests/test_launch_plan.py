@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import shutil
 import struct
+from types import SimpleNamespace
 
 import msgspec
 import pytest
@@ -180,19 +181,48 @@ def test_verify_without_cuda_bindings_says_the_plans_were_not_compared(tmp_path)
 
 
 def test_archived_images_are_checked_before_the_driver_loads_any(tmp_path, hook_library):
-    """A corrupted image is refused by its sha256 while reading ahead; this machine has
-    no driver, so reaching the driver at all would fail otherwise (the loading itself
-    runs in every LOAD on the GPU: bench/cold_start.py loads 111 images ahead)."""
+    """One of two images corrupted: prefetch refuses it by its sha256. This machine has
+    no driver, so any driver call would fail otherwise: every image is read and checked
+    before the first load (the loading itself runs in every LOAD on the GPU:
+    bench/cold_start.py loads 111 images ahead)."""
     from foundry.runtime.functions import ArchiveFunctions
     from foundry.runtime.hook import Hook
 
     blobs = (b"\x7fELF" + bytes(300), b"\x7fELF" + bytes(500))
     archive = write_archive(tmp_path / "a", [Archive.open(SAVE_A).graph(0, "sample.bs8")], like=SAVE_A, modules=blobs)
     shas = {b.sha256 for b in archive.catalog.modules.blobs}
-    victim = next(iter(shas))
+    victim = sorted(shas)[1]
     (tmp_path / "a" / "modules" / f"{victim}.bin").write_bytes(b"\x7fELF" + bytes(299) + b"!")
     with pytest.raises(ArchiveError):
-        ArchiveFunctions(Hook.open_library(hook_library), Archive.open(tmp_path / "a"), None).prefetch({victim})
+        ArchiveFunctions(Hook.open_library(hook_library), Archive.open(tmp_path / "a"), None).prefetch(shas)
+
+
+def test_images_loaded_ahead_are_bound_once_and_released_on_failure(tmp_path, hook_library, monkeypatch):
+    """The driver cannot exist on this machine: its four calls are stood in for, so that
+    what prefetch loads, binding takes without a second load, and release() unloads."""
+    import itertools
+
+    from foundry.runtime import functions as functions_module
+    from foundry.runtime.functions import ArchiveFunctions
+    from foundry.runtime.hook import Hook
+
+    handles, calls = itertools.count(0x1000), []
+
+    def driver_call(name, *args):
+        calls.append(name)
+        return next(handles) if name == "cuLibraryLoadData" else "context" if name == "cuCtxGetCurrent" else None
+
+    monkeypatch.setattr(functions_module, "cu", driver_call)
+    monkeypatch.setattr(functions_module, "driver", lambda: SimpleNamespace(CUlibrary=lambda h: h))
+    blobs = (b"\x7fELF" + bytes(300), b"\x7fELF" + bytes(500))
+    archive = write_archive(tmp_path / "a", [Archive.open(SAVE_A).graph(0, "sample.bs8")], like=SAVE_A, modules=blobs)
+    shas = sorted(b.sha256 for b in archive.catalog.modules.blobs)
+    functions = ArchiveFunctions(Hook.open_library(hook_library), archive, None)
+    assert functions.prefetch(set(shas)) == 2 and calls.count("cuLibraryLoadData") == 2
+    kind, library = functions._image(shas[0])
+    assert kind == "library" and library >= 0x1000 and calls.count("cuLibraryLoadData") == 2  # no second load
+    functions.release()
+    assert calls.count("cuLibraryUnload") == 2 and not functions.loaded
 
 
 def test_inspect_says_which_graphs_have_launch_plans(tmp_path):

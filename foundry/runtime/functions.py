@@ -11,6 +11,7 @@ Either way the image's device globals are checked or restored first
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
 from typing import Any
 
@@ -42,6 +43,7 @@ class ArchiveFunctions:
         self.loaded: set[str] = set()
         self.restored_globals: list[str] = []
         self.seconds = {"find_live": 0.0, "load": 0.0, "globals": 0.0}  # where binding's time goes
+        self._seconds_lock = threading.Lock()  # "load" is added to by the prefetch threads
 
     def function(self, kernel: KernelIdentity) -> int:
         if kernel.image is None:
@@ -76,6 +78,18 @@ class ArchiveFunctions:
         self._loaded_ahead.update(zip(wanted, (f.result() for f in futures), strict=True))
         return len(wanted)
 
+    def release(self) -> None:
+        """Unload every archived image this resolver loaded (a failed LOAD's cleanup: no
+        graph may use them afterwards)."""
+        libraries = [*self._loaded_ahead.values(), *(self._images[s][1] for s in self.loaded)]
+        self._loaded_ahead.clear()
+        for sha256 in self.loaded:
+            del self._images[sha256]
+        self.loaded.clear()
+        self._functions = {k: v for k, v in self._functions.items() if k[0] in self._images}
+        for library in libraries:
+            cu("cuLibraryUnload", driver().CUlibrary(library))
+
     def _load(self, blob: bytes, context: Any = None) -> int:
         begun = time.perf_counter()
         if context is not None:  # a worker thread: the current context is per thread
@@ -84,7 +98,8 @@ class ArchiveFunctions:
         # its own copy of the image (no CU_LIBRARY_BINARY_IS_PRESERVED)
         address = ctypes.cast(ctypes.c_char_p(blob), ctypes.c_void_p).value
         library = handle_value(cu("cuLibraryLoadData", address, None, None, 0, None, None, 0))
-        self.seconds["load"] += time.perf_counter() - begun  # summed over prefetch threads
+        with self._seconds_lock:  # summed over the prefetch threads
+            self.seconds["load"] += time.perf_counter() - begun
         return library
 
     def _image(self, sha256: str) -> tuple[str, int]:

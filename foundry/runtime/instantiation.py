@@ -23,14 +23,26 @@ from foundry.cuda import cu
 from foundry.errors import FoundryError
 
 
-def _driver_instantiate(graph: Any) -> Any:
-    return cu("cuGraphInstantiate", graph, 0)
+def in_context(context: Any) -> Callable[[Any], Any]:
+    """Instantiate in ``context``, the session's, whatever the calling thread has current
+    (a replay may come from a thread that never entered it)."""
+
+    def instantiate(graph: Any) -> Any:
+        cu("cuCtxPushCurrent", context)
+        try:
+            return cu("cuGraphInstantiate", graph, 0)
+        finally:
+            cu("cuCtxPopCurrent")
+
+    return instantiate
 
 
 class PendingExec:
-    """One built graph's instantiation: done once, by whichever thread asks first."""
+    """One built graph's instantiation: done once, by whichever thread asks first.
 
-    def __init__(self, name: str, built: Any, instantiate: Callable[[Any], Any] = _driver_instantiate) -> None:
+    ``instantiate`` makes the exec from the graph (:func:`in_context` on a GPU)."""
+
+    def __init__(self, name: str, built: Any, instantiate: Callable[[Any], Any]) -> None:
         self.name = name
         self.built = built  # a BuiltGraph whose exec is None until instantiated
         self.error: FoundryError | None = None
@@ -51,28 +63,35 @@ class PendingExec:
 
 
 class BackgroundInstantiation:
-    """Instantiate ``pending`` on one thread, in order, in the caller's CUDA context."""
+    """Instantiate ``pending`` on one thread, in order. The thread is not a daemon: a
+    program that exits without ``finish()`` waits for it rather than tearing the
+    driver down under an instantiation."""
 
     def __init__(self, pending: Sequence[PendingExec]) -> None:
         self.pending = list(pending)
         self.started = time.perf_counter()
         self.finished: float | None = None
-        self._context = cu("cuCtxGetCurrent")
-        self._thread = threading.Thread(target=self._run, name="foundry-instantiate", daemon=True)
+        self._failure: BaseException | None = None  # what stopped the thread, other than a graph's own error
+        self._thread = threading.Thread(target=self._run, name="foundry-instantiate")
         self._thread.start()
 
     def _run(self) -> None:
-        cu("cuCtxSetCurrent", self._context)
-        for item in self.pending:
-            with contextlib.suppress(FoundryError):  # kept on the item: its replay and wait() raise it
-                item.ensure()
-        self.finished = time.perf_counter()
+        try:
+            for item in self.pending:
+                with contextlib.suppress(FoundryError):  # kept on the item: its replay and wait() raise it
+                    item.ensure()
+        except BaseException as err:  # noqa: BLE001 - handed to wait(), which raises it
+            self._failure = err
+        finally:
+            self.finished = time.perf_counter()
 
     def wait(self) -> float:
-        """Join the thread and raise the first instantiation error; return when it
-        finished (``time.perf_counter``)."""
+        """Join the thread and raise what stopped it or the first instantiation error;
+        return when it finished (``time.perf_counter``)."""
         self._thread.join()
+        if self._failure is not None:
+            raise self._failure
         for item in self.pending:
             item.ensure()
-        assert self.finished is not None
+        assert self.finished is not None  # set in _run's finally
         return self.finished

@@ -48,7 +48,7 @@ class RunConfig:
     world_size: int = 1  # SAVE: ranks in the archive (one process each; FOUNDRY_SAVE_ID shared when > 1)
     fixed_layout: bool = True  # SAVE: no address-space randomisation, fixed hash seed
     builder: str = "python"  # LOAD: python (cuda-bindings) or native (the hook's builder)
-    build_threads: int = 1  # LOAD, native builder: threads that build and instantiate
+    build_threads: int = 1  # LOAD, native builder: threads that build (and instantiate, unless in the background)
     instantiate: str = "now"  # LOAD, native builder: now, or on a thread behind the program (background)
     overwrite: bool = False  # SAVE: replace an archive already at the path
     layout_pad: int = 0  # SAVE: bytes of padding in the environment (moves the stack and heap)

@@ -248,7 +248,7 @@ class LoadSession(Session):
 
         from foundry.graphir.build import BuiltGraph, apply_attributes
         from foundry.runtime.functions import ArchiveFunctions
-        from foundry.runtime.instantiation import BackgroundInstantiation
+        from foundry.runtime.instantiation import BackgroundInstantiation, in_context
         from foundry.runtime.launch_plan import build_plans
         from foundry.runtime.validate import check_image
 
@@ -268,9 +268,6 @@ class LoadSession(Session):
         self._map_region(region, overlap=True)
         mapped = time.perf_counter()
         functions = ArchiveFunctions(self.hook, self.archive, {r.sha256: r for r in self.record.images})
-        begun = time.perf_counter()
-        prefetched = functions.prefetch({k.image for _, _, plan in plans for k in plan.kernels})
-        prefetch_s = time.perf_counter() - begun
         applied: set[int] = set()
         resolving = [0.0]  # seconds spent binding kernels (finding live images, loading archived ones)
 
@@ -283,16 +280,23 @@ class LoadSession(Session):
 
         bounds = (region.base, region.base + region.final_offset)  # plans are used only at SAVE's base
         background = self.instantiate == "background"
+        built: list[tuple[Any, Any]] = []
         try:
+            begun = time.perf_counter()
+            prefetched = functions.prefetch({k.image for _, _, plan in plans for k in plan.kernels})
+            prefetch_s = time.perf_counter() - begun
             built = build_plans(self.hook.lib, plans, function, bounds, threads=self.build_threads,
                                 instantiate=not background)  # fmt: skip
+            self._finish_warmup_bytes()
         except BaseException:
-            self._finish_warmup_bytes(quiet=True)  # the build's error is the one to report
+            self._finish_warmup_bytes(quiet=True)  # the first error is the one to report
+            _destroy(built)
+            functions.release()
             raise
-        self._finish_warmup_bytes()
         base_of = partial(_region_base_at_save, region.base)
+        instantiate = in_context(cu("cuCtxGetCurrent")) if background else None
         graphs = {
-            entry.name: self._restored(entry, BuiltGraph(graph, graph_exec, []), base_of)
+            entry.name: self._restored(entry, BuiltGraph(graph, graph_exec, []), base_of, instantiate)
             for entry, (graph, graph_exec) in zip(entries, built, strict=True)
         }
         if background:
@@ -313,8 +317,10 @@ class LoadSession(Session):
         )
         return graphs
 
-    def _restored(self, entry: GraphEntry, built: Any, base_of: Callable[[str], int | None]) -> RestoredGraph:
-        """A built graph with its outputs as tensors and its generator cells, as the program gets it."""
+    def _restored(self, entry: GraphEntry, built: Any, base_of: Callable[[str], int | None],
+                  instantiate: Callable[[Any], Any] | None = None) -> RestoredGraph:  # fmt: skip
+        """A built graph with its outputs as tensors and its generator cells, as the program
+        gets it; one not yet instantiated is instantiated by ``instantiate`` when first needed."""
         from foundry.runtime.instantiation import PendingExec
         from foundry.runtime.rng import PhiloxReplay
         from foundry.runtime.tensors import outputs_at
@@ -323,7 +329,7 @@ class LoadSession(Session):
             built,
             None if entry.outputs is None else outputs_at(entry.outputs, base_of),
             PhiloxReplay(entry.rng, self.live_base) if entry.rng else None,
-            PendingExec(entry.name, built) if built.exec is None else None,
+            None if instantiate is None else PendingExec(entry.name, built, instantiate),
         )
 
     def _map_region(self, region: RegionRecord, *, overlap: bool = False) -> None:
@@ -540,6 +546,14 @@ class _Progress:
     def __exit__(self, *exc: object) -> None:
         if self.enabled:
             self.bar.stop()
+
+
+def _destroy(built: list[tuple[Any, Any]]) -> None:
+    """Release graphs a failed LOAD built (and their execs, where instantiated)."""
+    for graph, graph_exec in built:
+        if graph_exec is not None:
+            cu("cuGraphExecDestroy", graph_exec)
+        cu("cuGraphDestroy", graph)
 
 
 def _binding_report(functions: Any) -> dict[str, Any]:
