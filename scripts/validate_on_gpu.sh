@@ -115,12 +115,15 @@ step sg-baseline $SG --out "$RESULTS/sg/baseline.json"
 step sg-save python3 -m foundry run --mode save --archive "$RESULTS/sg/save" -- $SG --out "$RESULTS/sg/save.json"
 step sg-load python3 -m foundry run --mode load --archive "$RESULTS/sg/save" -- $SG --out "$RESULTS/sg/load.json"
 step sg-load-http python3 -m foundry run --mode load --archive "$RESULTS/sg/save" -- $SG --entry http --out "$RESULTS/sg/load-http.json"
+# the same LOAD without SGLang's warm-up forwards (SAVE's verdict sglang.warmup_skip must be safe)
+step sg-load-skip python3 -m foundry run --mode load --warmup restore --archive "$RESULTS/sg/save" -- $SG --out "$RESULTS/sg/load-skip.json"
 step sg-compare python3 recipes/sglang/compare.py "$RESULTS"/sg/baseline.json "$RESULTS"/sg/save.json \
-    "$RESULTS"/sg/load.json "$RESULTS"/sg/load-http.json
+    "$RESULTS"/sg/load.json "$RESULTS"/sg/load-http.json "$RESULTS"/sg/load-skip.json
 # start-up, fairly: plain SGLang again now that the JIT caches are warm (the first baseline
 # compiled SGLang's Triton kernels inside its graph phase), then the LOAD against it
 step sg-baseline-warm $SG --out "$RESULTS/sg/baseline-warm.json"
-step sg-startup python3 recipes/sglang/compare.py "$RESULTS"/sg/baseline-warm.json "$RESULTS"/sg/load.json
+step sg-startup python3 recipes/sglang/compare.py "$RESULTS"/sg/baseline-warm.json "$RESULTS"/sg/load.json \
+    "$RESULTS"/sg/load-skip.json
 fi
 if wants sglang-more; then
 rm -rf "$RESULTS/sg/save2"

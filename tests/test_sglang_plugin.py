@@ -28,6 +28,11 @@ def test_the_launcher_environment_configures_the_plugin():
     config = load_config({"FOUNDRY_MODE": "load", "FOUNDRY_ARCHIVE": "/srv/a", "FOUNDRY_REGION_BASE": "0x600000000000",
                           "FOUNDRY_REGION_SIZE": str(64 << 30)})  # fmt: skip
     assert config == PluginConfig("load", "/srv/a", 0x600000000000, 64 << 30, from_launcher=True)
+    skipping = load_config({"FOUNDRY_MODE": "load", "FOUNDRY_ARCHIVE": "/srv/a", "FOUNDRY_LOAD_WARMUP": "restore"})
+    assert skipping.warmup == "restore"
+    with pytest.raises(FoundryError, match="unknown warm-up mode") as err:
+        load_config({"FOUNDRY_MODE": "load", "FOUNDRY_ARCHIVE": "/srv/a", "FOUNDRY_LOAD_WARMUP": "skip"})
+    assert err.value.field == "FOUNDRY_LOAD_WARMUP"
     with pytest.raises(FoundryError, match="unknown mode"):
         load_config({"FOUNDRY_MODE": "restore", "FOUNDRY_ARCHIVE": "/srv/a"})
     with pytest.raises(FoundryError, match="not a number") as err:
@@ -45,6 +50,7 @@ def test_a_toml_file_configures_the_plugin_and_bad_ones_are_refused(tmp_path):
         "no archive": ('mode = "load"\n', "needs an archive"),
         "small region": ('mode = "load"\narchive = "/a"\nregion_size = 4096\n', "at least 1 GiB"),
         "launcher flag": ('mode = "load"\narchive = "/a"\nfrom_launcher = true\n', "unknown setting"),
+        "warm-up mode": ('mode = "load"\narchive = "/a"\nwarmup = "skip"\n', "invalid plugin configuration"),
     }
     for name, (text, message) in cases.items():
         path = tmp_path / f"{name.replace(' ', '-')}.toml"
@@ -207,18 +213,62 @@ def test_the_report_splits_the_graph_phase_into_sglangs_warmups_and_foundrys_gra
         time.sleep(0.2)
         return types.SimpleNamespace(outputs=f"outputs of {name}")
 
-    session = types.SimpleNamespace(graph=graph, finish=lambda: {"counters": {"stream_captures": 4}})
+    session = types.SimpleNamespace(graph=graph, finish=lambda: {"counters": {"stream_captures": 4}},
+                                    warmup=lambda fn: fn(), entries=[], device=0, model={})  # fmt: skip
     state = plugin.SchedulerState(PluginConfig(mode="save", archive=str(tmp_path)), session, 0, model_checked=True)
     monkeypatch.setattr(plugin, "_state", state)
+    # torch's allocation history (a CUDA build of torch) cannot exist here either
+    from foundry.integrations.sglang import warmup_skip
+
+    recording = []
+    monkeypatch.setattr(warmup_skip, "start_recording", lambda: recording.append("start"))
+    monkeypatch.setattr(warmup_skip, "stop_recording", lambda device: recording.append("stop") or [])
     monkeypatch.setenv("FOUNDRY_SGLANG_REPORT", str(tmp_path / "report.json"))
     shape = collections.namedtuple("ShapeKey", "size")  # SGLang's keys are hashable records with a size
     for size in (8, 4):
         plugin._capture_one(None, backend, shape(size), lambda: (forwards.append(1), time.sleep(0.01)))
     assert len(forwards) == 4 and backend._outputs[next(iter(backend._graphs))] == "outputs of decode.bs8"
     plugin._on_graphs_done(None)
-    seconds = json.loads((tmp_path / "report.json").read_text())["sglang_seconds"]
+    report = json.loads((tmp_path / "report.json").read_text())
+    seconds = report["sglang_seconds"]
+    assert recording == ["start", "stop"] and report["sglang.warmup_skip"] == "safe"
     assert seconds["warmup_forwards_s"] >= 4 * 0.01 and seconds["graphs_s"] >= 2 * 0.2
     assert seconds["warmup_forwards_s"] < 0.2  # neither capture's time is counted as warm-up
+
+
+def test_a_load_skips_the_warmups_only_where_save_found_it_safe(monkeypatch):
+    # LOAD with --warmup restore: the session skips SGLang's forwards, and only an archive
+    # whose SAVE judged it safe is accepted. The backend and session stand in for SGLang's
+    # and the GPU's.
+    from foundry.integrations.sglang import plugin
+    from foundry.integrations.sglang.warmup_skip import SAFE, VERDICT
+
+    forwards = []
+    backend = types.SimpleNamespace(
+        _device_module=types.SimpleNamespace(synchronize=lambda: None),
+        _tp_group=types.SimpleNamespace(barrier=lambda: None),
+        _graphs={}, _outputs={}, _foundry_runner="decode",
+    )  # fmt: skip
+    for recorded in (None, "unsafe: decode.bs8 node 3 points at 0x7f00, in a tensor ..."):
+        model = {} if recorded is None else {VERDICT: recorded}
+        session = types.SimpleNamespace(warmup_mode="restore", archive=types.SimpleNamespace(
+            catalog=types.SimpleNamespace(model=model)))  # fmt: skip
+        state = plugin.SchedulerState(PluginConfig(mode="load", archive="/a"), session, 0, model_checked=True)
+        monkeypatch.setattr(plugin, "_state", state)
+        with pytest.raises(DriftError, match="does not allow a LOAD to skip") as err:
+            plugin._capture_one(None, backend, 8, lambda: forwards.append(1))
+        assert err.value.field == VERDICT and err.value.found == recorded
+    restored = types.SimpleNamespace(outputs="restored outputs")
+    session = types.SimpleNamespace(
+        warmup_mode="restore",
+        warmup=lambda fn: None,
+        graph=lambda *a, **k: restored,
+        archive=types.SimpleNamespace(catalog=types.SimpleNamespace(model={VERDICT: SAFE})),
+    )
+    monkeypatch.setattr(plugin, "_state", plugin.SchedulerState(PluginConfig(mode="load", archive="/a"), session, 0,
+                                                                model_checked=True))  # fmt: skip
+    plugin._capture_one(None, backend, 8, lambda: forwards.append(1))
+    assert forwards == [] and backend._outputs[8] == "restored outputs"
 
 
 def test_without_foundry_run_the_plugin_prepares_the_schedulers_environment(with_hook, tmp_path):

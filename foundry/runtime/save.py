@@ -43,12 +43,19 @@ class SaveSession(Session):
         model: dict[str, str] | None = None,
         probes: int = len(PROBES),
         keep_warmup_bytes: bool = True,
+        warmup_bytes_until: str = "capture",
         overwrite: bool = False,
     ) -> None:
         super().__init__(device=device)
         self.path = Path(archive)
         self.rank, self.world_size, self.model = rank, world_size, dict(model or {})
         self.probes, self.keep_warmup_bytes, self.overwrite = probes, keep_warmup_bytes, overwrite
+        if warmup_bytes_until not in ("capture", "finish"):
+            raise FoundryError("warm-up bytes are kept up to the first capture or to finish()",
+                               field="warmup_bytes_until", found=warmup_bytes_until)  # fmt: skip
+        # "capture": the region's bytes from the warm-up's start to the first capture (a program
+        # that warms up once); "finish": to finish(), for programs that warm up between captures
+        self.warmup_bytes_until = warmup_bytes_until
         self.entries: list[tuple[GraphIR, dict[str, Any]]] = []
         self.warmup_start: tuple[int, int] | None = None  # (allocations, cursor) when the warm-up began
         self.warmup_end: tuple[int, int] | None = None
@@ -84,8 +91,9 @@ class SaveSession(Session):
         self.attached[backend] = (owner, backend_facts(owner, objects))
 
     def warmup(self, fn: Callable[[], Any]) -> None:
-        info = self.hook.region()
-        self.warmup_start = (info.allocations, info.cursor)
+        if self.warmup_start is None:  # warm-ups between captures (SGLang's) extend the first one
+            info = self.hook.region()
+            self.warmup_start = (info.allocations, info.cursor)
         super().warmup(fn)
 
     def graph(
@@ -122,7 +130,7 @@ class SaveSession(Session):
         self.warmup_end = (info.allocations, info.cursor)
         generator = torch.cuda.default_generators[self.device]
         self.generator_offset = generator.get_offset()
-        if self.keep_warmup_bytes and self.warmup_start is not None:
+        if self.keep_warmup_bytes and self.warmup_start is not None and self.warmup_bytes_until == "capture":
             self.warmup_data = self._dump_warmup(self.warmup_start[1], info)
         # a backend region inside the deterministic region (torch keeps its pointer tables in
         # caching-allocator memory) is the region's: vmm relocates it, the backend rebuilds its contents
@@ -202,6 +210,11 @@ class SaveSession(Session):
             )
         from foundry.runtime.definedness import host_ranges, mark_alike
 
+        if self.keep_warmup_bytes and self.warmup_start is not None and self.warmup_bytes_until == "finish":
+            import torch
+
+            torch.cuda.synchronize()  # the graph phase's last writes are in the bytes
+            self.warmup_data = self._dump_warmup(self.warmup_start[1], self.hook.region())
         self.undefined_bytes += mark_alike([ir for ir, _ in self.entries])
         save_id = os.environ.get("FOUNDRY_SAVE_ID") if self.world_size > 1 else None
         if self.world_size > 1 and not save_id:

@@ -8,6 +8,7 @@ those. Without it, ``FOUNDRY_SGLANG_CONFIG`` names a TOML file::
     archive = "/srv/archives/qwen3"
     region_base = 0x600000000000   # optional: LOAD relocates when it differs from SAVE's
     region_size = 68719476736      # optional, bytes
+    warmup = "restore"             # optional, LOAD: skip SGLang's warm-up forwards (default "replay")
 
 and the plugin itself prepares the scheduler processes SGLang spawns (the hook
 preloaded, the same variables set). Neither: the plugin stays off.
@@ -34,6 +35,7 @@ class PluginConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     archive: str | None = None
     region_base: int | None = None
     region_size: int | None = None
+    warmup: Literal["replay", "restore"] = "replay"  # LOAD: repeat SGLang's warm-up forwards, or skip them
     from_launcher: bool = False  # set by `foundry run`: the environment is prepared already
 
     def __post_init__(self) -> None:
@@ -67,8 +69,12 @@ def _from_launcher(env: Mapping[str, str]) -> PluginConfig:
     mode = env["FOUNDRY_MODE"]
     if mode not in MODES:
         raise FoundryError("unknown mode", field="FOUNDRY_MODE", expected=list(MODES), found=mode)
+    warmup = env.get("FOUNDRY_LOAD_WARMUP", "replay")
+    if warmup not in ("replay", "restore"):
+        raise FoundryError("unknown warm-up mode", field="FOUNDRY_LOAD_WARMUP", expected=["replay", "restore"],
+                           found=warmup)  # fmt: skip
     return PluginConfig(mode, env.get("FOUNDRY_ARCHIVE"), number("FOUNDRY_REGION_BASE"), number("FOUNDRY_REGION_SIZE"),
-                        from_launcher=True)  # fmt: skip
+                        warmup, from_launcher=True)  # fmt: skip
 
 
 def _from_file(path: Path) -> PluginConfig:

@@ -13,12 +13,16 @@ to start. In a scheduler:
    profiled; LOAD takes that budget (refusing when less memory is free), so the
    KV pool and every later allocation land where they did at SAVE.
 3. ``FullCudaGraphBackend.capture_one``: SGLang's two warm-up forwards run as
-   always; then SAVE captures through the session, LOAD installs the restored
-   graph and its outputs where SGLang keeps them. Breakable graphs are passed
-   through: SGLang captures them itself in SAVE and LOAD, the hook told so, and
-   the log says so.
-4. ``ModelRunner.init_cuda_graphs`` (after): SAVE writes the archive; LOAD checks
-   that every archived graph was restored and nothing was captured.
+   always (SAVE records torch's allocations from the first on); then SAVE
+   captures through the session, LOAD installs the restored graph and its
+   outputs where SGLang keeps them. A LOAD with ``--warmup restore`` skips the
+   forwards and restores the region's bytes as SAVE left them, where SAVE found
+   that safe (:mod:`foundry.integrations.sglang.warmup_skip`). Breakable graphs
+   are passed through: SGLang captures them itself in SAVE and LOAD, the hook
+   told so, and the log says so.
+4. ``ModelRunner.init_cuda_graphs`` (after): SAVE judges whether a LOAD may skip
+   the warm-ups and writes the archive; LOAD checks that every archived graph was
+   restored and nothing was captured.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from foundry.errors import DriftError, FoundryError
 from foundry.integrations.sglang.config import PluginConfig, load_config
 from foundry.integrations.sglang.hookpoints import HOOK_POINTS, check_version
 from foundry.integrations.sglang.server_args import check_server_args, model_config_digest, server_fingerprint
+from foundry.integrations.sglang.warmup_skip import SAFE, VERDICT
 
 RUNNERS = {"DecodeCudaGraphRunner": "decode", "PrefillCudaGraphRunner": "prefill"}
 KV_BUDGET = "sglang.kv_budget_bytes"
@@ -56,6 +61,7 @@ class SchedulerState:
     graphs: list[str] = field(default_factory=list)
     passed_through: set[str] = field(default_factory=set)
     model_checked: bool = False
+    graph_phase: bool = False  # the first shape's warm-up has begun
     finished: bool = False
     # seconds in SGLang's eager warm-up forwards, and in capturing (SAVE) or restoring (LOAD)
     seconds: dict[str, float] = field(default_factory=lambda: {"warmup_forwards_s": 0.0, "graphs_s": 0.0})
@@ -97,7 +103,8 @@ def _prepare_children(config: PluginConfig) -> None:
 
     from foundry.runtime import launcher
 
-    run = launcher.RunConfig(config.mode, Path(config.archive or ""), config.region_base, config.region_size)
+    run = launcher.RunConfig(config.mode, Path(config.archive or ""), config.region_base, config.region_size,
+                             config.warmup)  # fmt: skip
     env = launcher.environment(run)  # built from os.environ: what it dropped, this process drops too
     for key in set(os.environ) - set(env):
         del os.environ[key]
@@ -167,7 +174,8 @@ def _on_scheduler_start(*args: Any, **kwargs: Any) -> None:
     _check_supported(server_args)
     live = server_fingerprint(server_args, installed_version())
     if config.mode == "save":
-        session: Any = SaveSession(config.archive, device=device, rank=rank, model=live, keep_warmup_bytes=False,
+        # the region's bytes at the end of the graph phase: what a LOAD skipping the warm-ups restores
+        session: Any = SaveSession(config.archive, device=device, rank=rank, model=live, warmup_bytes_until="finish",
                                    overwrite=os.environ.get("FOUNDRY_OVERWRITE") == "1")  # fmt: skip
     else:
         session = LoadSession(config.archive, device=device, rank=rank, **load_options())
@@ -269,13 +277,19 @@ def _capture_one(original: Any, backend: Any, shape_key: Any, forward_fn: Any, c
     if not _state.model_checked:
         _check_model(backend)
     backend._device_module.synchronize()  # work queued before this shape is not its warm-up's
+    if not _state.graph_phase:
+        _begin_graph_phase()
     started = time.perf_counter()
-    for _ in range(2):  # SGLang's own warm-ups, so that SAVE and LOAD allocate alike
-        backend._device_module.synchronize()
-        backend._tp_group.barrier()
-        forward_fn()
-        if post_warmup_hook is not None:
-            post_warmup_hook()
+
+    def warm_up() -> None:  # SGLang's own warm-ups, so that SAVE and LOAD allocate alike
+        for _ in range(2):
+            backend._device_module.synchronize()
+            backend._tp_group.barrier()
+            forward_fn()
+            if post_warmup_hook is not None:
+                post_warmup_hook()
+
+    _state.session.warmup(warm_up)  # a LOAD restoring the warm-up's bytes skips it
     backend._device_module.synchronize()
     warmed = time.perf_counter()
     name = graph_name(runner, shape_key)
@@ -285,6 +299,23 @@ def _capture_one(original: Any, backend: Any, shape_key: Any, forward_fn: Any, c
     backend._graphs[shape_key] = graph
     backend._outputs[shape_key] = graph.outputs
     _state.graphs.append(name)
+
+
+def _begin_graph_phase() -> None:
+    """SAVE records torch's allocations from here on (see warmup_skip); a LOAD that skips
+    the warm-ups needs SAVE's verdict that it may."""
+    from foundry.integrations.sglang import warmup_skip
+
+    assert _state is not None
+    _state.graph_phase = True
+    session = _state.session
+    if _state.config.mode == "save":
+        warmup_skip.start_recording()
+    elif session.warmup_mode == "restore":
+        found = session.archive.catalog.model.get(VERDICT)
+        if found != SAFE:
+            raise DriftError("this archive does not allow a LOAD to skip SGLang's warm-up forwards (LOAD with "
+                             "--warmup replay)", field=VERDICT, expected=SAFE, found=found)  # fmt: skip
 
 
 def _check_model(backend: Any) -> None:
@@ -320,10 +351,18 @@ def _on_graphs_done(result: Any, *args: Any, **kwargs: Any) -> None:
         raise FoundryError("a second model runner captured graphs; the plugin persists one per scheduler",
                            field="sglang.model_runners")  # fmt: skip
     _state.finished = True
+    if _state.config.mode == "save" and _state.graph_phase:
+        from foundry.integrations.sglang import warmup_skip
+
+        blocks = warmup_skip.stop_recording(_state.session.device)
+        irs = [ir for ir, _ in _state.session.entries]
+        _state.session.model[VERDICT] = warmup_skip.verdict(irs, blocks)
     report = _state.session.finish()
     if _state.config.mode == "load":
         _check_restored(report)
     report["sglang_graphs"] = list(_state.graphs)
+    report[VERDICT] = (_state.session.model if _state.config.mode == "save"
+                       else _state.session.archive.catalog.model).get(VERDICT)  # fmt: skip
     report["sglang_seconds"] = dict(_state.seconds)
     counters = report.get("counters", {})
     _say(f"scheduler (tp rank {_state.rank}) {_state.config.mode}: {len(_state.graphs)} graphs "

@@ -1,0 +1,88 @@
+"""Whether a LOAD may skip SGLang's eager warm-up forwards.
+
+SGLang runs two eager forwards per shape before capturing it. A LOAD that skips
+them (``--warmup restore``) gets instead the region's bytes as SAVE left them at
+the end of its graph phase. Its caching allocator, though, never holds the blocks
+those forwards and the capture loop allocated. Tensors the capture loop creates
+between captures then land elsewhere than at SAVE. That is harmless unless a graph
+points at such a tensor: SGLang would fill the tensor at its new address while the
+graph reads SAVE's.
+
+SAVE therefore records torch's allocation history over the graph phase. At its end
+the history gives the blocks allocated in that phase, outside the graph pools,
+and still alive. Every graph operand is checked against them, and the archive
+records the verdict under ``sglang.warmup_skip``. A LOAD that skips the warm-ups
+refuses an archive whose verdict is not ``safe``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from foundry.graphir.graph import GraphIR
+
+VERDICT = "sglang.warmup_skip"
+SAFE = "safe"
+_HISTORY_ENTRIES = 1_000_000  # allocation events kept; a graph phase that overflows them is not judged
+_FREES = ("free_requested", "free_completed")
+
+
+def start_recording() -> None:
+    """Record the caching allocator's events from now on (no stack traces: cheap)."""
+    import torch
+
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
+                                             max_entries=_HISTORY_ENTRIES)  # fmt: skip
+
+
+def stop_recording(device: int) -> list[tuple[int, int]] | str:
+    """The live phase blocks (see :func:`live_phase_blocks`), or why they are unknown."""
+    import torch
+
+    try:
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    return live_phase_blocks(snapshot, device)
+
+
+def live_phase_blocks(snapshot: Mapping[str, Any], device: int) -> list[tuple[int, int]] | str:
+    """``(address, size)`` of every block allocated during the recording, outside a graph
+    pool, and not freed by its end, sorted; or why the history cannot tell."""
+    try:
+        traces = snapshot["device_traces"][device]
+        graph_segments = sorted(
+            (int(s["address"]), int(s["total_size"]))
+            for s in snapshot["segments"]
+            if s.get("device", device) == device and tuple(s.get("segment_pool_id", (0, 0))) != (0, 0)
+        )
+        if len(traces) >= _HISTORY_ENTRIES:
+            return f"the allocation history overflowed ({len(traces)} events kept)"
+        live: dict[int, int] = {}
+        for entry in traces:
+            if entry["action"] == "alloc":
+                live[int(entry["addr"])] = int(entry["size"])
+            elif entry["action"] in _FREES:
+                live.pop(int(entry["addr"]), None)
+    except (KeyError, IndexError, TypeError, ValueError) as err:
+        return f"torch's allocator snapshot has another shape ({type(err).__name__}: {err})"
+    return sorted((a, s) for a, s in live.items() if not _inside(a, graph_segments))
+
+
+def _inside(address: int, ranges: Sequence[tuple[int, int]]) -> bool:
+    i = bisect.bisect_right(ranges, (address, float("inf"))) - 1
+    return i >= 0 and ranges[i][0] <= address < ranges[i][0] + ranges[i][1]
+
+
+def verdict(irs: Iterable[GraphIR], blocks: list[tuple[int, int]] | str) -> str:
+    """``safe``, or the first reason a LOAD may not skip the warm-ups."""
+    if isinstance(blocks, str):
+        return f"unknown: {blocks}"
+    hits = [(ir.name, operand) for ir in irs for operand in ir.operands if _inside(operand.value, blocks)]
+    if not hits:
+        return SAFE
+    name, operand = hits[0]
+    return (f"unsafe: {name} node {operand.node} points at 0x{operand.value:x}, in a tensor SGLang allocated "
+            f"between captures and kept ({len(hits)} such operand(s))")  # fmt: skip
