@@ -249,6 +249,15 @@ def test_restoring_warmup_bytes_needs_them_in_the_archive():
         LoadSession(SAVE_A, warmup="sometimes")
 
 
+def test_save_keeps_warmup_bytes_up_to_the_first_capture_or_to_finish(tmp_path):
+    from foundry.runtime.save import SaveSession
+
+    assert SaveSession(tmp_path / "a", warmup_bytes_until="finish").warmup_bytes_until == "finish"
+    with pytest.raises(FoundryError, match="first capture or to finish") as err:
+        SaveSession(tmp_path / "a", warmup_bytes_until="never")
+    assert err.value.field == "warmup_bytes_until"
+
+
 def test_background_instantiation_is_asked_for_with_the_native_builder():
     with pytest.raises(FoundryError, match="unknown instantiation mode") as err:
         LoadSession(SAVE_A, builder="native", instantiate="later")

@@ -222,7 +222,9 @@ def test_the_report_splits_the_graph_phase_into_sglangs_warmups_and_foundrys_gra
 
     recording = []
     monkeypatch.setattr(warmup_skip, "start_recording", lambda: recording.append("start"))
-    monkeypatch.setattr(warmup_skip, "stop_recording", lambda device: recording.append("stop") or [])
+    monkeypatch.setattr(warmup_skip, "stop_recording", lambda device: recording.append("stop") or ([], []))
+    session.hook = types.SimpleNamespace(region=lambda: types.SimpleNamespace(base=0x600000000000), trace=lambda: [])
+    session.warmup_start = (0, 0)
     monkeypatch.setenv("FOUNDRY_SGLANG_REPORT", str(tmp_path / "report.json"))
     shape = collections.namedtuple("ShapeKey", "size")  # SGLang's keys are hashable records with a size
     for size in (8, 4):
@@ -232,16 +234,26 @@ def test_the_report_splits_the_graph_phase_into_sglangs_warmups_and_foundrys_gra
     report = json.loads((tmp_path / "report.json").read_text())
     seconds = report["sglang_seconds"]
     assert recording == ["start", "stop"] and report["sglang.warmup_skip"] == "safe"
+    assert state.session.keep_warmup_bytes  # kept only for a safe verdict
     assert seconds["warmup_forwards_s"] >= 4 * 0.01 and seconds["graphs_s"] >= 2 * 0.2
     assert seconds["warmup_forwards_s"] < 0.2  # neither capture's time is counted as warm-up
 
 
 def test_a_load_skips_the_warmups_only_where_save_found_it_safe(monkeypatch):
-    # LOAD with --warmup restore: the session skips SGLang's forwards, and only an archive
-    # whose SAVE judged it safe is accepted. The backend and session stand in for SGLang's
-    # and the GPU's.
+    # LOAD with --warmup restore: only an archive whose SAVE judged it safe is accepted,
+    # and the session's warm-up (LoadSession.warmup itself) skips SGLang's forwards. The
+    # backend and the rest of the session stand in for SGLang's and the GPU's.
+    import functools
+
     from foundry.integrations.sglang import plugin
     from foundry.integrations.sglang.warmup_skip import SAFE, VERDICT
+    from foundry.runtime.load import LoadSession
+
+    for recorded in (None, "unsafe: decode.bs8 node 3 points at 0x7f00, in memory ...", "unknown: overflowed"):
+        with pytest.raises(DriftError, match="does not allow a LOAD to skip") as err:
+            plugin.check_warmup_skip({} if recorded is None else {VERDICT: recorded})
+        assert err.value.field == VERDICT and err.value.found == recorded
+    plugin.check_warmup_skip({VERDICT: SAFE})
 
     forwards = []
     backend = types.SimpleNamespace(
@@ -249,26 +261,40 @@ def test_a_load_skips_the_warmups_only_where_save_found_it_safe(monkeypatch):
         _tp_group=types.SimpleNamespace(barrier=lambda: None),
         _graphs={}, _outputs={}, _foundry_runner="decode",
     )  # fmt: skip
-    for recorded in (None, "unsafe: decode.bs8 node 3 points at 0x7f00, in a tensor ..."):
-        model = {} if recorded is None else {VERDICT: recorded}
-        session = types.SimpleNamespace(warmup_mode="restore", archive=types.SimpleNamespace(
-            catalog=types.SimpleNamespace(model=model)))  # fmt: skip
-        state = plugin.SchedulerState(PluginConfig(mode="load", archive="/a"), session, 0, model_checked=True)
-        monkeypatch.setattr(plugin, "_state", state)
-        with pytest.raises(DriftError, match="does not allow a LOAD to skip") as err:
-            plugin._capture_one(None, backend, 8, lambda: forwards.append(1))
-        assert err.value.field == VERDICT and err.value.found == recorded
-    restored = types.SimpleNamespace(outputs="restored outputs")
+    restoring = types.SimpleNamespace(warmup_mode="restore")
     session = types.SimpleNamespace(
-        warmup_mode="restore",
-        warmup=lambda fn: None,
-        graph=lambda *a, **k: restored,
-        archive=types.SimpleNamespace(catalog=types.SimpleNamespace(model={VERDICT: SAFE})),
+        warmup=functools.partial(LoadSession.warmup, restoring),
+        graph=lambda *a, **k: types.SimpleNamespace(outputs="restored outputs"),
     )
     monkeypatch.setattr(plugin, "_state", plugin.SchedulerState(PluginConfig(mode="load", archive="/a"), session, 0,
                                                                 model_checked=True))  # fmt: skip
     plugin._capture_one(None, backend, 8, lambda: forwards.append(1))
     assert forwards == [] and backend._outputs[8] == "restored outputs"
+
+
+def test_save_judges_the_skip_unsafe_when_a_graph_points_into_memory_of_the_phase(monkeypatch):
+    # torch's allocation history and the hook stand in (no GPU here); the graph is real
+    from foundry.archive import Archive
+    from foundry.integrations.sglang import plugin, warmup_skip
+
+    from .conftest import FIXTURES
+
+    ir = Archive.open(FIXTURES / "saveload-a").graph(0, "decode.bs8")
+    target = next(iter(ir.operands)).value
+    kept = types.SimpleNamespace(offset=0x100, size=4096, freed=False)  # a library's own, no torch segment
+    region = types.SimpleNamespace(base=target - 0x180)
+    hook = types.SimpleNamespace(region=lambda: region, trace=lambda: [kept])
+    session = types.SimpleNamespace(device=0, entries=[(ir, {})], warmup_start=(3, 0x100), hook=hook)
+    state = plugin.SchedulerState(PluginConfig(mode="save", archive="/a"), session, 0)
+    monkeypatch.setattr(plugin, "_state", state)
+    monkeypatch.setattr(warmup_skip, "stop_recording", lambda device: ([], []))
+    assert plugin._judge_warmup_skip(session).startswith("unsafe: decode.bs8 node")
+    monkeypatch.setattr(warmup_skip, "stop_recording", lambda device: ([], [target - 0x80]))  # torch's segment
+    assert plugin._judge_warmup_skip(session) == "safe"
+    monkeypatch.setattr(warmup_skip, "stop_recording", lambda device: ([(target, 8)], [target - 0x80]))
+    assert plugin._judge_warmup_skip(session).startswith("unsafe: decode.bs8")
+    state.recording_error = "the program records torch's allocation history itself"
+    assert plugin._judge_warmup_skip(session) == "unknown: the program records torch's allocation history itself"
 
 
 def test_without_foundry_run_the_plugin_prepares_the_schedulers_environment(with_hook, tmp_path):

@@ -31,6 +31,17 @@ def test_blocks_the_phase_allocated_and_kept_outside_graph_pools():
     assert live_phase_blocks(snapshot(*events), 0) == [(0x7F0000200400, 1024)]
 
 
+def test_an_address_freed_and_allocated_again_counts_once_and_a_requested_free_frees():
+    events = (
+        ("alloc", 0x7F0000200000, 512),
+        ("free_requested", 0x7F0000200000, 512),  # freed on its stream's side: not live any more
+        ("alloc", 0x7F0000200000, 256),  # the same address again, kept
+        ("alloc", 0x7F0000200800, 64),
+        ("free_requested", 0x7F0000200800, 64),
+    )
+    assert live_phase_blocks(snapshot(*events), 0) == [(0x7F0000200000, 256)]
+
+
 def test_a_history_that_cannot_tell_gives_a_reason():
     assert "another shape" in live_phase_blocks({"segments": []}, 0)
     assert "another shape" in live_phase_blocks(snapshot(("alloc", "x", 1)), 0)

@@ -215,6 +215,7 @@ class SaveSession(Session):
 
             torch.cuda.synchronize()  # the graph phase's last writes are in the bytes
             self.warmup_data = self._dump_warmup(self.warmup_start[1], self.hook.region())
+            self.generator_offset = torch.cuda.default_generators[self.device].get_offset()  # as the bytes are
         self.undefined_bytes += mark_alike([ir for ir, _ in self.entries])
         save_id = os.environ.get("FOUNDRY_SAVE_ID") if self.world_size > 1 else None
         if self.world_size > 1 and not save_id:

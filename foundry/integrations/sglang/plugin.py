@@ -62,6 +62,7 @@ class SchedulerState:
     passed_through: set[str] = field(default_factory=set)
     model_checked: bool = False
     graph_phase: bool = False  # the first shape's warm-up has begun
+    recording_error: str | None = None  # SAVE: why torch's allocation history is not recorded
     finished: bool = False
     # seconds in SGLang's eager warm-up forwards, and in capturing (SAVE) or restoring (LOAD)
     seconds: dict[str, float] = field(default_factory=lambda: {"warmup_forwards_s": 0.0, "graphs_s": 0.0})
@@ -178,11 +179,24 @@ def _on_scheduler_start(*args: Any, **kwargs: Any) -> None:
         session: Any = SaveSession(config.archive, device=device, rank=rank, model=live, warmup_bytes_until="finish",
                                    overwrite=os.environ.get("FOUNDRY_OVERWRITE") == "1")  # fmt: skip
     else:
-        session = LoadSession(config.archive, device=device, rank=rank, **load_options())
+        options = load_options()
+        if options["warmup"] == "restore":  # before the session, which would refuse the missing bytes less clearly
+            from foundry.archive.reader import Archive
+
+            check_warmup_skip(Archive.open(config.archive).catalog.model)
+        session = LoadSession(config.archive, device=device, rank=rank, **options)
         check_server_args(session.archive.catalog.model, live)
     session.start()
     _state = SchedulerState(config, session, rank)
     _say(f"scheduler (tp rank {rank}) active: mode {config.mode}, archive {config.archive}")
+
+
+def check_warmup_skip(model: dict[str, str]) -> None:
+    """A LOAD that skips SGLang's warm-up forwards needs SAVE's verdict that it may."""
+    found = model.get(VERDICT)
+    if found != SAFE:
+        raise DriftError("this archive does not allow a LOAD to skip SGLang's warm-up forwards (LOAD with "
+                         "--warmup replay)", field=VERDICT, expected=SAFE, found=found)  # fmt: skip
 
 
 def _check_supported(server_args: Any) -> None:
@@ -302,20 +316,13 @@ def _capture_one(original: Any, backend: Any, shape_key: Any, forward_fn: Any, c
 
 
 def _begin_graph_phase() -> None:
-    """SAVE records torch's allocations from here on (see warmup_skip); a LOAD that skips
-    the warm-ups needs SAVE's verdict that it may."""
+    """SAVE records torch's allocations from here on (see warmup_skip)."""
     from foundry.integrations.sglang import warmup_skip
 
     assert _state is not None
     _state.graph_phase = True
-    session = _state.session
     if _state.config.mode == "save":
-        warmup_skip.start_recording()
-    elif session.warmup_mode == "restore":
-        found = session.archive.catalog.model.get(VERDICT)
-        if found != SAFE:
-            raise DriftError("this archive does not allow a LOAD to skip SGLang's warm-up forwards (LOAD with "
-                             "--warmup replay)", field=VERDICT, expected=SAFE, found=found)  # fmt: skip
+        _state.recording_error = warmup_skip.start_recording()
 
 
 def _check_model(backend: Any) -> None:
@@ -352,11 +359,9 @@ def _on_graphs_done(result: Any, *args: Any, **kwargs: Any) -> None:
                            field="sglang.model_runners")  # fmt: skip
     _state.finished = True
     if _state.config.mode == "save" and _state.graph_phase:
-        from foundry.integrations.sglang import warmup_skip
-
-        blocks = warmup_skip.stop_recording(_state.session.device)
-        irs = [ir for ir, _ in _state.session.entries]
-        _state.session.model[VERDICT] = warmup_skip.verdict(irs, blocks)
+        judged = _judge_warmup_skip(_state.session)
+        _state.session.model[VERDICT] = judged
+        _state.session.keep_warmup_bytes = judged == SAFE  # what only a LOAD skipping the warm-ups restores
     report = _state.session.finish()
     if _state.config.mode == "load":
         _check_restored(report)
@@ -374,6 +379,22 @@ def _on_graphs_done(result: Any, *args: Any, **kwargs: Any) -> None:
         with open(out, "w") as handle:
             json.dump(report, handle, indent=1, default=str)
     return result
+
+
+def _judge_warmup_skip(session: Any) -> str:
+    """SAVE's verdict on a LOAD that skips SGLang's warm-ups (see warmup_skip)."""
+    from foundry.integrations.sglang import warmup_skip
+
+    assert _state is not None
+    if _state.recording_error is not None:
+        return f"unknown: {_state.recording_error}"
+    recorded = warmup_skip.stop_recording(session.device)
+    if isinstance(recorded, str):
+        return f"unknown: {recorded}"
+    blocks, segments = recorded
+    info = session.hook.region()
+    foreign = warmup_skip.foreign_allocations(session.hook.trace(), session.warmup_start[1], info.base, segments)
+    return warmup_skip.verdict([ir for ir, _ in session.entries], sorted(blocks + foreign))
 
 
 def _check_restored(report: dict[str, Any]) -> None:

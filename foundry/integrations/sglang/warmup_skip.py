@@ -29,23 +29,53 @@ _HISTORY_ENTRIES = 1_000_000  # allocation events kept; a graph phase that overf
 _FREES = ("free_requested", "free_completed")
 
 
-def start_recording() -> None:
-    """Record the caching allocator's events from now on (no stack traces: cheap)."""
+def start_recording() -> str | None:
+    """Record the caching allocator's events from now on (no stack traces: cheap);
+    return why it could not, if it could not."""
     import torch
 
-    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
-                                             max_entries=_HISTORY_ENTRIES)  # fmt: skip
+    if torch._C._cuda_isHistoryEnabled():  # the program's own recording: neither disturbed nor trusted
+        return "the program records torch's allocation history itself"
+    try:
+        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
+                                                 max_entries=_HISTORY_ENTRIES)  # fmt: skip
+    except (RuntimeError, ValueError) as err:  # another allocator backend, say
+        return f"torch's allocation history cannot be recorded ({err})"
+    return None
 
 
-def stop_recording(device: int) -> list[tuple[int, int]] | str:
-    """The live phase blocks (see :func:`live_phase_blocks`), or why they are unknown."""
+def stop_recording(device: int) -> tuple[list[tuple[int, int]], list[int]] | str:
+    """The live phase blocks (see :func:`live_phase_blocks`) and the start of every
+    segment torch holds, or why they are unknown. Recording stops."""
     import torch
 
     try:
+        if not torch._C._cuda_isHistoryEnabled():  # turned off meanwhile: its events are gone
+            return "torch's allocation history was turned off during the graph phase"
         snapshot = torch.cuda.memory._snapshot()
+    except (RuntimeError, ValueError) as err:
+        return f"torch's allocation history cannot be read ({err})"
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    return live_phase_blocks(snapshot, device)
+    blocks = live_phase_blocks(snapshot, device)
+    if isinstance(blocks, str):
+        return blocks
+    return blocks, sorted(int(s["address"]) for s in snapshot["segments"] if s.get("device", device) == device)
+
+
+def foreign_allocations(
+    trace: Iterable[Any], start: int, base: int, torch_segments: list[int]
+) -> list[tuple[int, int]]:
+    """Region allocations made in the phase (offset from ``start`` on, still mapped) that
+    are none of torch's segments: memory a library took from the driver itself, which a
+    LOAD that skips the warm-ups would see that library take elsewhere. Allocations
+    inside a capture are torch's graph pools, so they are torch's segments."""
+    segments = set(torch_segments)
+    return sorted(
+        (base + a.offset, a.size)
+        for a in trace
+        if a.offset >= start and not a.freed and base + a.offset not in segments
+    )
 
 
 def live_phase_blocks(snapshot: Mapping[str, Any], device: int) -> list[tuple[int, int]] | str:
@@ -77,12 +107,13 @@ def _inside(address: int, ranges: Sequence[tuple[int, int]]) -> bool:
 
 
 def verdict(irs: Iterable[GraphIR], blocks: list[tuple[int, int]] | str) -> str:
-    """``safe``, or the first reason a LOAD may not skip the warm-ups."""
+    """``safe``, or the first reason a LOAD may not skip the warm-ups: a graph points into
+    one of ``blocks`` (sorted ``(address, size)``), or they are unknown."""
     if isinstance(blocks, str):
         return f"unknown: {blocks}"
     hits = [(ir.name, operand) for ir in irs for operand in ir.operands if _inside(operand.value, blocks)]
     if not hits:
         return SAFE
     name, operand = hits[0]
-    return (f"unsafe: {name} node {operand.node} points at 0x{operand.value:x}, in a tensor SGLang allocated "
-            f"between captures and kept ({len(hits)} such operand(s))")  # fmt: skip
+    return (f"unsafe: {name} node {operand.node} points at 0x{operand.value:x}, in memory allocated during the "
+            f"graph phase outside a capture and kept ({len(hits)} such operand(s))")  # fmt: skip
