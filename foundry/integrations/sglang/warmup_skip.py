@@ -17,11 +17,11 @@ refuses an archive whose verdict is not ``safe``.
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from foundry.graphir.graph import GraphIR
+from foundry.runtime.definedness import mapped
 
 VERDICT = "sglang.warmup_skip"
 SAFE = "safe"
@@ -83,7 +83,7 @@ def live_phase_blocks(snapshot: Mapping[str, Any], device: int) -> list[tuple[in
     pool, and not freed by its end, sorted; or why the history cannot tell."""
     try:
         traces = snapshot["device_traces"][device]
-        graph_segments = sorted(
+        graph_segments = _spans(
             (int(s["address"]), int(s["total_size"]))
             for s in snapshot["segments"]
             if s.get("device", device) == device and tuple(s.get("segment_pool_id", (0, 0))) != (0, 0)
@@ -98,12 +98,14 @@ def live_phase_blocks(snapshot: Mapping[str, Any], device: int) -> list[tuple[in
                 live.pop(int(entry["addr"]), None)
     except (KeyError, IndexError, TypeError, ValueError) as err:
         return f"torch's allocator snapshot has another shape ({type(err).__name__}: {err})"
-    return sorted((a, s) for a, s in live.items() if not _inside(a, graph_segments))
+    return sorted((a, s) for a, s in live.items() if not mapped(a, *graph_segments))
 
 
-def _inside(address: int, ranges: Sequence[tuple[int, int]]) -> bool:
-    i = bisect.bisect_right(ranges, (address, float("inf"))) - 1
-    return i >= 0 and ranges[i][0] <= address < ranges[i][0] + ranges[i][1]
+def _spans(blocks: Iterable[tuple[int, int]]) -> tuple[list[tuple[int, int]], list[int]]:
+    """Sorted, disjoint ``(address, size)`` blocks as :func:`~foundry.runtime.definedness.mapped`
+    takes them: ``(start, end)`` ranges and their starts."""
+    ranges = sorted((address, address + size) for address, size in blocks)
+    return ranges, [start for start, _ in ranges]
 
 
 def verdict(irs: Iterable[GraphIR], blocks: list[tuple[int, int]] | str) -> str:
@@ -111,7 +113,8 @@ def verdict(irs: Iterable[GraphIR], blocks: list[tuple[int, int]] | str) -> str:
     one of ``blocks`` (sorted ``(address, size)``), or they are unknown."""
     if isinstance(blocks, str):
         return f"unknown: {blocks}"
-    hits = [(ir.name, operand) for ir in irs for operand in ir.operands if _inside(operand.value, blocks)]
+    spans = _spans(blocks)
+    hits = [(ir.name, operand) for ir in irs for operand in ir.operands if mapped(operand.value, *spans)]
     if not hits:
         return SAFE
     name, operand = hits[0]
