@@ -20,9 +20,15 @@ from foundry.errors import DriftError, FoundryError, HookError
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import KernelIdentity
 from foundry.runtime.hook import Allocation, Hook
-from foundry.runtime.session import RestoredGraph, Session, anchor_generator, check_active, init_cuda
+from foundry.runtime.session import (
+    WARMUP_MODES,
+    RestoredGraph,
+    Session,
+    anchor_generator,
+    check_active,
+    init_cuda,
+)
 
-WARMUP_MODES = ("replay", "restore")
 BUILDERS = ("python", "native")  # native: foundry.runtime.native_build and launch plans
 INSTANTIATE_MODES = ("now", "background")  # background: see foundry.runtime.instantiation
 # backends whose kernels read communicator state a LOAD must validate, not just addresses

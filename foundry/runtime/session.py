@@ -32,6 +32,7 @@ from foundry.errors import FoundryError, HookError
 from foundry.runtime.hook import Hook
 
 MODES = ("off", "save", "load")
+WARMUP_MODES = ("replay", "restore")  # LOAD: repeat the warm-up, or restore the bytes it left
 
 
 def init_cuda(device: int) -> None:

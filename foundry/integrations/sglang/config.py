@@ -25,7 +25,7 @@ from typing import Literal
 import msgspec
 
 from foundry.errors import FoundryError
-from foundry.runtime.session import MODES
+from foundry.runtime.session import MODES, WARMUP_MODES
 
 CONFIG_VARIABLE = "FOUNDRY_SGLANG_CONFIG"
 
@@ -70,8 +70,8 @@ def _from_launcher(env: Mapping[str, str]) -> PluginConfig:
     if mode not in MODES:
         raise FoundryError("unknown mode", field="FOUNDRY_MODE", expected=list(MODES), found=mode)
     warmup = env.get("FOUNDRY_LOAD_WARMUP", "replay")
-    if warmup not in ("replay", "restore"):
-        raise FoundryError("unknown warm-up mode", field="FOUNDRY_LOAD_WARMUP", expected=["replay", "restore"],
+    if warmup not in WARMUP_MODES:
+        raise FoundryError("unknown warm-up mode", field="FOUNDRY_LOAD_WARMUP", expected=list(WARMUP_MODES),
                            found=warmup)  # fmt: skip
     return PluginConfig(mode, env.get("FOUNDRY_ARCHIVE"), number("FOUNDRY_REGION_BASE"), number("FOUNDRY_REGION_SIZE"),
                         warmup, from_launcher=True)  # fmt: skip
