@@ -98,7 +98,7 @@ def test_builds_with_warnings_as_errors_and_exports_only_its_api(built):
         "foundry_region_reserve", "foundry_region_set_owner", "foundry_region_expect", "foundry_trace_diverges",
         "foundry_call_shifted", "foundry_graph_build", "foundry_graph_check", "foundry_graph_check_indexed",
         "foundry_graph_build_many", "foundry_ipc_export", "foundry_ipc_check", "foundry_ipc_open", "foundry_ipc_close",
-        "foundry_ipc_zone", "foundry_ipc_unexport", "foundry_region_passthrough",
+        "foundry_ipc_zone", "foundry_ipc_unexport", "foundry_region_passthrough", "foundry_region_seal",
     }  # fmt: skip
 
 
@@ -208,3 +208,27 @@ def test_passed_through_captures_are_balanced(hook_library):
         hook._check(hook.lib.foundry_region_passthrough(0), "foundry_region_passthrough")
     with hook.passthrough():
         pass
+
+
+def test_only_a_save_seals_its_region(built):
+    """After SAVE's archive is written, its later allocations are the program's own (a
+    server's requests): sealing is a SAVE's, and refused in another mode."""
+    code = (
+        "from foundry.errors import HookError\n"
+        "from foundry.runtime.hook import Hook\n"
+        "h = Hook.attach()\n"
+        "try:\n"
+        "    h.seal()\n"
+        "    print('sealed')\n"
+        "except HookError as err:\n"
+        "    print('refused', err)\n"
+    )
+    seen = {}
+    for mode in ("save", "load", "off"):
+        env = {**os.environ, "LD_PRELOAD": str(built), "FOUNDRY_MODE": mode}
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        seen[mode] = proc.stdout.strip()
+    assert seen["save"] == "sealed"
+    assert seen["load"].startswith("refused") and "foundry_region_seal" in seen["load"]
+    assert seen["off"].startswith("refused")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from foundry.errors import HookError
 
-ABI = 4
+ABI = 5
 LIBRARY = "libfoundry_hook.so"
 COUNTERS = (
     "stream_captures",
@@ -73,7 +73,7 @@ class _Image(ctypes.Structure):
 
 
 _CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-PHASES = ("warmup", "capture", "late", "restored")  # enum foundry_phase
+PHASES = ("warmup", "capture", "late", "restored", "sealed")  # enum foundry_phase
 IMAGE_KINDS = {1: "module", 2: "library"}
 IMAGE_FORMATS = {0: "unknown", 1: "cubin", 2: "fatbin", 3: "ptx"}
 
@@ -100,7 +100,7 @@ class Allocation:
     request: int
     freed: bool
     reserve: bool = False
-    phase: str = "warmup"  # warmup, capture, late (a SAVE error) or restored (after a LOAD)
+    phase: str = "warmup"  # warmup, capture, late (a SAVE error), restored (after a LOAD) or sealed (after a SAVE)
 
     def raw(self) -> _Alloc:
         return _Alloc(self.order, self.offset, self.size, self.request, int(self.freed), int(self.reserve),
@@ -273,6 +273,11 @@ class Hook:
             yield
         finally:
             self._check(self.lib.foundry_region_passthrough(0), "foundry_region_passthrough")
+
+    def seal(self) -> None:
+        """SAVE, once the archive is written: later allocations are the program's own
+        (a server's requests), not reported as made after capturing began."""
+        self._check(self.lib.foundry_region_seal(), "foundry_region_seal")
 
     def import_zone(self) -> tuple[int, int, int]:
         """``(base, slot size, slots)`` of this process's import zone: peer rank r's

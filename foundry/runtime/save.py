@@ -248,6 +248,7 @@ class SaveSession(Session):
         rank.set_region(self._region_record(rank))
         rank.seal()
         committed = writer.commit() is not None
+        self.hook.seal()  # what the program allocates from now on (a server's requests) is its own
         return {
             "mode": "save",
             "archive": str(self.path),

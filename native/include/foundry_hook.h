@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#define FOUNDRY_HOOK_ABI 4
+#define FOUNDRY_HOOK_ABI 5
 
 enum foundry_status {
     FOUNDRY_OK = 0,
@@ -29,8 +29,15 @@ enum foundry_status {
 enum foundry_mode { FOUNDRY_MODE_OFF = 0, FOUNDRY_MODE_SAVE = 1, FOUNDRY_MODE_LOAD = 2 };
 
 /* When an allocation was made: before the first capture, inside a capture, outside a
- * capture after capturing began (a SAVE error), or after a LOAD restored the region. */
-enum foundry_phase { FOUNDRY_PHASE_WARMUP = 0, FOUNDRY_PHASE_CAPTURE = 1, FOUNDRY_PHASE_LATE = 2, FOUNDRY_PHASE_RESTORED = 3 };
+ * capture after capturing began (a SAVE error), after a LOAD restored the region, or
+ * after a SAVE sealed it (its archive written). */
+enum foundry_phase {
+    FOUNDRY_PHASE_WARMUP = 0,
+    FOUNDRY_PHASE_CAPTURE = 1,
+    FOUNDRY_PHASE_LATE = 2,
+    FOUNDRY_PHASE_RESTORED = 3,
+    FOUNDRY_PHASE_SEALED = 4,
+};
 
 /* One allocation of the region, in call order. */
 typedef struct foundry_alloc {
@@ -119,6 +126,9 @@ int foundry_ipc_close(const foundry_ipc_handle_t *handle, uint32_t *refs_left);
  * the warm-up, are not refused in LOAD mode, and count as "passthrough_captures" (their
  * instantiations as "passthrough_instantiates"), not "stream_captures". */
 int foundry_region_passthrough(int on);
+/* SAVE: the archive is written; allocations from here on are the application's own
+ * (a server's first requests), neither late nor reported. */
+int foundry_region_seal(void);
 /* ABI version of this library (FOUNDRY_HOOK_ABI). */
 int foundry_hook_abi(void);
 /* 1 once the driver's entry points have been interposed. */

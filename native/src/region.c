@@ -50,6 +50,7 @@ static struct {
     foundry_alloc_t *expected; /* LOAD: SAVE's warm-up trace */
     size_t expected_count;
     int restored;      /* LOAD: foundry_region_map_to ran; later allocations are the application's own */
+    int sealed;        /* SAVE: foundry_region_seal ran (the archive is written); the same */
     int diverged;      /* LOAD: an allocation left SAVE's trace (logged once) */
 } region;
 
@@ -70,6 +71,7 @@ void fh_capture_end(void) {
 static int phase_now(void) {
     if (atomic_load(&captures_open) > 0) return FOUNDRY_PHASE_CAPTURE;
     if (region.restored) return FOUNDRY_PHASE_RESTORED;
+    if (region.sealed) return FOUNDRY_PHASE_SEALED;
     return atomic_load(&captures_begun) > 0 ? FOUNDRY_PHASE_LATE : FOUNDRY_PHASE_WARMUP;
 }
 
@@ -319,6 +321,14 @@ int fh_region_geometry(CUdeviceptr *base, size_t *size, CUmemAccessDesc *access)
     *base = region.base, *size = region.size, *access = region.access;
     pthread_mutex_unlock(&lock);
     return reserved;
+}
+
+int foundry_region_seal(void) {
+    if (fh_region_mode() != FOUNDRY_MODE_SAVE) return FOUNDRY_ESTATE;
+    pthread_mutex_lock(&lock);
+    region.sealed = 1;
+    pthread_mutex_unlock(&lock);
+    return FOUNDRY_OK;
 }
 
 int foundry_region_map_to(uint64_t offset) {
