@@ -4,7 +4,7 @@
 #   scripts/validate_on_gpu.sh RESULTS_DIR [SECTION ...]
 #
 # Sections, in order (all one-GPU ones when none is named): tests session-tests recipe
-# recipe-runs3 relocation negative bench sglang sglang-more sglang-prefill, and on two GPUs
+# recipe-runs3 relocation negative bench sglang sglang-more sglang-prefill sglang-cold, and on two GPUs
 # tp2 tp2-nccl ep2. relocation and negative need recipe's archive in RESULTS_DIR;
 # sglang needs SGLang 0.5.17 importable (and this package installed, so SGLang
 # finds the plugin's entry point); ep2 needs DeepEP built for the installed torch
@@ -15,9 +15,9 @@
 # Writes logs and reports under RESULTS_DIR and prints a summary table last; each
 # step says which command produced it, for docs/validation.md.
 set -uo pipefail
-RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|recipe-runs3|relocation|negative|bench|sglang|sglang-more|sglang-prefill|tp2|tp2-nccl|ep2 ...]}
+RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|recipe-runs3|relocation|negative|bench|sglang|sglang-more|sglang-prefill|sglang-cold|tp2|tp2-nccl|ep2 ...]}
 shift
-SECTIONS=${*:-tests session-tests recipe recipe-runs3 relocation negative bench sglang sglang-more sglang-prefill}
+SECTIONS=${*:-tests session-tests recipe recipe-runs3 relocation negative bench sglang sglang-more sglang-prefill sglang-cold}
 wants() { [[ " $SECTIONS " == *" $1 "* ]]; }
 cd "$(dirname "$0")/.."
 mkdir -p "$RESULTS"
@@ -114,16 +114,20 @@ rm -rf "$RESULTS/sg" && mkdir -p "$RESULTS/sg"
 step sg-baseline $SG --out "$RESULTS/sg/baseline.json"
 step sg-save python3 -m foundry run --mode save --archive "$RESULTS/sg/save" -- $SG --out "$RESULTS/sg/save.json"
 step sg-load python3 -m foundry run --mode load --archive "$RESULTS/sg/save" -- $SG --out "$RESULTS/sg/load.json"
-step sg-load-http python3 -m foundry run --mode load --archive "$RESULTS/sg/save" -- $SG --entry http --out "$RESULTS/sg/load-http.json"
 # the same LOAD without SGLang's warm-up forwards (SAVE's verdict sglang.warmup_skip must be safe)
 step sg-load-skip python3 -m foundry run --mode load --warmup restore --archive "$RESULTS/sg/save" -- $SG --out "$RESULTS/sg/load-skip.json"
-step sg-compare python3 recipes/sglang/compare.py "$RESULTS"/sg/baseline.json "$RESULTS"/sg/save.json \
-    "$RESULTS"/sg/load.json "$RESULTS"/sg/load-http.json "$RESULTS"/sg/load-skip.json
+# and from launch plans, instantiated on a thread behind SGLang
+step sg-load-fast python3 -m foundry run --mode load --warmup restore --builder native --instantiate background \
+    --archive "$RESULTS/sg/save" -- $SG --out "$RESULTS/sg/load-fast.json"
 # start-up, fairly: plain SGLang again now that the JIT caches are warm (the first baseline
 # compiled SGLang's Triton kernels inside its graph phase), then the LOAD against it
 step sg-baseline-warm $SG --out "$RESULTS/sg/baseline-warm.json"
 step sg-startup python3 recipes/sglang/compare.py "$RESULTS"/sg/baseline-warm.json "$RESULTS"/sg/load.json \
-    "$RESULTS"/sg/load-skip.json
+    "$RESULTS"/sg/load-skip.json "$RESULTS"/sg/load-fast.json
+# the HTTP entry last: the comparisons above need it least
+step sg-load-http python3 -m foundry run --mode load --archive "$RESULTS/sg/save" -- $SG --entry http --out "$RESULTS/sg/load-http.json"
+step sg-compare python3 recipes/sglang/compare.py "$RESULTS"/sg/baseline.json "$RESULTS"/sg/save.json \
+    "$RESULTS"/sg/load.json "$RESULTS"/sg/load-http.json "$RESULTS"/sg/load-skip.json "$RESULTS"/sg/load-fast.json
 fi
 if wants sglang-more; then
 rm -rf "$RESULTS/sg/save2"
@@ -163,6 +167,22 @@ step sgp-baseline $SG "${PF[@]}" --out "$RESULTS/sgp/baseline.json"
 step sgp-load python3 -m foundry run --mode load --archive "$RESULTS/sgp/save" -- $SG "${PF[@]}" --out "$RESULTS/sgp/load.json"
 step sgp-compare python3 recipes/sglang/compare.py "$RESULTS"/sgp/baseline.json "$RESULTS"/sgp/save.json "$RESULTS"/sgp/load.json
 step sgp-inspect python3 -m foundry archive inspect "$RESULTS/sgp/save"
+fi
+
+# 6c. start-up as a fresh machine sees it: every run with JIT caches of its own, empty at
+# its start (plain SGLang compiles its Triton kernels inside its graph phase; a LOAD that
+# skips the warm-ups compiles only what its eager paths launch); then each again, warm
+if wants sglang-cold; then
+rm -rf "$RESULTS/sgc" && mkdir -p "$RESULTS/sgc"
+jit() { export TRITON_CACHE_DIR=$RESULTS/sgc/jit-$1/triton TORCHINDUCTOR_CACHE_DIR=$RESULTS/sgc/jit-$1/inductor; }
+FAST=(--warmup restore --builder native --instantiate background)
+jit baseline; step sgc-baseline-cold $SG --out "$RESULTS/sgc/baseline-cold.json"
+jit save; step sgc-save python3 -m foundry run --mode save --archive "$RESULTS/sgc/save" -- $SG --out "$RESULTS/sgc/save.json"
+jit load; step sgc-load-cold python3 -m foundry run --mode load "${FAST[@]}" --archive "$RESULTS/sgc/save" -- $SG --out "$RESULTS/sgc/load-cold.json"
+step sgc-startup-cold python3 recipes/sglang/compare.py "$RESULTS"/sgc/baseline-cold.json "$RESULTS"/sgc/save.json "$RESULTS"/sgc/load-cold.json
+jit load; step sgc-load-warm python3 -m foundry run --mode load "${FAST[@]}" --archive "$RESULTS/sgc/save" -- $SG --out "$RESULTS/sgc/load-warm.json"
+jit baseline; step sgc-baseline-warm $SG --out "$RESULTS/sgc/baseline-warm.json"
+step sgc-startup-warm python3 recipes/sglang/compare.py "$RESULTS"/sgc/baseline-warm.json "$RESULTS"/sgc/load-warm.json
 fi
 
 # 7. two GPUs: the decoder split over two ranks (torch symmetric memory, then NCCL) and

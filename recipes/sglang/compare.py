@@ -5,8 +5,9 @@
 Exit 0 when every run equals the reference (and the reference's 16 outputs are
 pairwise different, so the comparison can tell prompts apart), 1 otherwise.
 Where the runs recorded SGLang's start-up timings, a table follows: the
-scheduler's end-to-end start, the CUDA graph time per phase, and how many times
-less graph time each run spent than the reference.
+scheduler's end-to-end start, the CUDA graph time per phase, how many times
+less graph time each run spent than the reference, and the whole run's seconds
+(start, the 16 prompts, shut-down: JIT compiling moved out of start-up shows there).
 """
 
 from __future__ import annotations
@@ -36,13 +37,16 @@ def startup_table(paths: list[str], runs: list[dict]) -> list[str]:
     if not timed:
         return []
     reference = sum(timed[0][1]["startup"]["cuda_graph"].values())
-    lines = ["start-up (s): scheduler_e2e, cuda graphs by phase, graph time vs the first"]
+    lines = ["start-up (s): scheduler_e2e, cuda graphs by phase, graph time vs the first; the whole run"]
     for path, run in timed:
         startup = run["startup"]
         graphs = sum(startup["cuda_graph"].values())
-        phases = ", ".join(f"{phase} {seconds:.2f}" for phase, seconds in sorted(startup["cuda_graph"].items()))
+        phases = ", ".join(f"{phase} {seconds:.2f}" for phase, seconds in sorted(startup["cuda_graph"].items())
+                           if seconds)  # fmt: skip
         ratio = f"{reference / graphs:.1f}x less" if graphs else "none spent"
-        lines.append(f"  {startup['scheduler_e2e']:7.2f}  graphs {graphs:6.2f} ({phases or '-'}); {ratio}  {path}")
+        whole = f"; run {run['wall_s']:.1f}" if isinstance(run.get("wall_s"), (int, float)) else ""
+        lines.append(f"  {startup['scheduler_e2e']:7.2f}  graphs {graphs:6.2f} ({phases or '-'}); {ratio}{whole}  "
+                     f"{path}")  # fmt: skip
         split = (run.get("foundry") or {}).get("sglang_seconds")
         if split:  # under the plugin: SGLang's eager warm-ups apart from capturing or restoring
             lines.append(f"           of which SGLang's warm-up forwards {split.get('warmup_forwards_s', 0):.2f}, "
