@@ -157,16 +157,20 @@ drift attention_backend --set attention_backend=torch_native
 drift model_config_sha256 --model-set num_hidden_layers=3
 fi
 
-# 6b. full prefill graphs with the triton backend (if SGLang takes them): SAVE first, so that the
-# JIT caches are warm for the plain run the start-up is compared with, then LOAD
+# 6b. full prefill graphs with the triton backend, if plain SGLang captures them (SGLang 0.5.17
+# does not: its triton backend raises "Invalid forward mode ... EXTEND" for prefill graphs); then
+# SAVE, LOAD and the comparison
 if wants sglang-prefill; then
 rm -rf "$RESULTS/sgp" && mkdir -p "$RESULTS/sgp"
 PF=(--set cuda_graph_backend_prefill=full --set 'cuda_graph_bs_prefill=[64,128,256]')
+if step sgp-baseline $SG "${PF[@]}" --out "$RESULTS/sgp/baseline.json"; then
 step sgp-save python3 -m foundry run --mode save --archive "$RESULTS/sgp/save" -- $SG "${PF[@]}" --out "$RESULTS/sgp/save.json"
-step sgp-baseline $SG "${PF[@]}" --out "$RESULTS/sgp/baseline.json"
 step sgp-load python3 -m foundry run --mode load --archive "$RESULTS/sgp/save" -- $SG "${PF[@]}" --out "$RESULTS/sgp/load.json"
 step sgp-compare python3 recipes/sglang/compare.py "$RESULTS"/sgp/baseline.json "$RESULTS"/sgp/save.json "$RESULTS"/sgp/load.json
 step sgp-inspect python3 -m foundry archive inspect "$RESULTS/sgp/save"
+else
+echo "sgp: plain SGLang did not capture full prefill graphs (sgp-baseline.log); nothing to persist" | tee -a "$SUMMARY"
+fi
 fi
 
 # 6c. start-up as a fresh machine sees it: every run with JIT caches of its own, empty at
