@@ -173,12 +173,16 @@ echo "sgp: plain SGLang did not capture full prefill graphs (sgp-baseline.log); 
 fi
 fi
 
-# 6c. start-up as a fresh machine sees it: every run with JIT caches of its own, empty at
-# its start (plain SGLang compiles its Triton kernels inside its graph phase; a LOAD that
-# skips the warm-ups compiles only what its eager paths launch); then each again, warm
+# 6c. start-up as a fresh machine sees it: every run with JIT caches of its own (Triton, Inductor,
+# tvm-ffi, the driver's), empty at its start (plain SGLang compiles kernels inside its graph
+# phase; a LOAD that skips the warm-ups compiles only what its eager paths launch); then each
+# again, warm
 if wants sglang-cold; then
 rm -rf "$RESULTS/sgc" && mkdir -p "$RESULTS/sgc"
-jit() { export TRITON_CACHE_DIR=$RESULTS/sgc/jit-$1/triton TORCHINDUCTOR_CACHE_DIR=$RESULTS/sgc/jit-$1/inductor; }
+jit() {  # SGLang's own nvcc-built kernels (tvm-ffi) and the driver's PTX cache too
+    export TRITON_CACHE_DIR=$RESULTS/sgc/jit-$1/triton TORCHINDUCTOR_CACHE_DIR=$RESULTS/sgc/jit-$1/inductor
+    export TVM_FFI_CACHE_DIR=$RESULTS/sgc/jit-$1/tvm-ffi CUDA_CACHE_PATH=$RESULTS/sgc/jit-$1/cuda
+}
 FAST=(--warmup restore --builder native --instantiate background)
 jit baseline; step sgc-baseline-cold $SG --out "$RESULTS/sgc/baseline-cold.json"
 jit save; step sgc-save python3 -m foundry run --mode save --archive "$RESULTS/sgc/save" -- $SG --out "$RESULTS/sgc/save.json"
