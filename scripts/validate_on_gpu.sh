@@ -185,7 +185,8 @@ jit() {  # SGLang's own nvcc-built kernels (tvm-ffi) and the driver's PTX cache 
 }
 FAST=(--warmup restore --builder native --instantiate background)
 jit baseline; step sgc-baseline-cold $SG --out "$RESULTS/sgc/baseline-cold.json"
-jit save; step sgc-save python3 -m foundry run --mode save --archive "$RESULTS/sgc/save" -- $SG --out "$RESULTS/sgc/save.json"
+# one SAVE run: the archive is only LOAD's source here (sglang and sglang-more check the runs' marks)
+jit save; step sgc-save python3 -m foundry run --mode save --save-runs 1 --archive "$RESULTS/sgc/save" -- $SG --out "$RESULTS/sgc/save.json"
 jit load; step sgc-load-cold python3 -m foundry run --mode load "${FAST[@]}" --archive "$RESULTS/sgc/save" -- $SG --out "$RESULTS/sgc/load-cold.json"
 step sgc-startup-cold python3 recipes/sglang/compare.py "$RESULTS"/sgc/baseline-cold.json "$RESULTS"/sgc/save.json "$RESULTS"/sgc/load-cold.json
 jit load; step sgc-load-warm python3 -m foundry run --mode load "${FAST[@]}" --archive "$RESULTS/sgc/save" -- $SG --out "$RESULTS/sgc/load-warm.json"
