@@ -1,6 +1,7 @@
 """Child program of the SAVE/LOAD session GPU tests (run under `foundry run`, not collected).
 
     session_probe.py CUBIN [--scale N] [--skip-module] [--extra-alloc] [--take-base] [--capture-again]
+                           [--allocate-after]
 
 A CUDA module built by the test holds ``__device__ int scale``; the program sets it
 before capture, then captures ``y = x * scale`` through a SAVE/LOAD session. Variants
@@ -9,7 +10,9 @@ and its global restored), ``--scale`` sets another value (the live copy then dif
 from SAVE's), ``--extra-alloc`` allocates 64 MiB more before the warm-up (the trace
 diverges), ``--take-base`` reserves the region's base address before the session
 starts, ``--capture-again`` captures the step with torch after the session (what an
-engine whose Foundry plugin did not load would do) and reports what happened.
+engine whose Foundry plugin did not load would do) and reports what happened,
+``--allocate-after`` allocates 64 MiB after ``finish()`` (a server's first request)
+and reports how the hook saw it.
 Prints one JSON line: the session report, the output and the hook counters;
 a Foundry error is printed as ``{"error": ...}`` with exit code 3.
 """
@@ -33,6 +36,7 @@ def main() -> int:
     parser.add_argument("--extra-alloc", action="store_true")
     parser.add_argument("--take-base", action="store_true")
     parser.add_argument("--capture-again", action="store_true")
+    parser.add_argument("--allocate-after", action="store_true")
     args = parser.parse_args()
 
     import torch
@@ -85,6 +89,11 @@ def main() -> int:
             except RuntimeError as err:
                 result["captured_again"] = str(err).splitlines()[0]
             result["counters_after"] = session.hook.counters()
+        if args.allocate_after:
+            torch.empty(64 << 20, dtype=torch.uint8, device="cuda")  # more than any cached segment
+            torch.cuda.synchronize()
+            result["phase_after"] = session.hook.trace()[-1].phase
+            result["late_events"] = [e for e in session.hook.events() if "after capturing began" in e]
         print(json.dumps(result))
         return 0
     except FoundryError as err:

@@ -94,6 +94,14 @@ def test_the_native_builder_restores_the_same_graph_from_its_plan(saved, cubin, 
     assert result["report"]["counters"]["stream_captures"] == 0
 
 
+def test_a_save_seals_its_region_once_the_archive_is_written(cubin, tmp_path):
+    """What the program allocates after finish() (a server's requests) is its own: in
+    the trace as sealed, not reported as an allocation made after capturing began."""
+    result = foundry_run("save", tmp_path / "a", cubin, "--allocate-after", extra=("--save-runs", "1"))
+    assert result["scale_seen"] == 3.0, result
+    assert result["phase_after"] == "sealed" and result["late_events"] == [], result
+
+
 def test_background_instantiation_restores_the_same_graph(saved, cubin):
     """LOAD returns the graph built but not instantiated; the replay or the background
     thread instantiates it once, and finish() counts it."""
