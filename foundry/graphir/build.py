@@ -74,7 +74,8 @@ class BuiltGraph:
         cu("cuGraphLaunch", self.exec, driver().CUstream(stream))
 
     def destroy(self) -> None:
-        cu("cuGraphExecDestroy", self.exec)
+        if self.exec is not None:  # None: built, not yet instantiated (foundry.runtime.instantiation)
+            cu("cuGraphExecDestroy", self.exec)
         cu("cuGraphDestroy", self.graph)
         for event in self.events:
             cu("cuEventDestroy", event)

@@ -296,7 +296,8 @@ class LoadSession(Session):
             self._finish_warmup_bytes()
         except BaseException:
             self._finish_warmup_bytes(quiet=True)  # the first error is the one to report
-            _destroy(built)
+            for graph, graph_exec in built:  # what a failed LOAD built goes with it
+                BuiltGraph(graph, graph_exec, []).destroy()
             functions.release()
             raise
         base_of = partial(_region_base_at_save, region.base)
@@ -552,14 +553,6 @@ class _Progress:
     def __exit__(self, *exc: object) -> None:
         if self.enabled:
             self.bar.stop()
-
-
-def _destroy(built: list[tuple[Any, Any]]) -> None:
-    """Release graphs a failed LOAD built (and their execs, where instantiated)."""
-    for graph, graph_exec in built:
-        if graph_exec is not None:
-            cu("cuGraphExecDestroy", graph_exec)
-        cu("cuGraphDestroy", graph)
 
 
 def _binding_report(functions: Any) -> dict[str, Any]:
