@@ -104,9 +104,7 @@ class ArchiveFunctions:
 
     def _image(self, sha256: str) -> tuple[str, int]:
         if sha256 not in self._images:
-            begun = time.perf_counter()
             live = self._live_copy(sha256)
-            self.seconds["find_live"] += time.perf_counter() - begun
             if self.records is not None and sha256 not in self.records:
                 raise DriftError("the archive records no device globals for this image", path=f"image {sha256[:12]}")
             if live is not None:
@@ -135,7 +133,9 @@ class ArchiveFunctions:
     def _live_copy(self, sha256: str) -> Image | None:
         """The live process's own copy of an image, found once (prefetch and binding both ask)."""
         if sha256 not in self._live:
+            begun = time.perf_counter()
             self._live[sha256] = self._find_live_copy(sha256)
+            self.seconds["find_live"] += time.perf_counter() - begun
         return self._live[sha256]
 
     def _find_live_copy(self, sha256: str) -> Image | None:
