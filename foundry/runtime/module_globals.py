@@ -156,16 +156,14 @@ def _write_global(handle: int, name: str, value: bytes) -> None:
     cu("cuMemcpyHtoD", dptr, ctypes.addressof(buf), len(value))
 
 
-def record_image(sha256: str, image: bytes, kind: str, handle: int,
-                 host: list[tuple[int, int]] | None = None) -> ImageRecord:  # fmt: skip
+def record_image(sha256: str, image: bytes, kind: str, handle: int, host: list[tuple[int, int]]) -> ImageRecord:
     """SAVE: the globals of one image as the application left them (``host``: the
-    host-accessible address ranges of this process, read when not given)."""
+    host-accessible address ranges of this process, read once for all its images)."""
     names = global_names(image)
     if names is None:
         return ImageRecord(sha256, globals_known=False)
     if not names:
         return ImageRecord(sha256, globals_known=True)
-    host = host_ranges(accessible=True) if host is None else host
     data = ctypes.create_string_buffer(image, len(image))
     # two fresh copies loaded side by side: their code lies at different addresses, so the words
     # where they differ are the loader's (code addresses), not state anyone set
@@ -251,12 +249,14 @@ def check_live(record: ImageRecord, kind: str, handle: int) -> None:
             )
         if g.host_words:
             host = host_ranges(accessible=True) if host is None else host
-            missing = [o for o in g.host_words if o not in _host_words(live, host)]
+            held = set(_host_words(live, host))
+            missing = [o for o in g.host_words if o not in held]
             if missing:
+                words = _words(live)
                 raise DriftError("a device global word that held a host address at SAVE holds none of this "
                                  "process", field=g.name, path=f"image {record.sha256[:12]}",
-                                 expected="a mapped host address", found={f"+{o:#x}": hex(_words(live)[o // 8])
-                                                                          for o in missing[:4]})  # fmt: skip
+                                 expected="a mapped host address",
+                                 found={f"+{o:#x}": hex(words[o // 8]) for o in missing[:4]})  # fmt: skip
 
 
 def _first_differences(g: GlobalRecord, live: bytes | None, limit: int = 4) -> tuple[Any, Any]:
