@@ -61,12 +61,22 @@ def check_id_form(save_id: str) -> None:
         raise ArchiveError("a SAVE id is 1-64 of A-Z a-z 0-9 . _ -", field="FOUNDRY_SAVE_ID", found=save_id)
 
 
+def committed_marker(root: Path, save_id: str) -> Path:
+    """The file that says SAVE ``save_id`` wrote ``root``'s catalog."""
+    return root / f".committed.{save_id}"
+
+
+def failed_marker(root: Path, save_id: str) -> Path:
+    """The file that says a rank of SAVE ``save_id`` failed (``foundry.runtime.rank_runs``)."""
+    return root / f".failed.{save_id}"
+
+
 def check_save_id(root: Path, save_id: str) -> None:
     """Refuse an id that could leave the archive directory, or that was committed or
     failed there before (``foundry.runtime.rank_runs`` marks a failed one)."""
     check_id_form(save_id)
-    for marker, what in ((".committed", "was committed here already"), (".failed", "failed here before")):
-        if (root / f"{marker}.{save_id}").exists():
+    for marker, what in ((committed_marker, "was committed here already"), (failed_marker, "failed here before")):
+        if marker(root, save_id).exists():
             raise ArchiveError(f"this SAVE id {what}; give the new SAVE a new FOUNDRY_SAVE_ID", path=str(root),
                                field="FOUNDRY_SAVE_ID", found=save_id)  # fmt: skip
 
@@ -88,7 +98,7 @@ def commit_when_complete(root: Path, world_size: int, save_id: str) -> bool:
     parts = [_part(root / f"rank{r}" / PART_FILE, save_id) for r in range(world_size)]
     if any(part is None for part in parts):
         return False
-    marker = root / f".committed.{save_id}"
+    marker = committed_marker(root, save_id)
     with open(root / LOCK_FILE, "a") as lock:  # released when this process ends, however it ends
         fcntl.flock(lock, fcntl.LOCK_EX)
         if marker.exists():  # another rank's process committed

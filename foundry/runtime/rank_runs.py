@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from foundry.archive.files import atomic_write
-from foundry.archive.rank_parts import LOCK_FILE, check_id_form
+from foundry.archive.rank_parts import LOCK_FILE, check_id_form, committed_marker, failed_marker
 from foundry.errors import FoundryError
 
 WAIT_S = 600.0  # how long a rank's launcher waits for the other ranks' runs
@@ -52,7 +52,7 @@ def check_run_ids(save_runs: int) -> None:
 
 
 def failed(first: Path) -> Path:
-    return first / f".failed.{save_id()}"
+    return failed_marker(first, save_id())
 
 
 def note_failure(first: Path) -> None:
@@ -67,7 +67,7 @@ def save_again(first: Path, shared: Path, rank: int, run_index: int, start: Star
 
     merged = first / f".merged.{run_id(run_index)}"
     try:
-        _wait_for(first / f".committed.{save_id()}", "every rank's first SAVE run", first)
+        _wait_for(committed_marker(first, save_id()), "every rank's first SAVE run", first)
         log(f"foundry: SAVE run {run_index}, rank {rank} (every rank again, to find bytes the runs disagree on)")
         code = start(failed(first).exists)
         if code != 0:
@@ -76,7 +76,8 @@ def save_again(first: Path, shared: Path, rank: int, run_index: int, start: Star
                 "archive without the cross-run marks")  # fmt: skip
             shutil.rmtree(shared, ignore_errors=True)
             return code
-        _wait_for(shared / f".committed.{run_id(run_index)}", f"every rank's SAVE run {run_index}", first, merged)
+        _wait_for(committed_marker(shared, run_id(run_index)), f"every rank's SAVE run {run_index}", first,
+                  merged)  # fmt: skip
         with open(first / LOCK_FILE, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if failed(first).exists():  # the launcher that took the lock first could not merge
