@@ -130,7 +130,7 @@ class SaveSession(Session):
         self.warmup_end = (info.allocations, info.cursor)
         generator = torch.cuda.default_generators[self.device]
         self.generator_offset = generator.get_offset()
-        if self.keep_warmup_bytes and self.warmup_start is not None and self.warmup_bytes_until == "capture":
+        if self._keeps_warmup_bytes_until("capture"):
             self.warmup_data = self._dump_warmup(self.warmup_start[1], info)
         # a backend region inside the deterministic region (torch keeps its pointer tables in
         # caching-allocator memory) is the region's: vmm relocates it, the backend rebuilds its contents
@@ -142,6 +142,10 @@ class SaveSession(Session):
         ]
         self.resolver = AddressResolver([self.region, *backend_regions])
         self.images = HookImages(self.hook)
+
+    def _keeps_warmup_bytes_until(self, stage: str) -> bool:
+        """Whether the warm-up's bytes are to be taken now, at ``stage`` (capture or finish)."""
+        return self.keep_warmup_bytes and self.warmup_start is not None and self.warmup_bytes_until == stage
 
     def _dump_warmup(self, start: int, info: Any) -> bytes:
         """The region's bytes from ``start`` to the cursor, allocation by allocation: ranges
@@ -210,7 +214,7 @@ class SaveSession(Session):
             )
         from foundry.runtime.definedness import host_ranges, mark_alike
 
-        if self.keep_warmup_bytes and self.warmup_start is not None and self.warmup_bytes_until == "finish":
+        if self._keeps_warmup_bytes_until("finish"):
             import torch
 
             torch.cuda.synchronize()  # the graph phase's last writes are in the bytes
