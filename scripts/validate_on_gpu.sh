@@ -174,24 +174,23 @@ fi
 fi
 
 # 6c. start-up as a fresh machine sees it: every run with JIT caches of its own (Triton, Inductor,
-# tvm-ffi, the driver's), empty at its start (plain SGLang compiles kernels inside its graph
-# phase; a LOAD that skips the warm-ups compiles only what its eager paths launch); then each
-# again, warm
+# SGLang's tvm-ffi and its cache directory, the driver's), empty at its start (plain SGLang compiles
+# kernels inside its graph phase; a LOAD that skips the warm-ups compiles only what its eager paths
+# launch). The warm comparison is the sglang section's. Each cache's size after its run is listed.
 if wants sglang-cold; then
 rm -rf "$RESULTS/sgc" && mkdir -p "$RESULTS/sgc"
-jit() {  # SGLang's own nvcc-built kernels (tvm-ffi) and the driver's PTX cache too
-    export TRITON_CACHE_DIR=$RESULTS/sgc/jit-$1/triton TORCHINDUCTOR_CACHE_DIR=$RESULTS/sgc/jit-$1/inductor
-    export TVM_FFI_CACHE_DIR=$RESULTS/sgc/jit-$1/tvm-ffi CUDA_CACHE_PATH=$RESULTS/sgc/jit-$1/cuda
+jit() {  # jit RUN: point every JIT cache at RUN's own empty directories
+    local J=$RESULTS/sgc/jit-$1
+    export TRITON_CACHE_DIR=$J/triton TORCHINDUCTOR_CACHE_DIR=$J/inductor TVM_FFI_CACHE_DIR=$J/tvm-ffi \
+        SGLANG_CACHE_DIR=$J/sglang CUDA_CACHE_PATH=$J/cuda
 }
 FAST=(--warmup restore --builder native --instantiate background)
 jit baseline; step sgc-baseline-cold $SG --out "$RESULTS/sgc/baseline-cold.json"
-# one SAVE run: the archive is only LOAD's source here (sglang and sglang-more check the runs' marks)
-jit save; step sgc-save python3 -m foundry run --mode save --save-runs 1 --archive "$RESULTS/sgc/save" -- $SG --out "$RESULTS/sgc/save.json"
+# SAVE with the sglang section's command line (sglang-more can take its archive as that SAVE)
+jit save; step sgc-save python3 -m foundry run --mode save --archive "$RESULTS/sgc/save" -- $SG --out "$RESULTS/sgc/save.json"
 jit load; step sgc-load-cold python3 -m foundry run --mode load "${FAST[@]}" --archive "$RESULTS/sgc/save" -- $SG --out "$RESULTS/sgc/load-cold.json"
 step sgc-startup-cold python3 recipes/sglang/compare.py "$RESULTS"/sgc/baseline-cold.json "$RESULTS"/sgc/save.json "$RESULTS"/sgc/load-cold.json
-jit load; step sgc-load-warm python3 -m foundry run --mode load "${FAST[@]}" --archive "$RESULTS/sgc/save" -- $SG --out "$RESULTS/sgc/load-warm.json"
-jit baseline; step sgc-baseline-warm $SG --out "$RESULTS/sgc/baseline-warm.json"
-step sgc-startup-warm python3 recipes/sglang/compare.py "$RESULTS"/sgc/baseline-warm.json "$RESULTS"/sgc/load-warm.json
+(cd "$RESULTS/sgc" && du -s --block-size=K jit-*/* 2>/dev/null) | tee -a "$SUMMARY"
 fi
 
 # 7. two GPUs: the decoder split over two ranks (torch symmetric memory, then NCCL) and

@@ -149,13 +149,13 @@ def test_the_comparison_reports_graph_time_against_the_reference():
     table = _recipe("compare").startup_table(
         ["base.json", "load.json", "other.json"],
         [{"startup": {"scheduler_e2e": 40.0, "cuda_graph": {"decode": 3.0, "prefill": 0.0}}, "wall_s": 150.72},
-         {"startup": {"scheduler_e2e": 37.1, "cuda_graph": {"decode": 0.1}}, "wall_s": 68.6,
-          "foundry": {"sglang_seconds": {"warmup_forwards_s": 0.06, "graphs_s": 0.04}}},
+         {"startup": {"scheduler_e2e": 37.1, "cuda_graph": {"decode": 0.1}}, "wall_s": 68.6, "ready_s": 21.04,
+          "batch_s": [45.25, 0.3], "foundry": {"sglang_seconds": {"warmup_forwards_s": 0.06, "graphs_s": 0.04}}},
          {"startup": None}],
     )  # fmt: skip
     assert len(table) == 4 and "30.0x less" in table[2] and "load.json" in table[2] and "1.0x less" in table[1]
     assert "(decode 3.00)" in table[1]  # phases that took no time are left out
-    assert "; run 150.7 " in table[1] and "; run 68.6 " in table[2]  # the whole run: where JIT work moved to
+    assert "; run 150.7 " in table[1] and "; run 68.6, ready 21.0, first batch 45.2 " in table[2]  # where JIT went
     assert "warm-up forwards 0.06, Foundry's graphs 0.04" in table[3]
 
 

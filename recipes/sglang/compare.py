@@ -7,7 +7,9 @@ pairwise different, so the comparison can tell prompts apart), 1 otherwise.
 Where the runs recorded SGLang's start-up timings, a table follows: the
 scheduler's end-to-end start, the CUDA graph time per phase, how many times
 less graph time each run spent than the reference, and the whole run's seconds
-(start, the 16 prompts, shut-down: JIT compiling moved out of start-up shows there).
+(start, the 16 prompts, shut-down), with the seconds until the server took requests
+and the first batch's seconds where recorded: JIT compiling moved out of start-up
+into the first eager prefill shows there.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ def startup_table(paths: list[str], runs: list[dict]) -> list[str]:
                            if seconds)  # fmt: skip
         ratio = f"{reference / graphs:.1f}x less" if graphs else "none spent"
         whole = f"; run {run['wall_s']:.1f}" if isinstance(run.get("wall_s"), (int, float)) else ""
+        if isinstance(run.get("ready_s"), (int, float)) and run.get("batch_s"):
+            whole += f", ready {run['ready_s']:.1f}, first batch {run['batch_s'][0]:.1f}"
         lines.append(f"  {startup['scheduler_e2e']:7.2f}  graphs {graphs:6.2f} ({phases or '-'}); {ratio}{whole}  "
                      f"{path}")  # fmt: skip
         split = (run.get("foundry") or {}).get("sglang_seconds")

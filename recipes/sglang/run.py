@@ -12,7 +12,8 @@ The graph configuration Foundry persists: decode graphs ``full`` for batch sizes
 1, 2, 4, 8; prefill graphs off (breakable ones cannot be persisted). The Foundry
 plugin's report (``FOUNDRY_SGLANG_REPORT``) is included when a session ran, and
 SGLang's own start-up timings (``Engine``'s, or parsed from the HTTP server's
-"Engine startup timings" line).
+"Engine startup timings" line), the seconds until the server took requests and
+each batch's seconds.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import NamedTuple
 
 CONFIG = {
     "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 256, "intermediate_size": 512,
@@ -87,20 +89,28 @@ def overrides(pairs: list[str], option: str) -> dict:
     return out
 
 
-def run_engine(model: Path, server: dict) -> tuple[list[dict], dict | None]:
+class Served(NamedTuple):
+    outputs: list[dict]
+    startup: dict | None  # SGLang's own start-up timings
+    ready_at: float  # time.time() when the server took requests
+    batch_s: list[float]  # each batch's seconds, from its request to its answer
+
+
+def run_engine(model: Path, server: dict) -> Served:
     import sglang as sgl
 
     engine = sgl.Engine(model_path=str(model), **server)
+    ready_at = time.time()
     try:
         startup = getattr(engine.tokenizer_manager, "startup_time", None)
-        outputs = _batches(lambda ids: engine.generate(input_ids=ids, sampling_params=sampling(),
-                                                      return_logprob=True))  # fmt: skip
-        return outputs, startup
+        outputs, batch_s = _batches(lambda ids: engine.generate(input_ids=ids, sampling_params=sampling(),
+                                                               return_logprob=True))  # fmt: skip
+        return Served(outputs, startup, ready_at, batch_s)
     finally:
         engine.shutdown()
 
 
-def run_http(model: Path, port: int, server: dict) -> tuple[list[dict], dict | None]:
+def run_http(model: Path, port: int, server: dict) -> Served:
     args = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--port", str(port)]
     for key, value in server.items():
         flag = "--" + key.replace("_", "-")
@@ -118,6 +128,7 @@ def run_http(model: Path, port: int, server: dict) -> tuple[list[dict], dict | N
     echo.start()
     try:
         _wait(port, process)
+        ready_at = time.time()
 
         def post(ids: list[list[int]]) -> list[dict]:
             body = json.dumps({"input_ids": ids, "sampling_params": sampling(), "return_logprob": True}).encode()
@@ -126,7 +137,8 @@ def run_http(model: Path, port: int, server: dict) -> tuple[list[dict], dict | N
             with urllib.request.urlopen(request, timeout=300) as response:
                 return json.loads(response.read())
 
-        return _batches(post), (startup[0] if startup else None)
+        outputs, batch_s = _batches(post)
+        return Served(outputs, startup[0] if startup else None, ready_at, batch_s)
     finally:
         process.terminate()
         process.wait(timeout=60)
@@ -159,15 +171,20 @@ def _wait(port: int, server: subprocess.Popen, timeout: float = 600) -> None:
     raise SystemExit("the server did not become ready")
 
 
-def _batches(generate) -> list[dict]:
-    outputs, todo = [], prompts()
+def _batches(generate) -> tuple[list[dict], list[float]]:
+    """Every prompt's output ids and logprobs, and each batch's seconds (the first
+    batch's include whatever SGLang compiles at its first eager prefill)."""
+    outputs, batch_s, todo = [], [], prompts()
     for size in BATCHES:
         batch, todo = todo[:size], todo[size:]
-        for out in generate(batch):
+        begun = time.perf_counter()
+        answers = generate(batch)
+        batch_s.append(time.perf_counter() - begun)
+        for out in answers:
             meta = out["meta_info"]
             outputs.append({"output_ids": out["output_ids"],
                             "logprobs": [lp[0] for lp in meta.get("output_token_logprobs", [])]})  # fmt: skip
-    return outputs
+    return outputs, batch_s
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,9 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="foundry-sglang-"))
     os.environ.setdefault("FOUNDRY_SGLANG_REPORT", str(work / "foundry-report.json"))
     started = time.time()
-    outputs, startup = run_engine(model, server) if args.entry == "engine" else run_http(model, args.port, server)
+    served = run_engine(model, server) if args.entry == "engine" else run_http(model, args.port, server)
     report_path = Path(os.environ["FOUNDRY_SGLANG_REPORT"])
-    record = {"entry": args.entry, "outputs": outputs, "wall_s": time.time() - started, "startup": startup,
+    record = {"entry": args.entry, "outputs": served.outputs, "wall_s": time.time() - started,
+              "ready_s": served.ready_at - started, "batch_s": served.batch_s, "startup": served.startup,
               "foundry": json.loads(report_path.read_text()) if report_path.is_file() else None}  # fmt: skip
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     return 0
