@@ -174,15 +174,16 @@ fi
 fi
 
 # 6c. start-up as a fresh machine sees it: every run with JIT caches of its own (Triton, Inductor,
-# SGLang's tvm-ffi and its cache directory, the driver's), empty at its start (plain SGLang compiles
-# kernels inside its graph phase; a LOAD that skips the warm-ups compiles only what its eager paths
-# launch). The warm comparison is the sglang section's. Each cache's size after its run is listed.
+# SGLang's tvm-ffi and its cache directory, FlashInfer's, the driver's), empty at its start (plain
+# SGLang compiles kernels inside its graph phase; a LOAD that skips the warm-ups compiles them at
+# its first eager prefill: the first batch's seconds show it). The warm comparison is the sglang
+# section's. Each cache's size after its run is listed.
 if wants sglang-cold; then
 rm -rf "$RESULTS/sgc" && mkdir -p "$RESULTS/sgc"
 jit() {  # jit RUN: point every JIT cache at RUN's own empty directories
     local J=$RESULTS/sgc/jit-$1
     export TRITON_CACHE_DIR=$J/triton TORCHINDUCTOR_CACHE_DIR=$J/inductor TVM_FFI_CACHE_DIR=$J/tvm-ffi \
-        SGLANG_CACHE_DIR=$J/sglang CUDA_CACHE_PATH=$J/cuda
+        SGLANG_CACHE_DIR=$J/sglang CUDA_CACHE_PATH=$J/cuda FLASHINFER_WORKSPACE_BASE=$J/flashinfer
 }
 FAST=(--warmup restore --builder native --instantiate background)
 jit baseline; step sgc-baseline-cold $SG --out "$RESULTS/sgc/baseline-cold.json"
