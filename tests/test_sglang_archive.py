@@ -1,0 +1,87 @@
+"""Inspection of a real SGLang archive: ``foundry archive inspect``, ``foundry graph lint``,
+``foundry-tui`` on the decode graphs SGLang 0.5.17 captured.
+
+``tests/fixtures/sglang-decode`` is the SAVE of ``scripts/validate_on_gpu.sh RESULTS
+sglang-cold`` on the H200 test machine (tiny Qwen3, triton attention, decode graphs
+``full`` for batch sizes 1, 2, 4, 8), stripped of its module images and warm-up bytes
+with ``foundry archive strip``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from foundry.archive import Archive
+from foundry.archive.schema import ModuleState
+from foundry.cli import main
+from foundry.errors import DriftError
+from foundry.runtime.validate import check_modules
+
+from .conftest import FIXTURES
+from .test_tui import SIZE, app_for, pilot_test, plain, press, settle
+
+SGLANG = FIXTURES / "sglang-decode"
+# SGLang's own kernels, which it compiles with nvcc at run time (tvm-ffi), and its triton attention
+SGLANG_KERNELS = ("store_kvcache", "fused_rope_kernel", "fused_qknorm_warp", "act_and_mul_kernel",
+                  "_fwd_grouped_kernel_stage1", "_fwd_kernel_stage2")  # fmt: skip
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_inspect_shows_sglangs_decode_graphs_server_arguments_and_kernels():
+    result = invoke("archive", "inspect", "--json", str(SGLANG))
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    graphs = {g["graph"]: g for g in summary["graphs"]}
+    assert sorted(graphs) == ["decode.bs1", "decode.bs2", "decode.bs4", "decode.bs8"]
+    for name, graph in graphs.items():
+        assert (graph["runner"], graph["shape_key"]) == ("decode", int(name.removeprefix("decode.bs")))
+        assert graph["kinds"] == {"kernel": graph["nodes"]} and graph["collectives"] == {}
+        assert graph["unresolved"] == 0 and graph["plan"]
+    model = summary["model"]
+    assert model["sglang.version"] == "0.5.17" and model["sglang.attention_backend"] == '"triton"'
+    assert model["sglang.cuda_graph_bs_decode"] == "[1, 2, 4, 8]" and model["sglang.warmup_skip"] == "safe"
+    assert summary["modules"]["state"] == "stripped"
+    launches = sum(k["count"] for k in summary["kernels"])
+    assert launches == sum(g["nodes"] for g in graphs.values())  # the histogram counts every node
+    names = " ".join(k["name"] for k in summary["kernels"])
+    assert all(kernel in names for kernel in SGLANG_KERNELS)
+
+
+def test_lint_counts_no_collective_in_sglangs_graphs():
+    nodes = Archive.open(SGLANG).entries(0)[0].nodes
+    result = invoke("graph", "lint", str(SGLANG), "--expect", "nccl-allreduce=0", "--expect", f"kernel={nodes}")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.count("ok   nccl-allreduce=0") == 4 and "0 failed expectation(s)" in result.stdout
+    result = invoke("graph", "lint", str(SGLANG), "--expect", "nccl-allreduce=1")
+    assert result.exit_code == 1 and result.stdout.count("FAIL nccl-allreduce=1") == 4
+
+
+def test_load_refuses_the_stripped_sglang_archive():
+    archive = Archive.open(SGLANG)
+    assert archive.catalog.modules.state is ModuleState.STRIPPED
+    with pytest.raises(DriftError) as err:
+        check_modules(archive)
+    assert err.value.field == "modules.state"
+
+
+@pilot_test
+async def test_tui_browses_sglangs_graphs_and_summary():
+    app = app_for(SGLANG)
+    archive = Archive.open(SGLANG)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        tree = app.screen.query_one("GraphTree")
+        assert [str(child.label) for child in tree.root.children[0].children] == [
+            f"{e.name} {e.nodes}" for e in archive.entries(0)
+        ]
+        await press(pilot, "s")
+        text = plain(app.screen.query_one("SummaryPane").shown)
+        launches = sum(e.nodes for e in archive.entries(0))
+        assert f"Kernel histogram: {launches} launches of" in text and "(anon)::store_kvcache<...>" in text
+        assert "Collectives by kind: none" in text and "module images were stripped" in text  # lint ran too
