@@ -1,5 +1,5 @@
 """Inspection of a real SGLang archive: ``foundry archive inspect``, ``foundry graph lint``,
-``foundry-tui`` on the decode graphs SGLang 0.5.17 captured.
+``foundry archive diff`` and ``foundry-tui`` on the decode graphs SGLang 0.5.17 captured.
 
 ``tests/fixtures/sglang-decode`` is the SAVE of ``scripts/validate_on_gpu.sh RESULTS
 sglang-cold`` on the H200 test machine (tiny Qwen3, triton attention, decode graphs
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 from click.testing import CliRunner
 
@@ -18,8 +19,10 @@ from foundry.archive import Archive
 from foundry.archive.schema import ModuleState
 from foundry.cli import main
 from foundry.errors import DriftError
+from foundry.graphir.passes.diff import REBUILT, Status, diff_archives
 from foundry.runtime.validate import check_modules
 
+from .archive_tools import edit_graph
 from .conftest import FIXTURES
 from .test_tui import SIZE, app_for, pilot_test, plain, press, settle
 
@@ -68,6 +71,45 @@ def test_load_refuses_the_stripped_sglang_archive():
     with pytest.raises(DriftError) as err:
         check_modules(archive)
     assert err.value.field == "modules.state"
+
+
+def _rename(ir, old: str, new: str, image: str | None = None) -> None:
+    for node in ir.kernels():
+        if old in node.kernel.name:
+            kernel = msgspec.structs.replace(node.kernel, name=node.kernel.name.replace(old, new),
+                                             image=image or node.kernel.image)  # fmt: skip
+            ir.replace_node(msgspec.structs.replace(node, kernel=kernel))
+
+
+def test_diff_names_a_kernel_rebuilt_from_the_same_source(archive_copy):
+    """Two SAVEs, each with SGLang's kernels compiled on its own, differed on the H200 test
+    machine only in nvcc's anonymous-namespace ids and the images: the diff says so."""
+    path = archive_copy("sglang-decode")
+    store = next(n for n in Archive.open(SGLANG).graph(0, "decode.bs2").kernels() if "store_kvcache" in n.kernel.name)
+    anonymous = store.kernel.name.split("_GLOBAL__N__")[1][:8]
+    edit_graph(
+        path, "decode.bs2", lambda ir: _rename(ir, f"_GLOBAL__N__{anonymous}_", "_GLOBAL__N__0badc0de_", "f" * 64)
+    )
+    d = diff_archives(Archive.open(SGLANG), Archive.open(path))
+    (graph,) = [g for g in d.graphs if g.status is not Status.SAME]
+    assert graph.name == "decode.bs2" and not graph.edges_only_a and not graph.edges_only_b
+    assert {n.status for n in graph.nodes} == {Status.CHANGED}  # aligned as the same kernels, none only on one side
+    subjects = {c.subject for n in graph.nodes for c in n.changes}
+    assert subjects == {REBUILT, "image"} and d.rebuilt_kernels == ["(anon)::store_kvcache<...>"]
+    result = invoke("archive", "diff", str(SGLANG), str(path))
+    assert result.exit_code == 1 and "differ only in nvcc's per-compilation anonymous-namespace id" in result.stdout
+    assert json.loads(invoke("archive", "diff", "--json", str(SGLANG), str(path)).stdout)["rebuilt_kernels"] == [
+        "(anon)::store_kvcache<...>"
+    ]
+
+
+def test_diff_does_not_take_another_kernel_for_a_rebuild(archive_copy):
+    path = archive_copy("sglang-decode")
+    edit_graph(path, "decode.bs2", lambda ir: _rename(ir, "store_kvcacheILl256", "store_kvcacheILl128"))
+    d = diff_archives(Archive.open(SGLANG), Archive.open(path))
+    changes = [c for g in d.graphs for n in g.nodes for c in n.changes]
+    assert changes and {c.subject for c in changes} == {"kernel"} and not d.rebuilt_kernels
+    assert "per-compilation" not in invoke("archive", "diff", str(SGLANG), str(path)).stdout
 
 
 @pilot_test

@@ -9,6 +9,9 @@ A parameter byte either SAVE marked undefined is left out on both sides: which
 unused bytes a SAVE's runs happen to disagree on varies from SAVE to SAVE, so two
 SAVEs of the same program can differ in fingerprint and still be the same graph
 (``undefined_only``).
+A kernel whose mangled name differs only in nvcc's per-compilation anonymous-namespace
+id is the same source built twice (a JIT build per machine): it is aligned as the
+same kernel and its name change is marked ``kernel.rebuilt``.
 The diff is a pure function; the CLI and the TUI only render it.
 """
 
@@ -26,6 +29,8 @@ from foundry.graphir.fingerprint import fingerprint, operand_target, scalar_byte
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.nodes import KernelNode, Node
 from foundry.graphir.operands import Operand
+
+REBUILT = "kernel.rebuilt"  # the subject of a kernel name that another build of its source gives
 
 
 class Status(StrEnum):
@@ -96,6 +101,11 @@ class ArchiveDiff:
     def identical(self) -> bool:
         return not self.environment and all(g.status is Status.SAME for g in self.graphs)
 
+    @property
+    def rebuilt_kernels(self) -> list[str]:
+        """Kernels (by label) that differ only by being another build of the same source."""
+        return sorted({n.label for g in self.graphs for n in g.nodes for c in n.changes if c.subject == REBUILT})
+
     def to_dict(self) -> dict[str, Any]:
         def graph(g: GraphDiff) -> dict[str, Any]:
             return {
@@ -124,6 +134,7 @@ class ArchiveDiff:
             "a": self.a,
             "b": self.b,
             "identical": self.identical,
+            "rebuilt_kernels": self.rebuilt_kernels,
             "environment": [vars(c) for c in self.environment],
             "graphs": [graph(g) for g in self.graphs],
         }
@@ -137,7 +148,7 @@ def node_label(node: Node) -> str:
 
 
 def _align_key(node: Node) -> tuple[str, str]:
-    return (str(node.kind), node.kernel.name if isinstance(node, KernelNode) else "")
+    return (str(node.kind), node.kernel.across_builds if isinstance(node, KernelNode) else "")
 
 
 def _targets(operands: tuple[Operand, ...]) -> dict[str, tuple[str, str]]:
@@ -188,7 +199,9 @@ def compare_nodes(na: Node, oa: tuple[Operand, ...], nb: Node, ob: tuple[Operand
         check("kind", na.kind, nb.kind)
         return changes
     if isinstance(na, KernelNode) and isinstance(nb, KernelNode):
-        check("kernel", na.kernel.name, nb.kernel.name)
+        if na.kernel.name != nb.kernel.name:
+            rebuilt = na.kernel.across_builds == nb.kernel.across_builds
+            changes.append(FieldChange("kernel", na.kernel.name, nb.kernel.name, REBUILT if rebuilt else "kernel"))
         check("image", na.kernel.image, nb.kernel.image)
         check("grid", na.launch.grid, nb.launch.grid)
         check("block", na.launch.block, nb.launch.block)
