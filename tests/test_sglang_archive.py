@@ -24,7 +24,7 @@ from foundry.runtime.validate import check_modules
 
 from .archive_tools import edit_graph
 from .conftest import FIXTURES
-from .test_tui import SIZE, app_for, pilot_test, plain, press, settle
+from .test_tui import SIZE, app_for, pilot_test, plain, press, settle, status
 
 SGLANG = FIXTURES / "sglang-decode"
 # SGLang's own kernels, which it compiles with nvcc at run time (tvm-ffi), and its triton attention
@@ -81,15 +81,20 @@ def _rename(ir, old: str, new: str, image: str | None = None) -> None:
             ir.replace_node(msgspec.structs.replace(node, kernel=kernel))
 
 
-def test_diff_names_a_kernel_rebuilt_from_the_same_source(archive_copy):
-    """Two SAVEs, each with SGLang's kernels compiled on its own, differed on the H200 test
-    machine only in nvcc's anonymous-namespace ids and the images: the diff says so."""
+def _rebuilt_copy(archive_copy):
+    """The SGLang archive with its KV-cache store kernel as another compilation names it."""
     path = archive_copy("sglang-decode")
     store = next(n for n in Archive.open(SGLANG).graph(0, "decode.bs2").kernels() if "store_kvcache" in n.kernel.name)
     anonymous = store.kernel.name.split("_GLOBAL__N__")[1][:8]
-    edit_graph(
-        path, "decode.bs2", lambda ir: _rename(ir, f"_GLOBAL__N__{anonymous}_", "_GLOBAL__N__0badc0de_", "f" * 64)
-    )
+    rebuilt = f"_GLOBAL__N__{anonymous}_", "_GLOBAL__N__0badc0de_"  # the id another compilation drew
+    edit_graph(path, "decode.bs2", lambda ir: _rename(ir, *rebuilt, image="f" * 64))
+    return path
+
+
+def test_diff_names_a_kernel_rebuilt_from_the_same_source(archive_copy):
+    """Two SAVEs, each with SGLang's kernels compiled on its own, differed on the H200 test
+    machine only in nvcc's anonymous-namespace ids and the images: the diff says so."""
+    path = _rebuilt_copy(archive_copy)
     d = diff_archives(Archive.open(SGLANG), Archive.open(path))
     (graph,) = [g for g in d.graphs if g.status is not Status.SAME]
     assert graph.name == "decode.bs2" and not graph.edges_only_a and not graph.edges_only_b
@@ -127,3 +132,12 @@ async def test_tui_browses_sglangs_graphs_and_summary():
         launches = sum(e.nodes for e in archive.entries(0))
         assert f"Kernel histogram: {launches} launches of" in text and "(anon)::store_kvcache<...>" in text
         assert "Collectives by kind: none" in text and "module images were stripped" in text  # lint ran too
+
+
+@pilot_test
+async def test_tui_diff_says_how_many_kernels_were_rebuilt(archive_copy):
+    app = app_for(SGLANG, _rebuilt_copy(archive_copy))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert status(app).startswith("archives differ: 4 graphs (3 same, 1 changed")
+        assert status(app).endswith("; 1 kernel(s) rebuilt from the same source")

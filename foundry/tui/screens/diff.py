@@ -117,7 +117,10 @@ class DiffScreen(Screen):
         summary = ", ".join(f"{n} {STATUS_TEXT[s][0]}" for s, n in counts.items())
         env = f"{len(diff.environment)} environment difference(s)" if diff.environment else "environment matches"
         verdict = "identical" if diff.identical else "archives differ"
-        self.query_one(StatusLine).say(f"{verdict}: {len(diff.graphs)} graphs ({summary}); {env}")
+        rebuilt = (
+            f"; {len(diff.rebuilt_kernels)} kernel(s) rebuilt from the same source" if diff.rebuilt_kernels else ""
+        )
+        self.query_one(StatusLine).say(f"{verdict}: {len(diff.graphs)} graphs ({summary}); {env}{rebuilt}")
         first = next((i for i, g in enumerate(diff.graphs) if g.status is not Status.SAME), 0)
         if diff.graphs:
             graphs.go_to(first)
