@@ -386,15 +386,14 @@ def _judge_warmup_skip(session: Any) -> str:
     from foundry.integrations.sglang import warmup_skip
 
     assert _state is not None
-    if _state.recording_error is not None:
-        return f"unknown: {_state.recording_error}"
-    recorded = warmup_skip.stop_recording(session.device)
-    if isinstance(recorded, str):
-        return f"unknown: {recorded}"
+    irs = [ir for ir, _ in session.entries]
+    recorded = _state.recording_error or warmup_skip.stop_recording(session.device)
+    if isinstance(recorded, str):  # never recorded, or unreadable: the verdict says why
+        return warmup_skip.verdict(irs, recorded)
     blocks, segments = recorded
     info = session.hook.region()
     foreign = warmup_skip.foreign_allocations(session.hook.trace(), session.warmup_start[1], info.base, segments)
-    return warmup_skip.verdict([ir for ir, _ in session.entries], sorted(blocks + foreign))
+    return warmup_skip.verdict(irs, sorted(blocks + foreign))
 
 
 def _check_restored(report: dict[str, Any]) -> None:
