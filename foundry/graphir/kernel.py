@@ -37,19 +37,14 @@ class KernelIdentity(msgspec.Struct, frozen=True, gc=False, forbid_unknown_field
 
     @property
     def across_builds(self) -> str:
-        """The mangled name as every build of its source spells it (see :func:`across_builds`)."""
-        return across_builds(self.name)
+        """The mangled name with nvcc's per-compilation anonymous-namespace ids masked: equal
+        for the same kernel compiled twice, as a JIT compiler does on every machine."""
+        return _ANONYMOUS_NAMESPACE_ID.sub("_GLOBAL__N__*_", self.name)
 
 
 # nvcc names an anonymous namespace after its file and an id drawn anew at each compilation
 # (``_GLOBAL__N__2e61af97_7_cuda_cu_b52d24f4``): two builds of one source differ there alone
 _ANONYMOUS_NAMESPACE_ID = re.compile(r"_GLOBAL__N__[0-9a-f]{8}_")
-
-
-def across_builds(name: str) -> str:
-    """``name`` with nvcc's per-compilation anonymous-namespace ids masked: equal for the
-    same kernel compiled twice, as a JIT compiler does on every machine."""
-    return _ANONYMOUS_NAMESPACE_ID.sub("_GLOBAL__N__*_", name)
 
 
 def _opening(text: str, close: str, open_: str) -> int | None:
