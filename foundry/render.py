@@ -217,11 +217,12 @@ def render_diff(console: Console, d: ArchiveDiff) -> None:
             console.print(f"  [red]- edge A {src} -> {dst}[/red]")
         for src, dst in g.edges_only_b:
             console.print(f"  [green]+ edge B {src} -> {dst}[/green]")
-    if d.rebuilt_kernels:
-        console.print(f"\n{len(d.rebuilt_kernels)} kernel(s) differ only in nvcc's per-compilation anonymous-namespace "
+    rebuilt = d.rebuilt_kernels  # derived from every node change: read once
+    if rebuilt:
+        console.print(f"\n{len(rebuilt)} kernel(s) differ only in nvcc's per-compilation anonymous-namespace "
                       f"id: the same source built twice, as a JIT compiler does on each machine (SGLang's own "
                       f"kernels do). SAVE both archives with one build to compare them: "
-                      f"{', '.join(d.rebuilt_kernels)}", markup=False)  # fmt: skip
+                      f"{', '.join(rebuilt)}", markup=False)  # fmt: skip
     console.print("\n" + ("identical" if d.identical else "archives differ"))
 
 
