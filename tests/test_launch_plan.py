@@ -225,6 +225,51 @@ def test_images_loaded_ahead_are_bound_once_and_released_on_failure(tmp_path, ho
     assert calls.count("cuLibraryUnload") == 2 and not functions.loaded
 
 
+def test_images_loaded_ahead_on_a_thread_use_the_callers_context(tmp_path, hook_library, monkeypatch):
+    """LOAD starts loading the archived images while it reads the plans and maps the
+    region: every load runs off the calling thread, in the context the caller had
+    current; a corrupted image is refused through the future. The driver is stood in
+    for, as above."""
+    import itertools
+    import threading
+
+    from foundry.runtime import functions as functions_module
+    from foundry.runtime.functions import ArchiveFunctions
+    from foundry.runtime.hook import Hook
+
+    handles, calls = itertools.count(0x1000), []
+    current = threading.local()
+
+    def driver_call(name, *args):
+        calls.append((name, threading.get_ident(), args))
+        if name == "cuCtxSetCurrent":
+            current.context = args[0]
+        if name == "cuCtxGetCurrent":
+            return getattr(current, "context", "caller's context" if threading.get_ident() == main else None)
+        return next(handles) if name == "cuLibraryLoadData" else None
+
+    main = threading.get_ident()
+    monkeypatch.setattr(functions_module, "cu", driver_call)
+    monkeypatch.setattr(functions_module, "driver", lambda: SimpleNamespace(CUlibrary=lambda h: h))
+    blobs = (b"\x7fELF" + bytes(300), b"\x7fELF" + bytes(500))
+    archive = write_archive(tmp_path / "a", [Archive.open(SAVE_A).graph(0, "sample.bs8")], like=SAVE_A, modules=blobs)
+    shas = {b.sha256 for b in archive.catalog.modules.blobs}
+    loaded, seconds = ArchiveFunctions(Hook.open_library(hook_library), archive, None).prefetch_ahead(shas).result()
+    assert loaded == 2 and seconds >= 0
+    loads = [thread for name, thread, _ in calls if name == "cuLibraryLoadData"]
+    assert len(loads) == 2 and main not in loads
+    assert {args[0] for name, _, args in calls if name == "cuCtxSetCurrent"} == {"caller's context"}
+
+    victim = sorted(shas)[1]
+    (tmp_path / "a" / "modules" / f"{victim}.bin").write_bytes(b"\x7fELF" + bytes(499) + b"!")
+    calls.clear()
+    with pytest.raises(ArchiveError):
+        ArchiveFunctions(Hook.open_library(hook_library), Archive.open(tmp_path / "a"), None).prefetch_ahead(
+            shas
+        ).result()
+    assert not [name for name, _, _ in calls if name == "cuLibraryLoadData"]
+
+
 def test_inspect_says_which_graphs_have_launch_plans(tmp_path):
     import json
     import subprocess

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from foundry.archive.reader import Archive
@@ -54,20 +55,34 @@ class ArchiveFunctions:
             self._functions[key] = self._lookup(kind, handle, kernel)
         return self._functions[key]
 
-    def prefetch(self, images: set[str], *, threads: int = 8) -> int:
+    def prefetch_ahead(self, images: set[str]) -> Future[tuple[int, float]]:
+        """:meth:`prefetch` on a thread of its own, in the calling thread's context, while
+        that thread goes on; the future gives how many images were loaded, and the seconds
+        it took. Wait for it before anything binds or :meth:`release` runs."""
+        context = cu("cuCtxGetCurrent")
+
+        def run() -> tuple[int, float]:
+            begun = time.perf_counter()
+            return self.prefetch(images, context=context), time.perf_counter() - begun
+
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="foundry-images")
+        future = pool.submit(run)
+        pool.shutdown(wait=False)
+        return future
+
+    def prefetch(self, images: set[str], *, threads: int = 8, context: Any = None) -> int:
         """Read and check, then load, the archived images that have no live copy, several
         at a time: reading and hashing release the interpreter lock, and the driver loads
         libraries on several threads at once. Every image is checked before the driver
         sees any; device globals are checked when a kernel binds (:meth:`_image`).
+        ``context``: where to load them (default: the calling thread's current context).
         Returns how many were loaded."""
-        from concurrent.futures import ThreadPoolExecutor
-
         wanted = sorted(s for s in images if s not in self._images and self._live_copy(s) is None)
         if not wanted:
             return 0
         with ThreadPoolExecutor(max_workers=max(1, min(threads, len(wanted)))) as pool:
             blobs = list(pool.map(self.archive.module, wanted))  # each checked against its sha256
-            context = cu("cuCtxGetCurrent")
+            context = context or cu("cuCtxGetCurrent")
             futures = [pool.submit(self._load, blob, context) for blob in blobs]
         errors = [f.exception() for f in futures if f.exception() is not None]
         if errors:  # nothing half-loaded stays behind a refusal

@@ -8,6 +8,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import wait
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -269,11 +270,9 @@ class LoadSession(Session):
                 identity = KernelIdentity(kernel.name, kernel.image)
                 check_image(identity, known, path=entry.name)
                 self._refuse_unclaimed(entry.name, identity)
-        plans = [(e.name, self.archive.rank_blob(self.rank, e.plan.file, sha256=e.plan.sha256, size=e.plan.size,
-                                                 what="launch plan"), e.plan) for e in entries]  # fmt: skip
-        self._map_region(region, overlap=True)
-        mapped = time.perf_counter()
         functions = ArchiveFunctions(self.hook, self.archive, {r.sha256: r for r in self.record.images})
+        # the archived images load on threads while the plans are read and the region mapped
+        prefetching = functions.prefetch_ahead({k.image for e in entries for k in e.plan.kernels})
         applied: set[int] = set()
         resolving = [0.0]  # seconds spent binding kernels (finding live images, loading archived ones)
 
@@ -288,13 +287,17 @@ class LoadSession(Session):
         background = self.instantiate == "background"
         built: list[tuple[Any, Any]] = []
         try:
-            begun = time.perf_counter()
-            prefetched = functions.prefetch({k.image for _, _, plan in plans for k in plan.kernels})
-            prefetch_s = time.perf_counter() - begun
+            plans = [(e.name, self.archive.rank_blob(self.rank, e.plan.file, sha256=e.plan.sha256, size=e.plan.size,
+                                                     what="launch plan"), e.plan) for e in entries]  # fmt: skip
+            self._map_region(region, overlap=True)
+            mapped = time.perf_counter()
+            prefetched, prefetch_s = prefetching.result()
+            waited = time.perf_counter() - mapped
             built = build_plans(self.hook.lib, plans, function, bounds, threads=self.build_threads,
                                 instantiate=not background)  # fmt: skip
             self._finish_warmup_bytes()
         except BaseException:
+            wait([prefetching])  # its loads are released below
             self._finish_warmup_bytes(quiet=True)  # the first error is the one to report
             for graph, graph_exec in built:  # what a failed LOAD built goes with it
                 BuiltGraph(graph, graph_exec, []).destroy()
@@ -315,6 +318,7 @@ class LoadSession(Session):
             instantiate=self.instantiate,
             functions_s=resolving[0],
             prefetch_s=prefetch_s,
+            prefetch_wait_s=waited,
             prefetched_images=prefetched,
             map_s=mapped - started,
             build_s=time.perf_counter() - mapped,
