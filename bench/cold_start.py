@@ -11,7 +11,9 @@ the program has its graphs, ``inst. s`` until the last one is instantiated). Wei
 allocated and filled before the timed part in every run, so they are excluded
 from both sides. Each run reports its
 warm-up time, the time to get its graphs (capture or restore), per-graph
-rebuild cost, and the median replay time of every graph in the same process.
+rebuild cost, and the median replay time of every graph in the same process,
+on an idle stream (``replay x``: the host's launch counted) and behind a sleep
+kernel (``busy x``: the GPU's execution alone), each relative to the capture.
 Writes bench/out/cold_start.json and prints a table. Pin the JIT caches
 (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR) and run once before measuring: the
 cache state is reported with the figures.
@@ -69,6 +71,10 @@ def summarize(results: dict) -> dict:
         ratios = [r["replay"][k] / base_replay[k] for k in base_replay if k in r["replay"]]
         row["replay_ratio_median"] = statistics.median(ratios)
         row["replay_ratio_max"] = max(ratios)
+        busy, base_busy = r.get("replay_busy", {}), capture.get("replay_busy", {})
+        busy_ratios = [busy[k] / base_busy[k] for k in base_busy if k in busy]
+        if busy_ratios:  # the GPU's execution alone, the host's launch not counted
+            row["busy_ratio_median"] = statistics.median(busy_ratios)
         keys = ("builder", "build_threads", "templates", "decode_s", "map_s", "map_to_s", "warmup_bytes",
                 "warmup_read_s", "warmup_copy_s", "build_s", "functions_s", "prefetch_s",
                 "native_timing", "bound_live", "loaded_images", "instantiate", "instantiated_s")  # fmt: skip
@@ -113,14 +119,15 @@ def main(argv: list[str] | None = None) -> int:
         "jit_cache": {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")},
     }
     (args.out / "cold_start.json").write_text(json.dumps(record, indent=1) + "\n")
-    print(f"{'run':22} {'warm-up s':>9} {'graphs s':>9} {'total s':>8} {'ms/graph':>9} {'replay x':>9} {'inst. s':>8}")
+    print(f"{'run':22} {'warm-up s':>9} {'graphs s':>9} {'total s':>8} {'ms/graph':>9} {'replay x':>9} "
+          f"{'busy x':>7} {'inst. s':>8}")  # fmt: skip
     nan = float("nan")
     for name, row in rows.items():
         if "failed" in row:
             print(f"{name:22} failed: {row['failed']}")
             continue
         print(f"{name:22} {row['warmup_s']:9.3f} {row['graphs_s']:9.3f} {row['total_s']:8.3f} "
-              f"{row['per_graph_ms']:9.2f} {row['replay_ratio_median']:9.4f} "
+              f"{row['per_graph_ms']:9.2f} {row['replay_ratio_median']:9.4f} {row.get('busy_ratio_median', nan):7.4f} "
               f"{row.get('instantiated_s', nan):8.3f}")  # fmt: skip
     print_breakdown(rows)
     return 0

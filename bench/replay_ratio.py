@@ -40,22 +40,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "recipes" / "torch"))
 
 
-def median_ms(launch, *, busy: bool, repeats: int) -> float:
-    import torch
-
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        if busy:  # the GPU is still sleeping when the launch is queued: only execution is timed
-            torch.cuda._sleep(2_000_000)
-        start.record()
-        launch()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def structure(handle) -> dict:
     """Node kinds, edge count and kernel launch attributes of a live graph."""
     from foundry.cuda import cu
@@ -129,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     from decoder import CONFIGS, Decoder
+    from timing import median_ms
 
     from foundry.cuda import cu, driver
     from foundry.errors import HookError

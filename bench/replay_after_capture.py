@@ -1,0 +1,75 @@
+"""Restored graphs' replay time before and after the LOAD process captures with torch.
+
+    python -m foundry run --mode save --save-runs 1 --archive A -- \
+        python recipes/torch/run.py --bench --config qwen3-0.6b --batches 1,64,256 --out save.json
+    FOUNDRY_LOAD_CAPTURES=allow python -m foundry run --mode load --warmup restore --builder native \
+        --archive A -- python bench/replay_after_capture.py --bench --config qwen3-0.6b \
+        --batches 1,64,256 --out load.json
+
+Runs recipes/torch/run.py (its arguments are passed through) and, where the
+recipe would time its replays, first times the restored graphs of batch sizes 1,
+64 and 256; then captures the recipe's decode step with torch, one batch size
+after another (bench/cold_start.py's 36), and times the restored graphs again
+after 1, 4, 12 and 36 captures, beside torch's own graphs of those batch sizes.
+Every time is the median of 20 replays behind a sleep kernel: the GPU's
+execution alone. bench/cold_start.py compares restored graphs with the graphs of
+another process, which captured; this compares them in one process, before and
+after it captures. Prints a table; the recipe's report is written as usual.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "recipes" / "torch"))
+
+import run  # noqa: E402  (recipes/torch/run.py)
+from timing import median_ms  # noqa: E402
+
+TIMED = (1, 64, 256)
+REPORT_AFTER = (1, 4, 12, 36)
+decoders: list = []
+
+
+class RecordedDecoder(run.Decoder):
+    """The recipe's decoder, kept for capturing its step once the graphs are restored."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        decoders.append(self)
+
+
+def row(label: str, graphs: dict) -> None:
+    """One line: each timed batch size's median, or ``-`` where ``graphs`` has none yet."""
+    cells = [f"{median_ms(graphs[bs].replay, busy=True, repeats=20):8.3f}" if bs in graphs else f"{'-':>8}"
+             for bs in TIMED]  # fmt: skip
+    print(f"{label:44} {' '.join(cells)}", flush=True)
+
+
+def time_then_capture(graphs: dict, *args, **kwargs) -> dict:
+    import torch
+
+    from foundry.runtime.capture import capture
+
+    print(f"{'bs ' + ', '.join(map(str, TIMED)) + ': ms, GPU execution':44}")
+    row("restored, before any capture", graphs)
+    model, captured = decoders[0], {}
+    ids = torch.zeros(model.cache.shape[2], dtype=torch.long, device="cuda")
+    pos = torch.zeros_like(ids)
+    for count, bs in enumerate(run.BENCH_BATCHES, start=1):
+        captured[bs] = capture(lambda bs=bs: model.step(ids[:bs], pos[:bs]))[0]
+        captured[bs].replay()
+        if count in REPORT_AFTER:
+            row(f"restored, after {count} torch captures", graphs)
+            row("  torch's graphs of the same sizes", captured)
+    return untimed(graphs, *args, **kwargs)
+
+
+untimed = run.time_replays
+run.Decoder = RecordedDecoder
+run.time_replays = time_then_capture
+
+if __name__ == "__main__":
+    sys.exit(run.main())
