@@ -249,6 +249,17 @@ def test_restoring_warmup_bytes_needs_them_in_the_archive():
         LoadSession(SAVE_A, warmup="sometimes")
 
 
+def test_a_load_session_takes_an_archive_its_caller_opened():
+    """The SGLang plugin reads SAVE's verdict before the session starts, and hands the
+    session the archive it opened rather than having it read the catalog again."""
+    opened = Archive.open(SAVE_A)
+    session = LoadSession(opened)
+    assert session.archive is opened and session.record == opened.session(0)
+    with pytest.raises(DriftError) as err:
+        LoadSession(opened, warmup="restore")
+    assert err.value.field == "region.warmup_bytes"
+
+
 def test_save_keeps_warmup_bytes_up_to_the_first_capture_or_to_finish(tmp_path):
     from foundry.runtime.save import SaveSession
 

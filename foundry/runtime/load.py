@@ -43,7 +43,7 @@ class LoadSession(Session):
 
     def __init__(
         self,
-        archive: str | Path,
+        archive: str | Path | Archive,
         *,
         device: int = 0,
         rank: int = 0,
@@ -57,7 +57,7 @@ class LoadSession(Session):
         super().__init__(device=device)
         if warmup not in WARMUP_MODES:
             raise FoundryError("unknown warm-up mode", field="warmup", expected=WARMUP_MODES, found=warmup)
-        self.archive = Archive.open(archive)
+        self.archive = archive if isinstance(archive, Archive) else Archive.open(archive)  # opened by a caller
         self.rank = rank
         self.record = self.archive.session(rank)
         self.warmup_mode = warmup

@@ -179,12 +179,13 @@ def _on_scheduler_start(*args: Any, **kwargs: Any) -> None:
         session: Any = SaveSession(config.archive, device=device, rank=rank, model=live, warmup_bytes_until="finish",
                                    overwrite=os.environ.get("FOUNDRY_OVERWRITE") == "1")  # fmt: skip
     else:
-        options = load_options()
-        if options["warmup"] == "restore":  # before the session, which would refuse the missing bytes less clearly
-            from foundry.archive.reader import Archive
+        from foundry.archive.reader import Archive
 
-            check_warmup_skip(Archive.open(config.archive).catalog.model)
-        session = LoadSession(config.archive, device=device, rank=rank, **options)
+        options = load_options()
+        archive = Archive.open(config.archive)
+        if options["warmup"] == "restore":  # before the session, which would refuse the missing bytes less clearly
+            check_warmup_skip(archive.catalog.model)
+        session = LoadSession(archive, device=device, rank=rank, **options)
         check_server_args(session.archive.catalog.model, live)
     session.start()
     _state = SchedulerState(config, session, rank)
