@@ -3,8 +3,9 @@
     python bench/replay_drift.py [--config qwen3-0.6b] [--out FILE]
 
 bench/cold_start.py found restored graphs replaying ~0.7 ms faster than the
-graphs of a process that warmed up and captured 36 batch sizes, while a process
-that captured one batch size replayed as fast as LOAD. Plain torch, no hook:
+graphs of a process that warmed up and captured 36 batch sizes (a process with
+max batch 1, capturing its one batch size, replayed as fast as LOAD). Plain
+torch, no hook, max batch 256:
 this bench captures the recipe's bs-1 decode graph first and times it again
 after each step a capture process takes:
 
