@@ -76,7 +76,7 @@ def summarize(results: dict) -> dict:
         if busy_ratios:  # the GPU's execution alone, the host's launch not counted
             row["busy_ratio_median"] = statistics.median(busy_ratios)
         keys = ("builder", "build_threads", "templates", "decode_s", "map_s", "map_to_s", "warmup_bytes",
-                "warmup_read_s", "warmup_copy_s", "build_s", "functions_s", "prefetch_s",
+                "warmup_read_s", "warmup_copy_s", "build_s", "functions_s", "prefetch_s", "prefetch_wait_s",
                 "native_timing", "bound_live", "loaded_images", "instantiate", "instantiated_s")  # fmt: skip
         for key in keys:
             if key in s:
@@ -139,6 +139,7 @@ BREAKDOWN = (
     "warmup_read_s",
     "warmup_copy_s",
     "prefetch_s",
+    "prefetch_wait_s",
     "functions_s",
     "nodes_s",
     "instantiate_s",
@@ -149,6 +150,7 @@ HEADINGS = {
     "map_to_s": "map_to",
     "warmup_read_s": "warm read",
     "warmup_copy_s": "warm copy",
+    "prefetch_wait_s": "prefetch wait",
     "nodes_s": "nodes (sum)",
     "instantiate_s": "inst. (sum)",
     "build_s": "build (total)",
@@ -162,8 +164,9 @@ def print_breakdown(rows: dict) -> None:
     if not native:
         return
     # nodes and instantiate are the hook's counters, summed over build threads; the rest
-    # is wall time. map holds map_to and the warm-up bytes' read and copy (and reading the
-    # plans); build holds prefetch, functions, nodes and instantiate
+    # is wall time. map holds reading the plans and map_to (the warm-up bytes' read and
+    # copy run on a thread beside it, and prefetch on another); build holds prefetch wait
+    # (what was left of prefetch once map was done), functions, nodes and instantiate
     print(f"\n{'LOAD breakdown (s)':22}" + "".join(f"{HEADINGS.get(key, key[:-2]):>14}" for key in BREAKDOWN))
     for name, row in native.items():
         print(f"{name:22}" + "".join(f"{row.get(key, float('nan')):14.3f}" for key in BREAKDOWN))

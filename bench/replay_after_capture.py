@@ -10,11 +10,13 @@ Runs recipes/torch/run.py (its arguments are passed through) and, where the
 recipe would time its replays, first times the restored graphs of batch sizes 1,
 64 and 256; then captures the recipe's decode step with torch, one batch size
 after another (bench/cold_start.py's 36), and times the restored graphs again
-after 1, 4, 12 and 36 captures, beside torch's own graphs of those batch sizes.
-Every time is the median of 20 replays behind a sleep kernel: the GPU's
+after 1, 4, 12 and 36 captures (and after the last), beside torch's own graphs
+of those batch sizes. Every time is the median of 20 replays behind a sleep kernel: the GPU's
 execution alone. bench/cold_start.py compares restored graphs with the graphs of
 another process, which captured; this compares them in one process, before and
-after it captures. Prints a table; the recipe's report is written as usual.
+after it captures. Prints a table. The recipe then times its replays and writes
+its report as usual, after the captures: its times are the slower ones.
+Batch sizes above the recipe's largest are not captured.
 """
 
 from __future__ import annotations
@@ -58,16 +60,17 @@ def time_then_capture(graphs: dict, *args, **kwargs) -> dict:
     model, captured = decoders[0], {}
     ids = torch.zeros(model.cache.shape[2], dtype=torch.long, device="cuda")
     pos = torch.zeros_like(ids)
-    for count, bs in enumerate(run.BENCH_BATCHES, start=1):
+    sizes = [bs for bs in run.BENCH_BATCHES if bs <= len(ids)]
+    for count, bs in enumerate(sizes, start=1):
         captured[bs] = capture(lambda bs=bs: model.step(ids[:bs], pos[:bs]))[0]
         captured[bs].replay()
-        if count in REPORT_AFTER:
+        if count in REPORT_AFTER or count == len(sizes):
             row(f"restored, after {count} torch captures", graphs)
             row("  torch's graphs of the same sizes", captured)
-    return untimed(graphs, *args, **kwargs)
+    return recipe_timing(graphs, *args, **kwargs)
 
 
-untimed = run.time_replays
+recipe_timing = run.time_replays
 run.Decoder = RecordedDecoder
 run.time_replays = time_then_capture
 

@@ -16,7 +16,7 @@ import pytest
 from foundry.archive import Archive
 from foundry.archive.rewrite import rewrite_graphs
 from foundry.archive.schema import LaunchPlan
-from foundry.errors import ArchiveError, IRError
+from foundry.errors import ArchiveError, HookError, IRError
 from foundry.runtime.launch_plan import check_plan, make_plan, plannable
 from foundry.runtime.load import LoadSession
 
@@ -228,8 +228,8 @@ def test_images_loaded_ahead_are_bound_once_and_released_on_failure(tmp_path, ho
 def test_images_loaded_ahead_on_a_thread_use_the_callers_context(tmp_path, hook_library, monkeypatch):
     """LOAD starts loading the archived images while it reads the plans and maps the
     region: every load runs off the calling thread, in the context the caller had
-    current; a corrupted image is refused through the future. The driver is stood in
-    for, as above."""
+    current; a corrupted image is refused through the future, and a thread with no
+    context current at once. The driver is stood in for, as above."""
     import itertools
     import threading
 
@@ -245,10 +245,10 @@ def test_images_loaded_ahead_on_a_thread_use_the_callers_context(tmp_path, hook_
         if name == "cuCtxSetCurrent":
             current.context = args[0]
         if name == "cuCtxGetCurrent":
-            return getattr(current, "context", "caller's context" if threading.get_ident() == main else None)
+            return getattr(current, "context", caller_context if threading.get_ident() == main else 0)
         return next(handles) if name == "cuLibraryLoadData" else None
 
-    main = threading.get_ident()
+    main, caller_context = threading.get_ident(), 0xC0
     monkeypatch.setattr(functions_module, "cu", driver_call)
     monkeypatch.setattr(functions_module, "driver", lambda: SimpleNamespace(CUlibrary=lambda h: h))
     blobs = (b"\x7fELF" + bytes(300), b"\x7fELF" + bytes(500))
@@ -258,7 +258,7 @@ def test_images_loaded_ahead_on_a_thread_use_the_callers_context(tmp_path, hook_
     assert loaded == 2 and seconds >= 0
     loads = [thread for name, thread, _ in calls if name == "cuLibraryLoadData"]
     assert len(loads) == 2 and main not in loads
-    assert {args[0] for name, _, args in calls if name == "cuCtxSetCurrent"} == {"caller's context"}
+    assert {args[0] for name, _, args in calls if name == "cuCtxSetCurrent"} == {0xC0}
 
     victim = sorted(shas)[1]
     (tmp_path / "a" / "modules" / f"{victim}.bin").write_bytes(b"\x7fELF" + bytes(499) + b"!")
@@ -268,6 +268,10 @@ def test_images_loaded_ahead_on_a_thread_use_the_callers_context(tmp_path, hook_
             shas
         ).result()
     assert not [name for name, _, _ in calls if name == "cuLibraryLoadData"]
+
+    caller_context = 0  # no context current on the restoring thread: refused there, nothing loaded
+    with pytest.raises(HookError, match="no CUDA context is current"):
+        ArchiveFunctions(Hook.open_library(hook_library), archive, None).prefetch_ahead(shas)
 
 
 def test_inspect_says_which_graphs_have_launch_plans(tmp_path):

@@ -255,6 +255,7 @@ def test_a_load_session_takes_an_archive_its_caller_opened():
     opened = Archive.open(SAVE_A)
     session = LoadSession(opened)
     assert session.archive is opened and session.record == opened.session(0)
+    assert session.report["archive"] == LoadSession(SAVE_A).report["archive"] == str(opened.root)
     with pytest.raises(DriftError) as err:
         LoadSession(opened, warmup="restore")
     assert err.value.field == "region.warmup_bytes"

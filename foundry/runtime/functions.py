@@ -60,6 +60,8 @@ class ArchiveFunctions:
         that thread goes on; the future gives how many images were loaded, and the seconds
         it took. Wait for it before anything binds or :meth:`release` runs."""
         context = cu("cuCtxGetCurrent")
+        if not handle_value(context):  # the loads would go nowhere, on threads that cannot say so
+            raise HookError("no CUDA context is current on the thread that restores the graphs")
 
         def run() -> tuple[int, float]:
             begun = time.perf_counter()
@@ -82,7 +84,7 @@ class ArchiveFunctions:
             return 0
         with ThreadPoolExecutor(max_workers=max(1, min(threads, len(wanted)))) as pool:
             blobs = list(pool.map(self.archive.module, wanted))  # each checked against its sha256
-            context = context or cu("cuCtxGetCurrent")
+            context = cu("cuCtxGetCurrent") if context is None else context
             futures = [pool.submit(self._load, blob, context) for blob in blobs]
         errors = [f.exception() for f in futures if f.exception() is not None]
         if errors:  # nothing half-loaded stays behind a refusal

@@ -88,7 +88,7 @@ class LoadSession(Session):
         self.attached: dict[str, dict[str, Any]] = {}  # backend name -> live facts
         self.live_base: int | None = None  # the region's base in this process, once start() reserved it
         self.graphs: dict[str, RestoredGraph] | None = None
-        self.report: dict[str, Any] = {"mode": "load", "archive": str(archive), "warmup": warmup}
+        self.report: dict[str, Any] = {"mode": "load", "archive": str(self.archive.root), "warmup": warmup}
         self.native_timing: dict[str, float] = {}
         self._owners: dict[str, Any] = {}  # region name -> its backend in this process (see _owner)
 
@@ -271,8 +271,6 @@ class LoadSession(Session):
                 check_image(identity, known, path=entry.name)
                 self._refuse_unclaimed(entry.name, identity)
         functions = ArchiveFunctions(self.hook, self.archive, {r.sha256: r for r in self.record.images})
-        # the archived images load on threads while the plans are read and the region mapped
-        prefetching = functions.prefetch_ahead({k.image for e in entries for k in e.plan.kernels})
         applied: set[int] = set()
         resolving = [0.0]  # seconds spent binding kernels (finding live images, loading archived ones)
 
@@ -286,7 +284,10 @@ class LoadSession(Session):
         bounds = (region.base, region.base + region.final_offset)  # plans are used only at SAVE's base
         background = self.instantiate == "background"
         built: list[tuple[Any, Any]] = []
+        prefetching = None
         try:
+            # the archived images load on threads while the plans are read and the region mapped
+            prefetching = functions.prefetch_ahead({k.image for e in entries for k in e.plan.kernels})
             plans = [(e.name, self.archive.rank_blob(self.rank, e.plan.file, sha256=e.plan.sha256, size=e.plan.size,
                                                      what="launch plan"), e.plan) for e in entries]  # fmt: skip
             self._map_region(region, overlap=True)
@@ -297,7 +298,8 @@ class LoadSession(Session):
                                 instantiate=not background)  # fmt: skip
             self._finish_warmup_bytes()
         except BaseException:
-            wait([prefetching])  # its loads are released below
+            if prefetching is not None:
+                wait([prefetching])  # its loads are released below
             self._finish_warmup_bytes(quiet=True)  # the first error is the one to report
             for graph, graph_exec in built:  # what a failed LOAD built goes with it
                 BuiltGraph(graph, graph_exec, []).destroy()
