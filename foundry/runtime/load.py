@@ -286,7 +286,9 @@ class LoadSession(Session):
         built: list[tuple[Any, Any]] = []
         prefetching = None
         try:
-            # the archived images load on threads while the plans are read and the region mapped
+            # the archived images load on threads while the plans are read and the region mapped,
+            # in the context torch makes current here (it may not be yet on this thread)
+            torch.cuda.synchronize()
             prefetching = functions.prefetch_ahead({k.image for e in entries for k in e.plan.kernels})
             plans = [(e.name, self.archive.rank_blob(self.rank, e.plan.file, sha256=e.plan.sha256, size=e.plan.size,
                                                      what="launch plan"), e.plan) for e in entries]  # fmt: skip
