@@ -115,10 +115,11 @@ def test_words_holding_host_addresses_are_the_processs_own(monkeypatch):
     from foundry.archive.schema import ImageRecord
     from foundry.errors import DriftError
     from foundry.runtime import module_globals as mg
+    from foundry.runtime.definedness import AddressRanges
 
-    save_host, live_host = [(0x7FFC_0000_0000, 0x7FFD_0000_0000)], [(0x7F19_0000_0000, 0x7F1A_0000_0000)]
-
-    save_host.insert(0, (0x40_0000, 0x200_0000))  # a heap at a few MiB (no PIE, no randomisation)
+    save_host = AddressRanges([(0x7FFC_0000_0000, 0x7FFD_0000_0000),
+                               (0x40_0000, 0x200_0000)])  # a heap at a few MiB (no PIE, no randomisation)  # fmt: skip
+    live_host = AddressRanges([(0x7F19_0000_0000, 0x7F1A_0000_0000)])
 
     def state(pinned: int, heap: int) -> bytes:  # 0x1000000: a size that lies inside that heap
         return b"".join(w.to_bytes(8, "little") for w in (2, pinned, heap, 0x1000000))
@@ -164,8 +165,8 @@ def test_host_words_come_from_host_accessible_ranges_only():
 
     maps = ("600000000000-600400000000 ---p 00000000 00:00 0\n"
             "7ffccff00000-7ffccff40000 rw-s 00000000 00:05 12 /dev/nvidiactl\n")  # fmt: skip
-    assert host_ranges(maps) == [(0x600000000000, 0x600400000000), (0x7FFCCFF00000, 0x7FFCCFF40000)]
-    assert host_ranges(maps, accessible=True) == [(0x7FFCCFF00000, 0x7FFCCFF40000)]
+    assert host_ranges(maps).ranges == [(0x600000000000, 0x600400000000), (0x7FFCCFF00000, 0x7FFCCFF40000)]
+    assert host_ranges(maps, accessible=True).ranges == [(0x7FFCCFF00000, 0x7FFCCFF40000)]
     value = b"".join(w.to_bytes(8, "little") for w in (0x6000_0000_1000, 0x7FFC_CFF2_1E00))
     assert _record("state", value, bytes(16), (), host_ranges(maps, accessible=True)).host_words == (8,)
 

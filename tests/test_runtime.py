@@ -25,7 +25,7 @@ from foundry.graphir.kernel import parameter_types
 from foundry.graphir.operands import OperandSite
 from foundry.graphir.regions import Region, RegionKind
 from foundry.runtime import launcher
-from foundry.runtime.definedness import host_ranges, mark_host_words, mark_undefined, merge_saves
+from foundry.runtime.definedness import AddressRanges, host_ranges, mark_host_words, mark_undefined, merge_saves
 from foundry.runtime.load import LoadSession
 from foundry.runtime.rng import philox_cells
 from foundry.runtime.session import Session, load_options, open_session
@@ -118,6 +118,16 @@ def test_mark_undefined_refuses_two_different_steps(pair):
     a, _ = pair
     with pytest.raises(CaptureError, match="node count"):
         mark_undefined(a.graph(0, "decode.bs1"), a.graph(0, "sample.bs8"))
+
+
+def test_address_ranges_hold_their_starts_and_not_their_ends():
+    ranges = AddressRanges([(0x3000, 0x4000), (0x1000, 0x2000)])  # given unsorted
+    assert ranges.ranges == [(0x1000, 0x2000), (0x3000, 0x4000)]
+    assert [a in ranges for a in (0xFFF, 0x1000, 0x1FFF, 0x2000, 0x3000, 0x3FFF, 0x4000)] == [
+        False, True, True, False, True, True, False]  # fmt: skip
+    assert 0x1000 not in AddressRanges()
+    blocks = AddressRanges.of_blocks([(0x5000, 0x10), (0x100, 0x8)])
+    assert blocks.ranges == [(0x100, 0x108), (0x5000, 0x5010)] and 0x107 in blocks and 0x108 not in blocks
 
 
 def test_words_holding_host_addresses_are_undefined(pair):

@@ -20,6 +20,7 @@ address mapped in the host process is not something a kernel can use.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -123,8 +124,28 @@ def mark_undefined(kept: GraphIR, probe: GraphIR) -> tuple[GraphIR, int]:
     return kept, undefined_bytes
 
 
-def host_ranges(maps: str | None = None, *, accessible: bool = False) -> list[tuple[int, int]]:
-    """The address ranges mapped in this process (``/proc/self/maps``), sorted; with
+class AddressRanges:
+    """Sorted, disjoint ``(start, end)`` address ranges that answer ``address in ranges``
+    by binary search; ``ranges`` lists them."""
+
+    __slots__ = ("_starts", "ranges")
+
+    def __init__(self, ranges: Iterable[tuple[int, int]] = ()) -> None:
+        self.ranges = sorted(ranges)
+        self._starts = [start for start, _ in self.ranges]
+
+    @classmethod
+    def of_blocks(cls, blocks: Iterable[tuple[int, int]]) -> AddressRanges:
+        """The ranges of ``(address, size)`` blocks."""
+        return cls((address, address + size) for address, size in blocks)
+
+    def __contains__(self, address: int) -> bool:
+        i = bisect.bisect_right(self._starts, address) - 1
+        return i >= 0 and address < self.ranges[i][1]
+
+
+def host_ranges(maps: str | None = None, *, accessible: bool = False) -> AddressRanges:
+    """The address ranges mapped in this process (``/proc/self/maps``); with
     ``accessible``, only those the host can read, write or execute: the CUDA driver
     keeps device addresses out of host use with inaccessible (``---p``) reservations."""
     if maps is None:
@@ -137,21 +158,15 @@ def host_ranges(maps: str | None = None, *, accessible: bool = False) -> list[tu
             continue
         start, _, end = span.partition("-")
         ranges.append((int(start, 16), int(end, 16)))
-    return sorted(ranges)
+    return AddressRanges(ranges)
 
 
-def mapped(value: int, ranges: list[tuple[int, int]], starts: list[int]) -> bool:
-    """Whether ``value`` lies in one of the sorted, disjoint ``ranges`` (``starts``: their starts)."""
-    i = bisect.bisect_right(starts, value) - 1
-    return i >= 0 and value < ranges[i][1]
-
-
-def mark_host_words(ir: GraphIR, ranges: list[tuple[int, int]]) -> tuple[GraphIR, int]:
+def mark_host_words(ir: GraphIR, host: AddressRanges) -> tuple[GraphIR, int]:
     """Mark as undefined every 8-byte-aligned parameter word that is not an operand
-    and holds an address mapped in this (host) process: a return address or heap
-    pointer the launcher left behind. Kernels cannot use host addresses the driver
-    does not know; the ones it knows are operands already. Returns the words marked."""
-    starts = [start for start, _ in ranges]
+    and holds an address mapped in this (host) process (``host``): a return address
+    or heap pointer the launcher left behind. Kernels cannot use host addresses the
+    driver does not know; the ones it knows are operands already. Returns the words
+    marked."""
     marked = 0
     for node in ir.kernels():
         words = _param_words(ir.operands.of(node.id))
@@ -161,7 +176,7 @@ def mark_host_words(ir: GraphIR, ranges: list[tuple[int, int]]) -> tuple[GraphIR
             if offset in words or all(i in undefined for i in range(offset, offset + WORD)):
                 continue
             value = int.from_bytes(node.params[offset : offset + WORD], "little")
-            if value and mapped(value, ranges, starts):
+            if value and value in host:
                 hits.append(offset)
         if hits:
             marked += len(hits)

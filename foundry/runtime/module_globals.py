@@ -38,7 +38,7 @@ import msgspec
 from foundry.archive.schema import GlobalRecord, ImageRecord
 from foundry.cuda import cu, driver, handle_value
 from foundry.errors import DriftError
-from foundry.runtime.definedness import host_ranges, mapped
+from foundry.runtime.definedness import AddressRanges, host_ranges
 
 ELF_MAGIC = b"\x7fELF"
 FATBIN_MAGIC = 0xBA55ED50
@@ -156,7 +156,7 @@ def _write_global(handle: int, name: str, value: bytes) -> None:
     cu("cuMemcpyHtoD", dptr, ctypes.addressof(buf), len(value))
 
 
-def record_image(sha256: str, image: bytes, kind: str, handle: int, host: list[tuple[int, int]]) -> ImageRecord:
+def record_image(sha256: str, image: bytes, kind: str, handle: int, host: AddressRanges) -> ImageRecord:
     """SAVE: the globals of one image as the application left them (``host``: the
     host-accessible address ranges of this process, read once for all its images)."""
     names = global_names(image)
@@ -185,8 +185,8 @@ def record_image(sha256: str, image: bytes, kind: str, handle: int, host: list[t
 
 
 def _record(name: str, live: bytes, initial: bytes, loader: tuple[int, ...],
-            host: list[tuple[int, int]] | None = None) -> GlobalRecord:  # fmt: skip
-    host_words = tuple(o for o in _host_words(live, host or []) if o not in loader)
+            host: AddressRanges | None = None) -> GlobalRecord:  # fmt: skip
+    host_words = tuple(o for o in _host_words(live, host or AddressRanges()) if o not in loader)
     written = without_words(live, loader) != without_words(initial, loader)
     kept = without_words(live, (*loader, *host_words))
     return GlobalRecord(name, len(live), written, hashlib.sha256(kept).hexdigest(), live if written else None,
@@ -200,11 +200,9 @@ def _record(name: str, live: bytes, initial: bytes, loader: tuple[int, ...],
 MIN_HOST_ADDRESS = 1 << 32
 
 
-def _host_words(value: bytes, host: list[tuple[int, int]]) -> list[int]:
-    """Offsets of the 8-byte words of ``value`` holding an address inside one of ``host``'s
-    ranges (sorted, as :func:`host_ranges` gives them)."""
-    starts = [lo for lo, _ in host]
-    return [8 * i for i, word in enumerate(_words(value)) if word >= MIN_HOST_ADDRESS and mapped(word, host, starts)]
+def _host_words(value: bytes, host: AddressRanges) -> list[int]:
+    """Offsets of the 8-byte words of ``value`` holding an address inside ``host``."""
+    return [8 * i for i, word in enumerate(_words(value)) if word >= MIN_HOST_ADDRESS and word in host]
 
 
 def _skipped(g: GlobalRecord) -> tuple[int, ...]:
@@ -231,7 +229,7 @@ def without_words(value: bytes, offsets: tuple[int, ...] | msgspec.UnsetType) ->
 def check_live(record: ImageRecord, kind: str, handle: int) -> None:
     """LOAD, bound to the application's own copy: its globals must hold SAVE's bytes,
     and a host address of this process where SAVE's held one of its own."""
-    host: list[tuple[int, int]] | None = None
+    host: AddressRanges | None = None
     for g in record.globals:
         live = _read_global(kind, handle, g.name)
         if live is not None and len(live) != g.size:

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from foundry.graphir.graph import GraphIR
-from foundry.runtime.definedness import mapped
+from foundry.runtime.definedness import AddressRanges
 
 VERDICT = "sglang.warmup_skip"
 SAFE = "safe"
@@ -83,7 +83,7 @@ def live_phase_blocks(snapshot: Mapping[str, Any], device: int) -> list[tuple[in
     pool, and not freed by its end, sorted; or why the history cannot tell."""
     try:
         traces = snapshot["device_traces"][device]
-        graph_segments = _spans(
+        graph_segments = AddressRanges.of_blocks(
             (int(s["address"]), int(s["total_size"]))
             for s in snapshot["segments"]
             if s.get("device", device) == device and tuple(s.get("segment_pool_id", (0, 0))) != (0, 0)
@@ -98,14 +98,7 @@ def live_phase_blocks(snapshot: Mapping[str, Any], device: int) -> list[tuple[in
                 live.pop(int(entry["addr"]), None)
     except (KeyError, IndexError, TypeError, ValueError) as err:
         return f"torch's allocator snapshot has another shape ({type(err).__name__}: {err})"
-    return sorted((a, s) for a, s in live.items() if not mapped(a, *graph_segments))
-
-
-def _spans(blocks: Iterable[tuple[int, int]]) -> tuple[list[tuple[int, int]], list[int]]:
-    """Sorted, disjoint ``(address, size)`` blocks as :func:`~foundry.runtime.definedness.mapped`
-    takes them: ``(start, end)`` ranges and their starts."""
-    ranges = sorted((address, address + size) for address, size in blocks)
-    return ranges, [start for start, _ in ranges]
+    return sorted((a, s) for a, s in live.items() if a not in graph_segments)
 
 
 def verdict(irs: Iterable[GraphIR], blocks: list[tuple[int, int]] | str) -> str:
@@ -113,8 +106,8 @@ def verdict(irs: Iterable[GraphIR], blocks: list[tuple[int, int]] | str) -> str:
     one of ``blocks`` (sorted ``(address, size)``), or they are unknown."""
     if isinstance(blocks, str):
         return f"unknown: {blocks}"
-    spans = _spans(blocks)
-    hits = [(ir.name, operand) for ir in irs for operand in ir.operands if mapped(operand.value, *spans)]
+    kept = AddressRanges.of_blocks(blocks)
+    hits = [(ir.name, operand) for ir in irs for operand in ir.operands if operand.value in kept]
     if not hits:
         return SAFE
     name, operand = hits[0]
