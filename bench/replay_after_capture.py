@@ -53,7 +53,7 @@ def row(label: str, graphs: dict) -> None:
 def time_then_capture(graphs: dict, *args, **kwargs) -> dict:
     import torch
 
-    from foundry.runtime.capture import capture
+    from foundry.runtime.graphs.capture import capture
 
     print(f"{'bs ' + ', '.join(map(str, TIMED)) + ': ms, GPU execution':44}")
     row("restored, before any capture", graphs)

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     from run import BENCH_BATCHES as BATCHES  # the 36 batch sizes bench/cold_start.py captures
     from timing import median_ms
 
-    from foundry.runtime.capture import capture
+    from foundry.runtime.graphs.capture import capture
 
     model = Decoder(CONFIGS[args.config], max(BATCHES))
     ids = torch.zeros(max(BATCHES), dtype=torch.long, device="cuda")

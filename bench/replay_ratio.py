@@ -16,7 +16,7 @@ and on the same memory, interleaved:
 - ``reloaded``: the same, with every kernel from a fresh load of its module image, as a
   LOAD binds kernels it finds no live copy of (only with the hook preloaded:
   ``LD_PRELOAD`` set to
-  :func:`foundry.runtime.hook.library_path`, which records the images).
+  :func:`foundry.runtime.native.hook.library_path`, which records the images).
 
 Each is timed twice, as CUDA events around one launch:
 
@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "recipes" / "torch"))
 
 def structure(handle) -> dict:
     """Node kinds, edge count and kernel launch attributes of a live graph."""
-    from foundry.cuda import cu
+    from foundry.graphir.cuda import cu
     from foundry.graphir.lower import _read_attributes
 
     count = cu("cuGraphGetNodes", handle, 0)[1]
@@ -68,7 +68,7 @@ class ReloadedFunctions:
     def function(self, kernel) -> int:
         import ctypes
 
-        from foundry.cuda import cu, driver, handle_value
+        from foundry.graphir.cuda import cu, driver, handle_value
 
         if kernel.image not in self.libraries:
             data = ctypes.create_string_buffer(self.hook.image_bytes(self.images.used[kernel.image]))
@@ -82,7 +82,7 @@ class ReloadedFunctions:
 def packed(ir):
     """Copy every device region ``ir`` points into, side by side, into one allocation
     (kept for the process's life); return a relocation onto the copies."""
-    from foundry.cuda import cu
+    from foundry.graphir.cuda import cu
     from foundry.graphir.regions import RegionKind
 
     align = 2 << 20
@@ -115,13 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     from decoder import CONFIGS, Decoder
     from timing import median_ms
 
-    from foundry.cuda import cu, driver
     from foundry.errors import HookError
     from foundry.graphir.build import LiveFunctions, build
+    from foundry.graphir.cuda import cu, driver
     from foundry.graphir.lower import AddressResolver, graph_handle, lower
-    from foundry.runtime.capture import capture
-    from foundry.runtime.hook import Hook
-    from foundry.runtime.images import HookImages
+    from foundry.runtime.code.images import HookImages
+    from foundry.runtime.graphs.capture import capture
+    from foundry.runtime.native.hook import Hook
 
     try:
         hook = Hook.attach()

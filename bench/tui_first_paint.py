@@ -26,9 +26,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synthetic import benchmark_parser, machine, report, temporary_archive
-
 from foundry.tui.app import FoundryApp, open_archives
+from synthetic import benchmark_parser, machine, report, temporary_archive
 
 SIZE = (120, 40)
 TIMEOUT = 30.0

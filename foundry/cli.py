@@ -100,8 +100,8 @@ def archive() -> None:
 @json_option
 @guarded
 def archive_inspect(path: str, rank: int | None, top: int, as_json: bool) -> int:
-    from foundry.graphir.passes.summary import summarize
-    from foundry.render import render_summary
+    from foundry.inspect.render import render_summary
+    from foundry.inspect.summary import summarize
 
     summary = summarize(open_archive(path), BackendRegistry.discover(), rank=rank)
     if as_json:
@@ -124,7 +124,7 @@ def archive_diff(a: str, b: str, relocations: bool, as_json: bool) -> int:
 
     Exits 0 when identical (with --relocations: when every change is a relocation), 1 otherwise."""
     from foundry.graphir.passes.diff import diff_archives
-    from foundry.render import render_diff
+    from foundry.inspect.render import render_diff
 
     if relocations:
         return _relocation_check(open_archive(a), open_archive(b), as_json)
@@ -137,7 +137,7 @@ def archive_diff(a: str, b: str, relocations: bool, as_json: bool) -> int:
 
 
 def _relocation_check(a: Archive, b: Archive, as_json: bool) -> int:
-    from foundry.graphir.passes.relocations import check_relocations
+    from foundry.inspect.relocations import check_relocations
 
     report = check_relocations(a, b)
     if as_json:
@@ -235,7 +235,7 @@ def _have_driver_structures() -> bool:
 
 def _plan_matches(arch: Any, rank: int, entry: Any, ir: Any) -> bool:
     """Whether the entry's launch plan is exactly what packing its graph gives."""
-    from foundry.runtime.launch_plan import make_plan
+    from foundry.runtime.graphs.launch_plan import make_plan
 
     plan = entry.plan
     data = arch.rank_blob(rank, plan.file, sha256=plan.sha256, size=plan.size, what="launch plan")
@@ -282,8 +282,8 @@ def graph_lint(
     KIND is a node kind (kernel, memset, ...) or a backend kind
     (symm-allreduce, nccl-allreduce, deepep-dispatch, ...).
     Exits 0 clean, 1 findings, 2 usage or archive error."""
-    from foundry.graphir.passes.lint import Expectation, lint
-    from foundry.render import render_lint
+    from foundry.inspect.lint import Expectation, lint
+    from foundry.inspect.render import render_lint
 
     expectations = [Expectation.parse(e) for e in expects]
     report = lint(
@@ -310,7 +310,7 @@ def graph_lint(
 @guarded
 def graph_show(path: str, name: str, rank: int, as_json: bool) -> int:
     """The node table of one graph."""
-    from foundry.render import node_rows, render_nodes
+    from foundry.inspect.render import node_rows, render_nodes
 
     ir = open_archive(path).graph(rank, name)
     if as_json:
@@ -430,7 +430,7 @@ def run(mode: str, archive: Path, region_base: int | None, region_size: int | No
     The program opens the session with foundry.runtime.open_session(); the exit
     code is the program's. A SAVE runs it --save-runs times (fresh processes) and
     keeps the first run's archive, marked with the bytes the runs disagree on."""
-    from foundry.runtime import launcher
+    from foundry.runtime.launch import launcher
 
     if rank >= world_size and mode == "save":
         raise click.BadParameter(f"rank {rank} is not below the world size {world_size}", param_hint="--rank")

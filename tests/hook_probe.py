@@ -14,7 +14,7 @@ import sys
 def main() -> int:
     import torch
 
-    from foundry.runtime.hook import Hook
+    from foundry.runtime.native.hook import Hook
 
     report: dict = {}
     try:

@@ -26,8 +26,8 @@ def main() -> int:
     import torch
     from cuda.bindings import driver
 
-    from foundry.runtime.hook import Hook
-    from foundry.runtime.tensors import tensor_at
+    from foundry.runtime.graphs.tensors import tensor_at
+    from foundry.runtime.native.hook import Hook
 
     torch.cuda.init()
     hook = Hook.attach()

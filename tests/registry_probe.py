@@ -24,8 +24,8 @@ def main(out: str, keys: list[str]) -> int:
     spec.loader.exec_module(module)
 
     from foundry.archive import Archive
-    from foundry.runtime.hook import Hook
-    from foundry.runtime.images import HookImages
+    from foundry.runtime.code.images import HookImages
+    from foundry.runtime.native.hook import Hook
 
     hook = Hook.attach()
     report: dict = {"programs": {}}

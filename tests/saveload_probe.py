@@ -30,10 +30,10 @@ def save(out: Path) -> dict:
     from foundry.archive.schema import RegionRecord
     from foundry.graphir.lower import AddressResolver, lower
     from foundry.graphir.regions import Region, RegionKind
-    from foundry.runtime.capture import capture, describe_outputs
-    from foundry.runtime.environment import current_environment
-    from foundry.runtime.hook import Hook
-    from foundry.runtime.images import HookImages
+    from foundry.runtime.code.images import HookImages
+    from foundry.runtime.graphs.capture import capture, describe_outputs
+    from foundry.runtime.native.hook import Hook
+    from foundry.runtime.sessions.environment import current_environment
 
     x, w = inputs()
     graph, result = capture(lambda: torch.relu(x @ w).float().sum(-1) * 0.5 + 1)
@@ -67,11 +67,11 @@ def load(out: Path) -> dict:
     import torch
 
     from foundry.archive import Archive
-    from foundry.cuda import cu
     from foundry.errors import HookError
     from foundry.graphir.build import build
-    from foundry.runtime.functions import ArchiveFunctions
-    from foundry.runtime.hook import Hook
+    from foundry.graphir.cuda import cu
+    from foundry.runtime.code.binding import ArchiveFunctions
+    from foundry.runtime.native.hook import Hook
 
     inputs()  # the same allocations, in the same order, as SAVE made before capturing
     hook = Hook.attach()

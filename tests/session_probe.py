@@ -41,9 +41,9 @@ def main() -> int:
 
     import torch
 
-    from foundry.cuda import cu, driver
     from foundry.errors import FoundryError
-    from foundry.runtime.session import open_session
+    from foundry.graphir.cuda import cu, driver
+    from foundry.runtime.sessions.base import open_session
 
     drv = driver()
     try:

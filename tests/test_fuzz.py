@@ -21,8 +21,8 @@ from foundry.cli import main
 from foundry.errors import FoundryError
 from foundry.graphir.passes.diff import diff_archives
 from foundry.graphir.passes.export import export
-from foundry.graphir.passes.lint import lint
-from foundry.graphir.passes.summary import summarize
+from foundry.inspect.lint import lint
+from foundry.inspect.summary import summarize
 
 from .archive_tools import reseal
 from .conftest import FIXTURES

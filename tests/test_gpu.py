@@ -17,8 +17,8 @@ import pytest
 from foundry.archive import Archive
 from foundry.graphir.fingerprint import fingerprint
 from foundry.graphir.passes.diff import Status, diff_graphs
-from foundry.graphir.passes.lint import Expectation, Severity, lint
 from foundry.graphir.regions import RegionKind
+from foundry.inspect.lint import Expectation, Severity, lint
 
 from .conftest import FIXTURES
 
@@ -130,7 +130,7 @@ def test_fresh_process_capture_matches_committed_fixture(programs, captured, key
 
 def device_state(ir) -> dict[str, bytes]:
     """The bytes of every device region the graph's operands point into."""
-    from foundry.cuda import cu
+    from foundry.graphir.cuda import cu
 
     state = {}
     for region in ir.regions.values():
@@ -143,7 +143,7 @@ def device_state(ir) -> dict[str, bytes]:
 
 
 def restore(ir, state: dict[str, bytes]) -> None:
-    from foundry.cuda import cu
+    from foundry.graphir.cuda import cu
 
     for name, data in state.items():
         cu("cuMemcpyHtoD", ir.regions[name].base, data, len(data))
@@ -217,9 +217,9 @@ def test_lowering_and_rebuilding_every_node_kind():
     the rest rebuilds and its memset lands."""
     import torch
 
-    from foundry.cuda import cu, driver
     from foundry.errors import IRError
     from foundry.graphir.build import LiveFunctions, build
+    from foundry.graphir.cuda import cu, driver
     from foundry.graphir.kinds import NodeKind
     from foundry.graphir.lower import lower
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from foundry.runtime.hook import library_path
+from foundry.runtime.native.hook import library_path
 
 pytestmark = pytest.mark.gpu
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from foundry.errors import DriverError, FoundryError
-from foundry.runtime.instantiation import BackgroundInstantiation, PendingExec
+from foundry.runtime.graphs.instantiation import BackgroundInstantiation, PendingExec
 
 
 def test_two_threads_instantiate_a_graph_once():

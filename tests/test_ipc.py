@@ -14,14 +14,14 @@ from contextlib import contextmanager
 
 import pytest
 
-from foundry.runtime.hook import Hook
-from foundry.runtime.ipc import Ipc, IpcError, IpcHandle, decode, import_address
+from foundry.runtime.native.hook import Hook
+from foundry.runtime.native.ipc import Ipc, IpcError, IpcHandle, decode, import_address
 
 PAYLOAD = b"region bytes shared over foundry ipc"
 EXPORTER = r"""
 import ctypes, os, sys
 sys.path.insert(0, sys.argv[2])
-from foundry.runtime.ipc import Ipc
+from foundry.runtime.native.ipc import Ipc
 ipc = Ipc(ctypes.CDLL(sys.argv[1]))
 fd = os.memfd_create("foundry-ipc-test")
 os.write(fd, b"%s")
@@ -147,7 +147,7 @@ def test_another_user_is_refused(exporter, hook_library):
     _, raw = exporter
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = ("import ctypes, os, sys\nsys.path.insert(0, sys.argv[2])\n"
-            "from foundry.runtime.ipc import Ipc, IpcError\nipc = Ipc(ctypes.CDLL(sys.argv[1]))\n"
+            "from foundry.runtime.native.ipc import Ipc, IpcError\nipc = Ipc(ctypes.CDLL(sys.argv[1]))\n"
             "os.setgid(65534); os.setuid(65534)  # everything loaded: now become another user\n"
             "try:\n    ipc.open(bytes.fromhex(sys.argv[3]))\nexcept IpcError as e:\n    print(e)\n")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code, str(hook_library), root, raw.hex()], capture_output=True,
@@ -160,7 +160,7 @@ def test_the_import_zone_is_where_the_configuration_puts_it(hook_library):
     import subprocess
     import sys
 
-    code = ("import sys; from pathlib import Path; from foundry.runtime.hook import Hook; "
+    code = ("import sys; from pathlib import Path; from foundry.runtime.native.hook import Hook; "
             "print(Hook.open_library(Path(sys.argv[1])).import_zone())")  # fmt: skip
     env = {**os.environ, "FOUNDRY_MODE": "save", "FOUNDRY_IMPORT_BASE": "0x710000000000",
            "FOUNDRY_REGION_SIZE": str(32 << 30)}  # fmt: skip
@@ -172,7 +172,7 @@ def test_the_import_zone_is_where_the_configuration_puts_it(hook_library):
 WITHDRAWING = r"""
 import ctypes, os, sys
 sys.path.insert(0, sys.argv[2])
-from foundry.runtime.ipc import Ipc
+from foundry.runtime.native.ipc import Ipc
 lib = ctypes.CDLL(sys.argv[1])
 fd = os.memfd_create("foundry-ipc-test")
 os.write(fd, b"freed soon")
@@ -198,7 +198,7 @@ def test_a_withdrawn_export_is_refused_to_later_importers(hook_library, ipc):
 FORKING_EXPORTER = r"""
 import ctypes, os, sys
 sys.path.insert(0, sys.argv[2])
-from foundry.runtime.ipc import Ipc
+from foundry.runtime.native.ipc import Ipc
 ipc = Ipc(ctypes.CDLL(sys.argv[1]))
 fd = os.memfd_create("parent")
 os.write(fd, b"parent bytes")
@@ -225,7 +225,7 @@ def test_a_forked_child_serves_its_own_exports(hook_library, ipc):
 REUSING = r"""
 import ctypes, os, sys
 sys.path.insert(0, sys.argv[2])
-from foundry.runtime.ipc import Ipc, decode
+from foundry.runtime.native.ipc import Ipc, decode
 lib = ctypes.CDLL(sys.argv[1])
 ipc = Ipc(lib)
 for n in range(1100):  # more exports over the process's life than it may hold at once (1024)

@@ -17,8 +17,8 @@ from foundry.archive import Archive
 from foundry.archive.rewrite import rewrite_graphs
 from foundry.archive.schema import LaunchPlan
 from foundry.errors import ArchiveError, HookError, IRError
-from foundry.runtime.launch_plan import check_plan, make_plan, plannable
-from foundry.runtime.load import LoadSession
+from foundry.runtime.graphs.launch_plan import check_plan, make_plan, plannable
+from foundry.runtime.sessions.load import LoadSession
 
 from .archive_tools import write_archive
 from .conftest import FIXTURES
@@ -185,8 +185,8 @@ def test_archived_images_are_checked_before_the_driver_loads_any(tmp_path, hook_
     no driver, so any driver call would fail otherwise: every image is read and checked
     before the first load (the loading itself runs in every LOAD on the GPU:
     bench/cold_start.py loads 111 images ahead)."""
-    from foundry.runtime.functions import ArchiveFunctions
-    from foundry.runtime.hook import Hook
+    from foundry.runtime.code.binding import ArchiveFunctions
+    from foundry.runtime.native.hook import Hook
 
     blobs = (b"\x7fELF" + bytes(300), b"\x7fELF" + bytes(500))
     archive = write_archive(tmp_path / "a", [Archive.open(SAVE_A).graph(0, "sample.bs8")], like=SAVE_A, modules=blobs)
@@ -202,9 +202,9 @@ def test_images_loaded_ahead_are_bound_once_and_released_on_failure(tmp_path, ho
     what prefetch loads, binding takes without a second load, and release() unloads."""
     import itertools
 
-    from foundry.runtime import functions as functions_module
-    from foundry.runtime.functions import ArchiveFunctions
-    from foundry.runtime.hook import Hook
+    from foundry.runtime.code import binding as functions_module
+    from foundry.runtime.code.binding import ArchiveFunctions
+    from foundry.runtime.native.hook import Hook
 
     handles, calls = itertools.count(0x1000), []
 
@@ -233,9 +233,9 @@ def test_images_loaded_ahead_on_a_thread_use_the_callers_context(tmp_path, hook_
     import itertools
     import threading
 
-    from foundry.runtime import functions as functions_module
-    from foundry.runtime.functions import ArchiveFunctions
-    from foundry.runtime.hook import Hook
+    from foundry.runtime.code import binding as functions_module
+    from foundry.runtime.code.binding import ArchiveFunctions
+    from foundry.runtime.native.hook import Hook
 
     handles, calls = itertools.count(0x1000), []
     current = threading.local()

@@ -14,8 +14,8 @@ from foundry.cli import main
 from foundry.errors import LintError
 from foundry.graphir.nodes import UnsupportedNode
 from foundry.graphir.operands import OperandSite
-from foundry.graphir.passes.lint import Expectation, Severity, lint
 from foundry.graphir.regions import UNRESOLVED
+from foundry.inspect.lint import Expectation, Severity, lint
 
 from .archive_tools import edit_graph
 from .conftest import FIXTURES

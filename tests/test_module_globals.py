@@ -12,7 +12,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from foundry.runtime.module_globals import ZSTD_MAGIC, global_names
+from foundry.runtime.code.module_globals import ZSTD_MAGIC, global_names
 
 SOURCE = r"""
 __device__ int scale;
@@ -69,7 +69,7 @@ def test_words_the_loader_fills_are_left_out_of_comparison_and_restore():
     """Two fresh loads of one image disagree exactly on the code addresses the loader
     wrote (a function-pointer table); those words are neither compared nor restored."""
     from foundry.archive.schema import GlobalRecord
-    from foundry.runtime.module_globals import _keep_loader_words, _record, loader_words, without_words
+    from foundry.runtime.code.module_globals import _keep_loader_words, _record, loader_words, without_words
 
     code = (0x7F00_0000_1000).to_bytes(8, "little")
     table_a = code + (5).to_bytes(8, "little")  # a code address, then data
@@ -90,7 +90,7 @@ def test_words_the_loader_fills_are_left_out_of_comparison_and_restore():
 def test_a_refused_global_names_the_words_that_differ():
     """LOAD's refusal of a live global says where SAVE's bytes and the live ones part
     (loader words excluded), so a per-process value reads as such."""
-    from foundry.runtime.module_globals import _first_differences, _record
+    from foundry.runtime.code.module_globals import _first_differences, _record
 
     words = [1, 0x7F00_0000_1000, 3, 0x6000_0000_0000, 5]
     saved = b"".join(w.to_bytes(8, "little") for w in words)
@@ -114,8 +114,8 @@ def test_words_holding_host_addresses_are_the_processs_own(monkeypatch):
     the bytes the driver would return (``_read_global`` replaced)."""
     from foundry.archive.schema import ImageRecord
     from foundry.errors import DriftError
-    from foundry.runtime import module_globals as mg
-    from foundry.runtime.definedness import AddressRanges
+    from foundry.graphir.passes.definedness import AddressRanges
+    from foundry.runtime.code import module_globals as mg
 
     save_host = AddressRanges([(0x7FFC_0000_0000, 0x7FFD_0000_0000),
                                (0x40_0000, 0x200_0000)])  # a heap at a few MiB (no PIE, no randomisation)  # fmt: skip
@@ -160,8 +160,8 @@ def test_a_session_with_host_words_is_written_at_version_3():
 def test_host_words_come_from_host_accessible_ranges_only():
     """The CUDA driver reserves device addresses in the host's map without access
     (``---p``); a global holding a region address stays compared by value."""
-    from foundry.runtime.definedness import host_ranges
-    from foundry.runtime.module_globals import _record
+    from foundry.graphir.passes.definedness import host_ranges
+    from foundry.runtime.code.module_globals import _record
 
     maps = ("600000000000-600400000000 ---p 00000000 00:00 0\n"
             "7ffccff00000-7ffccff40000 rw-s 00000000 00:05 12 /dev/nvidiactl\n")  # fmt: skip
@@ -174,7 +174,7 @@ def test_host_words_come_from_host_accessible_ranges_only():
 def test_a_short_or_resized_global_is_still_reported(monkeypatch):
     from foundry.archive.schema import ImageRecord
     from foundry.errors import DriftError
-    from foundry.runtime import module_globals as mg
+    from foundry.runtime.code import module_globals as mg
 
     scale = mg._record("scale", b"\x03\0\0\0", bytes(4), ())  # 4 bytes: a padded word
     assert mg._first_differences(scale, b"\x05\0\0\0") == ({"+0x0": "0x3"}, {"+0x0": "0x5"})

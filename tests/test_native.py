@@ -105,7 +105,7 @@ def test_builds_with_warnings_as_errors_and_exports_only_its_api(built):
 def _query(lib: Path, **env: str) -> dict:
     code = (
         "import dataclasses, json\n"
-        "from foundry.runtime.hook import Hook\n"
+        "from foundry.runtime.native.hook import Hook\n"
         "h = Hook.attach()\n"
         "print(json.dumps({'active': h.active(), 'region': dataclasses.asdict(h.region()),"
         " 'trace': h.trace(), 'counters': h.counters(), 'events': h.events(), 'images': h.image_count(),"
@@ -138,7 +138,7 @@ def test_bad_settings_are_reported_not_fatal(built):
 
 
 def _trace(*requests: int, granularity: int = 2 << 20) -> list:
-    from foundry.runtime.hook import Allocation
+    from foundry.runtime.native.hook import Allocation
 
     out, offset = [], 0
     for order, request in enumerate(requests):
@@ -149,7 +149,7 @@ def _trace(*requests: int, granularity: int = 2 << 20) -> list:
 
 
 def test_trace_divergence_names_the_first_differing_allocation(built):
-    from foundry.runtime.hook import Hook
+    from foundry.runtime.native.hook import Hook
 
     hook = Hook.open_library(built)
     save = _trace(4096, 1 << 21, 123, 1 << 30)
@@ -163,7 +163,7 @@ def test_trace_divergence_names_the_first_differing_allocation(built):
 
 def test_load_expectations_are_refused_outside_load_mode(built):
     code = (
-        "from foundry.runtime.hook import Hook, Allocation\n"
+        "from foundry.runtime.native.hook import Hook, Allocation\n"
         "h = Hook.attach()\n"
         "try:\n"
         "    h.expect([Allocation(0, 0, 2097152, 100, False)])\n"
@@ -179,7 +179,7 @@ def test_load_expectations_are_refused_outside_load_mode(built):
 
 def test_call_shifted_runs_the_callback_and_propagates_its_errors(built):
     from foundry.errors import HookError
-    from foundry.runtime.hook import Hook
+    from foundry.runtime.native.hook import Hook
 
     hook = Hook.open_library(built)
     calls = []
@@ -199,7 +199,7 @@ def test_call_shifted_runs_the_callback_and_propagates_its_errors(built):
 
 def test_passed_through_captures_are_balanced(hook_library):
     from foundry.errors import HookError
-    from foundry.runtime.hook import Hook
+    from foundry.runtime.native.hook import Hook
 
     hook = Hook.open_library(hook_library)
     with hook.passthrough(), hook.passthrough():  # nested: each level undone once
@@ -215,7 +215,7 @@ def test_only_a_save_seals_its_region(built):
     server's requests): sealing is a SAVE's, and refused in another mode."""
     code = (
         "from foundry.errors import HookError\n"
-        "from foundry.runtime.hook import Hook\n"
+        "from foundry.runtime.native.hook import Hook\n"
         "h = Hook.attach()\n"
         "try:\n"
         "    h.seal()\n"

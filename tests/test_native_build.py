@@ -1,5 +1,5 @@
 """The native graph builder's reader, on the CPU: real archived graphs packed by
-foundry.runtime.native_build and parsed by the C library (building needs a GPU),
+foundry.runtime.graphs.native_build and parsed by the C library (building needs a GPU),
 and malformed descriptions it must refuse without reading past them."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 
 from foundry.archive import Archive
 from foundry.errors import DriverError, IRError
-from foundry.runtime.native_build import check as check_packed
-from foundry.runtime.native_build import pack, supported
+from foundry.runtime.graphs.native_build import check as check_packed
+from foundry.runtime.graphs.native_build import pack, supported
 
 from .conftest import FIXTURES
 

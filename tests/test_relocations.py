@@ -16,7 +16,7 @@ from foundry.backends.vmm import VmmBackend
 from foundry.errors import BackendError
 from foundry.graphir.build import relocated_params
 from foundry.graphir.operands import WORD, OperandSite
-from foundry.graphir.passes.relocations import check_relocations, rebase
+from foundry.inspect.relocations import check_relocations, rebase
 
 from .archive_tools import write_archive
 from .conftest import FIXTURES

@@ -23,13 +23,13 @@ from foundry.graphir.fingerprint import fingerprint, topology_key
 from foundry.graphir.graph import Edge, EdgeData
 from foundry.graphir.kernel import parameter_types
 from foundry.graphir.operands import OperandSite
+from foundry.graphir.passes.definedness import AddressRanges, host_ranges, mark_host_words, mark_undefined, merge_saves
 from foundry.graphir.regions import Region, RegionKind
-from foundry.runtime import launcher
-from foundry.runtime.definedness import AddressRanges, host_ranges, mark_host_words, mark_undefined, merge_saves
-from foundry.runtime.load import LoadSession
-from foundry.runtime.rng import philox_cells
-from foundry.runtime.session import Session, load_options, open_session
-from foundry.runtime.validate import check_environment, check_graph, check_modules, check_region
+from foundry.runtime.graphs.rng import philox_cells
+from foundry.runtime.launch import launcher
+from foundry.runtime.sessions.base import Session, load_options, open_session
+from foundry.runtime.sessions.load import LoadSession
+from foundry.runtime.sessions.validate import check_environment, check_graph, check_modules, check_region
 
 from .archive_tools import edit_json, write_archive
 from .conftest import FIXTURES
@@ -105,7 +105,7 @@ def test_mark_undefined_finds_differing_bytes_and_one_sided_pointers(pair):
 
 def test_a_byte_the_runs_agree_on_is_marked_with_its_word():
     """Two runs agreeing by chance on one byte of a leftover still mark all of it."""
-    from foundry.runtime.definedness import _whole_words
+    from foundry.graphir.passes.definedness import _whole_words
 
     differs = [False] * 20
     differs[9] = differs[11] = True  # bytes 9 and 11 of word 8..15 differ, byte 10 happened to agree
@@ -272,7 +272,7 @@ def test_a_load_session_takes_an_archive_its_caller_opened():
 
 
 def test_save_keeps_warmup_bytes_up_to_the_first_capture_or_to_finish(tmp_path):
-    from foundry.runtime.save import SaveSession
+    from foundry.runtime.sessions.save import SaveSession
 
     assert SaveSession(tmp_path / "a", warmup_bytes_until="finish").warmup_bytes_until == "finish"
     with pytest.raises(FoundryError, match="first capture or to finish") as err:
@@ -464,7 +464,7 @@ def test_edits_that_break_the_region_record_are_caught(tmp_path, with_hook):
 def test_two_save_runs_merge_into_identical_fingerprints(tmp_path):
     """SAVE and SAVE2 from the H200 disagree on leftover bytes; merging each with the
     other marks exactly those, and then both fingerprint the same."""
-    from foundry.runtime.definedness import merge_saves
+    from foundry.graphir.passes.definedness import merge_saves
 
     a, b, a2 = tmp_path / "a", tmp_path / "b", tmp_path / "a2"
     for src, dst in ((SAVE_A, a), (SAVE_B, b), (SAVE_A, a2)):
@@ -485,7 +485,7 @@ def test_two_save_runs_merge_into_identical_fingerprints(tmp_path):
 
 
 def test_merging_refuses_runs_that_allocated_differently(tmp_path):
-    from foundry.runtime.definedness import merge_saves
+    from foundry.graphir.passes.definedness import merge_saves
 
     a, b = tmp_path / "a", tmp_path / "b"
     shutil.copytree(SAVE_A, a)
@@ -500,7 +500,7 @@ def test_merging_refuses_runs_that_allocated_differently(tmp_path):
 
 def test_a_relocating_load_refuses_restored_globals_that_point_into_the_old_region():
     from foundry.archive.schema import GlobalRecord, ImageRecord
-    from foundry.runtime.module_globals import restore_fresh
+    from foundry.runtime.code.module_globals import restore_fresh
 
     base = 0x600000000000
     pointer = GlobalRecord("table", 16, True, "0" * 64, (base + 0x1000).to_bytes(8, "little") + bytes(8))
@@ -657,7 +657,7 @@ def test_pooled_marks_give_two_independent_saves_the_same_fingerprints():
     sometimes holds a leftover was marked in one SAVE and not the other; pooled over
     each kernel's launches, the marks and so the fingerprints agree."""
     from foundry.graphir.fingerprint import fingerprint
-    from foundry.runtime.definedness import _pointer_words, mark_alike
+    from foundry.graphir.passes.definedness import _pointer_words, mark_alike
 
     a, b = (Archive.open(FIXTURES / "merged-saves" / side) for side in "ab")
     saves = [[archive.graph(0, e) for e in archive.entries(0)] for archive in (a, b)]
@@ -683,7 +683,7 @@ def test_pooling_leaves_a_launchs_own_pointers_defined():
     """A slot one launch of a kernel leaves undefined is marked in its other launches,
     except where a launch holds an address inside a region there: that may be a pointer
     the manifest missed, which archive diff --relocations must still see."""
-    from foundry.runtime.definedness import mark_alike
+    from foundry.graphir.passes.definedness import mark_alike
 
     ir = Archive.open(FIXTURES / "merged-saves" / "a").graph(0, "decode.bs1")
     for node in ir.kernels():  # start from no marks

@@ -20,7 +20,7 @@ from foundry.archive.schema import ModuleState
 from foundry.cli import main
 from foundry.errors import DriftError
 from foundry.graphir.passes.diff import REBUILT, Status, diff_archives
-from foundry.runtime.validate import check_modules
+from foundry.runtime.sessions.validate import check_modules
 
 from .archive_tools import edit_graph
 from .conftest import FIXTURES

@@ -247,7 +247,7 @@ def test_a_load_skips_the_warmups_only_where_save_found_it_safe(monkeypatch):
 
     from foundry.integrations.sglang import plugin
     from foundry.integrations.sglang.warmup_skip import SAFE, VERDICT
-    from foundry.runtime.load import LoadSession
+    from foundry.runtime.sessions.load import LoadSession
 
     for recorded in (None, "unsafe: decode.bs8 node 3 points at 0x7f00, in memory ...", "unknown: overflowed"):
         with pytest.raises(DriftError, match="does not allow a LOAD to skip") as err:

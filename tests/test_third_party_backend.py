@@ -67,7 +67,8 @@ def test_gone_once_uninstalled():
 
 
 def load_refusal(archive: Path, site: Path | None) -> str:
-    code = ("import sys\nfrom foundry.runtime.load import LoadSession\nfrom foundry.errors import FoundryError\n"
+    code = ("import sys\nfrom foundry.runtime.sessions.load import LoadSession\n"
+            "from foundry.errors import FoundryError\n"
             f"try:\n    LoadSession({str(archive)!r})\nexcept FoundryError as e:\n    print(e)\n")  # fmt: skip
     paths = [str(site)] if site else []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, str(ROOT)])}

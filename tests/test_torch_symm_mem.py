@@ -152,7 +152,7 @@ def test_load_requires_the_program_to_attach_what_the_archive_recorded(graph, sa
     (the backend validates and relocates), the program must attach its handle, and
     the recorded state is validated against the attached one."""
     from foundry.errors import DriftError
-    from foundry.runtime.load import LoadSession
+    from foundry.runtime.sessions.load import LoadSession
 
     session = started(LoadSession(recorded))
     with pytest.raises(DriftError, match="did not attach"):
@@ -171,7 +171,7 @@ def test_load_requires_the_program_to_attach_what_the_archive_recorded(graph, sa
 
 
 def test_attach_refuses_objects_it_cannot_read(recorded):
-    from foundry.runtime.load import LoadSession
+    from foundry.runtime.sessions.load import LoadSession
 
     session = started(LoadSession(recorded))
     with pytest.raises(BackendError, match="cannot read the objects") as err:
@@ -183,7 +183,7 @@ def test_attach_refuses_objects_it_cannot_read(recorded):
 
 def test_load_refuses_communicator_kernels_saved_without_their_backend(graph):
     from foundry.errors import DriftError
-    from foundry.runtime.load import LoadSession
+    from foundry.runtime.sessions.load import LoadSession
 
     session = LoadSession(FIXTURES / "symm-mem-ws1")  # captured before backends recorded state
     with pytest.raises(DriftError, match="recorded no 'torch-symm-mem' state") as err:
@@ -194,7 +194,7 @@ def test_load_refuses_communicator_kernels_saved_without_their_backend(graph):
 def test_the_load_report_counts_the_operands_each_backend_patched(graph, saved, recorded):
     """LOAD's relocation report: per region, its backend, the operands patched and how
     many of them now hold another value than at SAVE (the moved buffer's)."""
-    from foundry.runtime.load import LoadSession
+    from foundry.runtime.sessions.load import LoadSession
 
     moved = {name: saved[name] + 0x10_0000_0000 for name in ("symm.buffer", "symm.signal_pad")}
     handle = live_handle(saved, buffer=moved["symm.buffer"], signal_pad=moved["symm.signal_pad"])
@@ -216,7 +216,7 @@ def test_the_load_report_counts_the_operands_each_backend_patched(graph, saved, 
 def test_an_archive_edited_to_another_world_size_or_rank_is_refused_at_attach(saved, recorded, key, value):
     """One GPU cannot host two NCCL ranks: the archive's state record is edited (and
     re-sealed) instead, and the live world-size-1 handle of rank 0 no longer matches."""
-    from foundry.runtime.load import LoadSession
+    from foundry.runtime.sessions.load import LoadSession
 
     def edit(session: dict) -> None:
         session["backends"][0]["record"][key] = value

@@ -15,14 +15,6 @@ from pathlib import Path
 import msgspec
 import networkx as nx
 import pytest
-from rich.console import Console, RenderableType
-
-from foundry.archive import Archive, ArchiveWriter
-from foundry.archive.sample import sample_path
-from foundry.graphir.graph import Edge, GraphIR
-from foundry.graphir.nodes import MemsetNode
-from foundry.graphir.operands import Operand, OperandSite
-from foundry.graphir.passes.diff import Status
 from foundry.tui.app import FoundryApp, main, open_archives
 from foundry.tui.model import OpenedArchive, next_graph, next_id
 from foundry.tui.screens.browse import BrowseScreen
@@ -39,6 +31,14 @@ from foundry.tui.widgets.node_table import NodeTable
 from foundry.tui.widgets.search_bar import SearchBar
 from foundry.tui.widgets.status_line import StatusLine
 from foundry.tui.widgets.summary_pane import SummaryPane
+from rich.console import Console, RenderableType
+
+from foundry.archive import Archive, ArchiveWriter
+from foundry.archive.sample import sample_path
+from foundry.graphir.graph import Edge, GraphIR
+from foundry.graphir.nodes import MemsetNode
+from foundry.graphir.operands import Operand, OperandSite
+from foundry.graphir.passes.diff import Status
 
 from .archive_tools import edit_graph, graph_file
 from .conftest import FIXTURES

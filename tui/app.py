@@ -12,6 +12,10 @@ import argparse
 import sys
 import time
 
+from foundry.tui.model import OpenedArchive
+from foundry.tui.screens.browse import BrowseScreen
+from foundry.tui.screens.diff import DiffScreen
+from foundry.tui.screens.help import HelpScreen
 from textual.app import App
 from textual.binding import Binding
 from textual.screen import Screen
@@ -20,10 +24,6 @@ from foundry import __version__
 from foundry.archive.sample import SAMPLE_NAME
 from foundry.backends.registry import BackendRegistry
 from foundry.errors import FoundryError
-from foundry.tui.model import OpenedArchive
-from foundry.tui.screens.browse import BrowseScreen
-from foundry.tui.screens.diff import DiffScreen
-from foundry.tui.screens.help import HelpScreen
 
 EXIT_OK, EXIT_ERROR = 0, 2
 

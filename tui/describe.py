@@ -20,8 +20,8 @@ from foundry.graphir.kernel import LaunchAttribute
 from foundry.graphir.nodes import EmptyNode, KernelNode, MemcpyNode, MemsetNode, Node, UnsupportedNode
 from foundry.graphir.operands import WORD, Operand, OperandSite
 from foundry.graphir.passes.diff import FieldChange
-from foundry.graphir.passes.lint import Finding, Severity
-from foundry.render import human_bytes
+from foundry.inspect.lint import Finding, Severity
+from foundry.inspect.render import human_bytes
 
 KEY_STYLE = "bold"
 SECTION_STYLE = "bold underline"

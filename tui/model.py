@@ -21,12 +21,12 @@ from foundry.archive.reader import Archive
 from foundry.archive.sample import SAMPLE_NAME, resolve_archive_arg, sample_path
 from foundry.archive.schema import GraphEntry
 from foundry.backends.base import KernelMatch
+from foundry.backends.classify import classify
 from foundry.backends.registry import BackendRegistry
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.nodes import KernelNode, MemcpyNode, MemsetNode, Node, UnsupportedNode
-from foundry.graphir.passes.classify import classify
-from foundry.graphir.passes.lint import Finding, LintReport
-from foundry.graphir.passes.summary import ArchiveSummary
+from foundry.inspect.lint import Finding, LintReport
+from foundry.inspect.summary import ArchiveSummary
 
 KERNEL_COLUMN = 34  # characters of the kernel name shown in the node table
 

@@ -67,13 +67,13 @@ def committed_marker(root: Path, save_id: str) -> Path:
 
 
 def failed_marker(root: Path, save_id: str) -> Path:
-    """The file that says a rank of SAVE ``save_id`` failed (``foundry.runtime.rank_runs``)."""
+    """The file that says a rank of SAVE ``save_id`` failed (``foundry.runtime.launch.rank_runs``)."""
     return root / f".failed.{save_id}"
 
 
 def check_save_id(root: Path, save_id: str) -> None:
     """Refuse an id that could leave the archive directory, or that was committed or
-    failed there before (``foundry.runtime.rank_runs`` marks a failed one)."""
+    failed there before (``foundry.runtime.launch.rank_runs`` marks a failed one)."""
     check_id_form(save_id)
     for marker, what in ((committed_marker, "was committed here already"), (failed_marker, "failed here before")):
         if marker(root, save_id).exists():

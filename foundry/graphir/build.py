@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from foundry.cuda import KernelNodeParamsLayout, cu, driver
 from foundry.errors import IRError
+from foundry.graphir.cuda import KernelNodeParamsLayout, cu, driver
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import KernelIdentity
 from foundry.graphir.nodes import (
@@ -74,7 +74,7 @@ class BuiltGraph:
         cu("cuGraphLaunch", self.exec, driver().CUstream(stream))
 
     def destroy(self) -> None:
-        if self.exec is not None:  # None: built, not yet instantiated (foundry.runtime.instantiation)
+        if self.exec is not None:  # None: built, not yet instantiated (foundry.runtime.graphs.instantiation)
             cu("cuGraphExecDestroy", self.exec)
         cu("cuGraphDestroy", self.graph)
         for event in self.events:

@@ -17,8 +17,8 @@ from typing import Any, Protocol
 
 import msgspec
 
-from foundry.cuda import KernelNodeParamsLayout, cu, driver, handle_value, try_cu
 from foundry.errors import DriverError
+from foundry.graphir.cuda import KernelNodeParamsLayout, cu, driver, handle_value, try_cu
 from foundry.graphir.graph import Edge, EdgeData, GraphIR, MetaValue
 from foundry.graphir.kernel import (
     FuncAttribute,
@@ -441,7 +441,7 @@ def lower(
     ``resolver`` to number discovered allocations consistently across graphs,
     and ``functions`` (e.g. :class:`foundry.graphir.build.LiveFunctions`) to
     collect this process's function handles for rebuilding in-process;
-    ``images`` (e.g. :class:`foundry.runtime.images.HookImages`) fills in each
+    ``images`` (e.g. :class:`foundry.runtime.code.images.HookImages`) fills in each
     kernel's module image.
     """
     resolver = resolver or AddressResolver(regions)

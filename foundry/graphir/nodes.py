@@ -35,7 +35,7 @@ class KernelNode(msgspec.Struct, frozen=True, gc=False, tag="kernel", forbid_unk
     arg_mode: str = "params"
     func_attrs: tuple[FuncAttribute, ...] = ()
     # (offset, length) runs of ``params`` the launcher left uninitialised: they
-    # differed between two captures of the same step (see foundry.runtime.definedness)
+    # differed between two captures of the same step (see foundry.graphir.passes.definedness)
     undefined: tuple[tuple[int, int], ...] = ()
     packed_size: int | msgspec.UnsetType = msgspec.UNSET  # unset (not written) unless shorter
 

@@ -19,12 +19,12 @@ import msgspec
 from foundry.archive.reader import Archive
 from foundry.archive.schema import GraphEntry, ModuleState
 from foundry.backends.base import KernelMatch
+from foundry.backends.classify import classify, collective_counts
 from foundry.backends.registry import BackendRegistry
 from foundry.errors import LintError
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.kinds import NodeKind
 from foundry.graphir.nodes import UnsupportedNode
-from foundry.graphir.passes.classify import classify, collective_counts
 
 
 class Severity(StrEnum):

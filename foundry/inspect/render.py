@@ -9,8 +9,8 @@ from rich.text import Text
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.nodes import KernelNode, MemcpyNode, MemsetNode
 from foundry.graphir.passes.diff import ArchiveDiff, GraphDiff, Status
-from foundry.graphir.passes.lint import LintReport, Severity
-from foundry.graphir.passes.summary import ArchiveSummary
+from foundry.inspect.lint import LintReport, Severity
+from foundry.inspect.summary import ArchiveSummary
 
 
 def human_bytes(n: int) -> str:

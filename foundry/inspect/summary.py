@@ -12,9 +12,9 @@ from typing import Any
 import msgspec
 
 from foundry.archive.reader import Archive
+from foundry.backends.classify import collective_counts
 from foundry.backends.registry import BackendRegistry
 from foundry.graphir.graph import GraphIR
-from foundry.graphir.passes.classify import collective_counts
 
 
 @dataclass

@@ -3,8 +3,8 @@
 Everything here imports torch and cuda-bindings lazily, inside functions.
 """
 
-from foundry.runtime.load import LoadSession
-from foundry.runtime.save import SaveSession
-from foundry.runtime.session import Session, open_session
+from foundry.runtime.sessions.base import Session, open_session
+from foundry.runtime.sessions.load import LoadSession
+from foundry.runtime.sessions.save import SaveSession
 
 __all__ = ["LoadSession", "SaveSession", "Session", "open_session"]

@@ -52,9 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     from cuda.bindings import driver
 
     from foundry.archive.files import atomic_write
-    from foundry.runtime.hook import Hook
-    from foundry.runtime.session import open_session
-    from foundry.runtime.tensors import tensor_at
+    from foundry.runtime.graphs.tensors import tensor_at
+    from foundry.runtime.native.hook import Hook
+    from foundry.runtime.sessions.base import open_session
 
     rank, peer_rank = args.rank, 1 - args.rank
     args.exchange.mkdir(parents=True, exist_ok=True)

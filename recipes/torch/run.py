@@ -36,7 +36,7 @@ from decoder import CONFIGS, Decoder, TensorParallel, sample
 from process_group import start_group
 from timing import median_ms
 
-from foundry.runtime.session import open_session
+from foundry.runtime.sessions.base import open_session
 
 TINY_BATCHES = (1, 2, 4, 8, 16, 32)
 # SGLang's default decode batch sizes up to 256: 36 graphs
@@ -82,7 +82,7 @@ def nccl_tp(session, rank: int, world_size: int) -> TensorParallel:
     os.environ.update(PINNED_ENV)  # read by NCCL when the communicator is made, just below
     start_group(rank, world_size, "29551")
     if session.mode != "off":
-        from foundry.runtime.hook import Hook
+        from foundry.runtime.native.hook import Hook
 
         hook = Hook.attach()
         session.attach("nccl-ipc", world_size=world_size, rank=rank,

@@ -11,21 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from textual import work
-from textual.app import ComposeResult
-from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
-from textual.message import Message
-from textual.screen import Screen
-from textual.widgets import Footer, Header, TabbedContent, TabPane
-
-from foundry.archive.files import atomic_write
-from foundry.archive.schema import GraphEntry
-from foundry.backends.registry import BackendRegistry
-from foundry.errors import FoundryError
-from foundry.graphir.passes.export import export
-from foundry.graphir.passes.lint import LintReport, lint
-from foundry.graphir.passes.summary import ArchiveSummary, summarize
 from foundry.tui.describe import describe_node
 from foundry.tui.model import (
     LoadedGraph,
@@ -46,6 +31,21 @@ from foundry.tui.widgets.node_table import NodeTable
 from foundry.tui.widgets.search_bar import SearchBar
 from foundry.tui.widgets.status_line import StatusLine
 from foundry.tui.widgets.summary_pane import SummaryPane
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer, Header, TabbedContent, TabPane
+
+from foundry.archive.files import atomic_write
+from foundry.archive.schema import GraphEntry
+from foundry.backends.registry import BackendRegistry
+from foundry.errors import FoundryError
+from foundry.graphir.passes.export import export
+from foundry.inspect.lint import LintReport, lint
+from foundry.inspect.summary import ArchiveSummary, summarize
 
 JUMPS = {"collectives": "collective", "unresolved": "unresolved operand"}
 

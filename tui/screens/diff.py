@@ -8,6 +8,12 @@ decodes the two versions of the graph under the cursor (another worker).
 
 from __future__ import annotations
 
+from foundry.tui.model import OpenedArchive, next_id
+from foundry.tui.widgets.environment_diff import EnvironmentDiff
+from foundry.tui.widgets.graph_diff_list import STATUS_TEXT, GraphDiffList
+from foundry.tui.widgets.node_compare import NodeCompare
+from foundry.tui.widgets.node_diff_table import NodeDiffTable
+from foundry.tui.widgets.status_line import StatusLine
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -19,12 +25,6 @@ from textual.widgets import Footer, Header
 from foundry.errors import FoundryError
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.passes.diff import ArchiveDiff, GraphDiff, NodeDiff, Status, diff_archives
-from foundry.tui.model import OpenedArchive, next_id
-from foundry.tui.widgets.environment_diff import EnvironmentDiff
-from foundry.tui.widgets.graph_diff_list import STATUS_TEXT, GraphDiffList
-from foundry.tui.widgets.node_compare import NodeCompare
-from foundry.tui.widgets.node_diff_table import NodeDiffTable
-from foundry.tui.widgets.status_line import StatusLine
 
 
 class DiffScreen(Screen):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from foundry.tui.describe import change_key, compare_fields
 from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -18,7 +19,6 @@ from textual.widgets import Static
 
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.passes.diff import NodeDiff, Status
-from foundry.tui.describe import change_key, compare_fields
 
 A_STYLE = "bold red"
 B_STYLE = "bold green"

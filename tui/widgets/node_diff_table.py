@@ -3,12 +3,12 @@ the fields that differ; edges only one side has follow the nodes."""
 
 from __future__ import annotations
 
+from foundry.tui.describe import change_key
 from rich.text import Text
 from textual.message import Message
 from textual.widgets import DataTable
 
 from foundry.graphir.passes.diff import GraphDiff, NodeDiff, Status
-from foundry.tui.describe import change_key
 
 MARKS = {Status.CHANGED: ("~", "bold yellow"), Status.ONLY_A: ("-", "bold red"), Status.ONLY_B: ("+", "bold green")}
 

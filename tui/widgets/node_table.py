@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from foundry.tui.model import KERNEL_COLUMN, LoadedGraph
 from textual.message import Message
 from textual.widgets import DataTable
-
-from foundry.tui.model import KERNEL_COLUMN, LoadedGraph
 
 #: (label, width) of each column; fixed widths keep a 2,000-row table fast to fill.
 COLUMNS = (

@@ -1,8 +1,8 @@
 """The summary pane: kernel histogram, collectives by kind, regions with sizes,
 unresolved pointers and lint findings of the whole archive.
 
-It renders :class:`~foundry.graphir.passes.summary.ArchiveSummary` and
-:class:`~foundry.graphir.passes.lint.LintReport` as the passes return them;
+It renders :class:`~foundry.inspect.summary.ArchiveSummary` and
+:class:`~foundry.inspect.lint.LintReport` as the passes return them;
 the screen computes both in a worker and hands them over.
 """
 
@@ -15,9 +15,9 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from foundry.graphir.passes.lint import LintReport, Severity
-from foundry.graphir.passes.summary import ArchiveSummary
-from foundry.render import human_bytes
+from foundry.inspect.lint import LintReport, Severity
+from foundry.inspect.render import human_bytes
+from foundry.inspect.summary import ArchiveSummary
 
 MAX_FINDINGS = 500  # rows of the findings table; the rest is counted
 

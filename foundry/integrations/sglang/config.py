@@ -25,7 +25,7 @@ from typing import Literal
 import msgspec
 
 from foundry.errors import FoundryError
-from foundry.runtime.session import MODES, WARMUP_MODES
+from foundry.runtime.sessions.base import MODES, WARMUP_MODES
 
 CONFIG_VARIABLE = "FOUNDRY_SGLANG_CONFIG"
 

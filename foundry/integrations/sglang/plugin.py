@@ -102,7 +102,7 @@ def _prepare_children(config: PluginConfig) -> None:
     describe the session to them (spawned processes inherit this environment)."""
     from pathlib import Path
 
-    from foundry.runtime import launcher
+    from foundry.runtime.launch import launcher
 
     run = launcher.RunConfig(config.mode, Path(config.archive or ""), config.region_base, config.region_size,
                              config.warmup)  # fmt: skip
@@ -161,9 +161,9 @@ def _says_refusals(hook: Callable[..., Any]) -> Callable[..., Any]:
 @_says_refusals
 def _on_scheduler_start(*args: Any, **kwargs: Any) -> None:
     global _state
-    from foundry.runtime.load import LoadSession
-    from foundry.runtime.save import SaveSession
-    from foundry.runtime.session import load_options
+    from foundry.runtime.sessions.base import load_options
+    from foundry.runtime.sessions.load import LoadSession
+    from foundry.runtime.sessions.save import SaveSession
 
     config = load_config()
     if config.mode == "off":

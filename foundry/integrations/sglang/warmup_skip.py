@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from foundry.graphir.graph import GraphIR
-from foundry.runtime.definedness import AddressRanges
+from foundry.graphir.passes.definedness import AddressRanges
 
 VERDICT = "sglang.warmup_skip"
 SAFE = "safe"

@@ -5,7 +5,7 @@ process loaded that same image itself (the hook's registry has it), the kernel
 binds to the live copy: its module globals are the ones the application set
 up. Otherwise the archived image is loaded once and the kernel binds to it.
 Either way the image's device globals are checked or restored first
-(:mod:`foundry.runtime.module_globals`).
+(:mod:`foundry.runtime.code.module_globals`).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import Any
 
 from foundry.archive.reader import Archive
 from foundry.archive.schema import ImageRecord
-from foundry.cuda import cu, driver, handle_value
 from foundry.errors import DriftError, HookError
+from foundry.graphir.cuda import cu, driver, handle_value
 from foundry.graphir.kernel import KernelIdentity
-from foundry.runtime.hook import Hook, Image
-from foundry.runtime.module_globals import check_live, restore_fresh
+from foundry.runtime.code.module_globals import check_live, restore_fresh
+from foundry.runtime.native.hook import Hook, Image
 
 
 class ArchiveFunctions:

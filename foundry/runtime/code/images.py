@@ -7,8 +7,8 @@ which library or module that is; the registry says which image it came from.
 
 from __future__ import annotations
 
-from foundry.cuda import cu, driver, handle_value
-from foundry.runtime.hook import Hook, Image
+from foundry.graphir.cuda import cu, driver, handle_value
+from foundry.runtime.native.hook import Hook, Image
 
 
 class HookImages:

@@ -36,9 +36,9 @@ from typing import Any
 import msgspec
 
 from foundry.archive.schema import GlobalRecord, ImageRecord
-from foundry.cuda import cu, driver, handle_value
 from foundry.errors import DriftError
-from foundry.runtime.definedness import AddressRanges, host_ranges
+from foundry.graphir.cuda import cu, driver, handle_value
+from foundry.graphir.passes.definedness import AddressRanges, host_ranges
 
 ELF_MAGIC = b"\x7fELF"
 FATBIN_MAGIC = 0xBA55ED50

@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from foundry.cuda import cu
 from foundry.errors import FoundryError
+from foundry.graphir.cuda import cu
 
 
 def in_context(context: Any) -> Callable[[Any], Any]:

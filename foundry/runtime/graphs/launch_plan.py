@@ -21,7 +21,7 @@ from foundry.archive.schema import LaunchPlan, PlanKernel
 from foundry.errors import IRError
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import KernelIdentity
-from foundry.runtime.validate import REGION
+from foundry.runtime.sessions.validate import REGION
 
 
 class _FunctionTable:
@@ -44,7 +44,7 @@ class _FunctionTable:
 def plannable(ir: GraphIR) -> bool:
     """Whether ``ir`` gets a plan: natively buildable, every operand in the region,
     every kernel's image known."""
-    from foundry.runtime.native_build import supported
+    from foundry.runtime.graphs.native_build import supported
 
     return (
         supported(ir)
@@ -55,7 +55,7 @@ def plannable(ir: GraphIR) -> bool:
 
 def make_plan(ir: GraphIR) -> tuple[bytes, tuple[PlanKernel, ...]] | None:
     """The packed description of ``ir`` and its function table, or None (see :func:`plannable`)."""
-    from foundry.runtime.native_build import pack
+    from foundry.runtime.graphs.native_build import pack
 
     if not plannable(ir):
         return None
@@ -85,7 +85,7 @@ def build_plans(lib: ctypes.CDLL, plans: Sequence[tuple[str, bytes, LaunchPlan]]
     (the exec None when ``instantiate`` is false: the caller instantiates).
     ``function(kernel)`` returns the live handle with the kernel's attributes applied;
     every copy and set must lie in ``bounds``, the region SAVE used."""
-    from foundry.cuda import driver
+    from foundry.graphir.cuda import driver
 
     if not plans:
         return []

@@ -106,7 +106,7 @@ def build_native(lib: ctypes.CDLL, ir: GraphIR, functions: FunctionResolver, *, 
                  applied: set[int] | None = None, timing: dict[str, float] | None = None) -> BuiltGraph:  # fmt: skip
     """Build and instantiate ``ir`` in the current context with the native builder.
     ``timing`` accumulates the seconds spent packing (Python) and in the C call."""
-    from foundry.cuda import driver
+    from foundry.graphir.cuda import driver
 
     started = time.perf_counter()
     applied = set() if applied is None else applied

@@ -67,7 +67,7 @@ class PhiloxReplay:
     def __init__(self, record: RngRecord, base: int) -> None:
         import torch
 
-        from foundry.runtime.tensors import tensor_at
+        from foundry.runtime.graphs.tensors import tensor_at
 
         self.increment = record.increment
         self.generator = torch.cuda.default_generators[torch.cuda.current_device()]

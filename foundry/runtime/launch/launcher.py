@@ -1,13 +1,13 @@
 """``foundry run``: start a program with the native hook and a SAVE/LOAD session configured.
 
-The program itself opens the session (:func:`foundry.runtime.session.open_session`);
+The program itself opens the session (:func:`foundry.runtime.sessions.base.open_session`);
 the launcher sets ``LD_PRELOAD`` and the ``FOUNDRY_*`` variables, and for a LOAD
 checks the archive before anything starts, taking the region base and size SAVE used.
 
 A SAVE runs with address-space randomisation off and ``PYTHONHASHSEED=0``:
 launchers leave return addresses and heap pointers in the unused bytes of
 kernel parameters, and with a fixed layout two SAVEs leave the same ones, so
-their fingerprints agree (see :mod:`foundry.runtime.definedness`). The second
+their fingerprints agree (see :mod:`foundry.graphir.passes.definedness`). The second
 run of a SAVE pads the environment by a few KiB, which moves the initial stack
 and the heap: every leftover that depends on the layout then differs between
 the runs and is marked undefined. Without the pad the runs differ only by the
@@ -33,8 +33,8 @@ from foundry.archive.rank_parts import PART_FILE, check_save_id, read_part
 from foundry.archive.reader import Archive
 from foundry.archive.schema import CATALOG_FILE
 from foundry.errors import DriftError, FoundryError, HookError
-from foundry.runtime import rank_runs
-from foundry.runtime.hook import LIBRARY, library_path
+from foundry.runtime.launch import rank_runs
+from foundry.runtime.native.hook import LIBRARY, library_path
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ def _start(command: list[str], config: RunConfig, stop: Callable[[], bool] | Non
 def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Callable[[str], None] = print) -> int:
     """Run ``command`` under the hook; a SAVE runs it ``save_runs`` times in fresh
     processes and marks in the archive every parameter byte the runs disagree on
-    (:func:`foundry.runtime.definedness.merge_saves`); with several ranks, every rank's
+    (:func:`foundry.graphir.passes.definedness.merge_saves`); with several ranks, every rank's
     launcher does so together. Returns the exit code."""
     if config.mode == "save" and (config.archive / CATALOG_FILE).exists() and not config.overwrite:
         raise FoundryError("already holds an archive (pass --overwrite to replace it)", path=str(config.archive))
@@ -230,7 +230,7 @@ def _save_again(config: RunConfig, command: list[str], run_index: int, save_runs
     """One process: run the program again and mark what the two archives disagree on."""
     import shutil
 
-    from foundry.runtime.definedness import merge_saves
+    from foundry.graphir.passes.definedness import merge_saves
 
     again = _later_run(config, run_index)
     log(f"foundry: SAVE run {run_index} of {save_runs} (a fresh process, to find bytes the runs disagree on)")

@@ -127,7 +127,7 @@ def library_path() -> Path | None:
     """Where the built hook is: ``FOUNDRY_HOOK_LIB``, the package, or the source tree's build."""
     candidates = [os.environ.get("FOUNDRY_HOOK_LIB")]
     here = Path(__file__).resolve()
-    candidates += [str(here.parent.parent / "_native" / LIBRARY), str(here.parents[2] / "native" / "build" / LIBRARY)]
+    candidates += [str(here.parents[2] / "_native" / LIBRARY), str(here.parents[3] / "native" / "build" / LIBRARY)]
     for candidate in candidates:
         if candidate and Path(candidate).is_file():
             return Path(candidate)

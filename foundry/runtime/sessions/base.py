@@ -12,10 +12,10 @@ The program runs the same code in every mode; the session decides what
     graphs[8].replay(); graphs[8].outputs
 
 - ``off``: a plain capture, for baselines (this module's :class:`Session`).
-- ``save``: :class:`foundry.runtime.save.SaveSession` — capture (and capture
+- ``save``: :class:`foundry.runtime.sessions.save.SaveSession` — capture (and capture
   again over perturbed leftovers, to find the parameter bytes nobody defined),
   lower with the hook's exact region, and at ``finish`` write the archive.
-- ``load``: :class:`foundry.runtime.load.LoadSession` — no capture. The first
+- ``load``: :class:`foundry.runtime.sessions.load.LoadSession` — no capture. The first
   ``graph()`` checks the warm-up repeated SAVE's allocations, maps the region up
   to SAVE's final offset, binds kernels to images, rebuilds and instantiates
   every graph.
@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from foundry.errors import FoundryError, HookError
-from foundry.runtime.hook import Hook
+from foundry.runtime.native.hook import Hook
 
 MODES = ("off", "save", "load")
 WARMUP_MODES = ("replay", "restore")  # LOAD: repeat the warm-up, or restore the bytes it left
@@ -162,8 +162,8 @@ def open_session(*, device: int = 0, model: dict[str, str] | None = None) -> Ses
     """The session ``foundry run`` asked for (``FOUNDRY_MODE``, ``FOUNDRY_ARCHIVE``,
     ``FOUNDRY_RANK``, ``FOUNDRY_WORLD_SIZE``, ``FOUNDRY_LOAD_WARMUP``, ``FOUNDRY_BUILDER``,
     ``FOUNDRY_BUILD_THREADS``, ``FOUNDRY_INSTANTIATE``, ``FOUNDRY_RELOCATE``, ``FOUNDRY_OVERWRITE``); mode ``off``
-    when none. Programs that need more control construct :class:`~foundry.runtime.save.SaveSession` or
-    :class:`~foundry.runtime.load.LoadSession` themselves."""
+    when none. Programs that need more control construct :class:`~foundry.runtime.sessions.save.SaveSession` or
+    :class:`~foundry.runtime.sessions.load.LoadSession` themselves."""
     mode = os.environ.get("FOUNDRY_MODE", "off") or "off"
     if mode not in MODES:
         raise FoundryError("unknown mode", field="FOUNDRY_MODE", expected=MODES, found=mode)
@@ -177,7 +177,7 @@ def open_session(*, device: int = 0, model: dict[str, str] | None = None) -> Ses
         raise FoundryError("FOUNDRY_RANK must be a rank number", field="FOUNDRY_RANK", found=text)
     rank = int(text)
     if mode == "save":
-        from foundry.runtime.save import SaveSession
+        from foundry.runtime.sessions.save import SaveSession
 
         size = os.environ.get("FOUNDRY_WORLD_SIZE", "1")
         if not size.isdigit() or not 0 <= rank < int(size):
@@ -185,13 +185,13 @@ def open_session(*, device: int = 0, model: dict[str, str] | None = None) -> Ses
                                found=size)  # fmt: skip
         overwrite = os.environ.get("FOUNDRY_OVERWRITE") == "1"
         return SaveSession(archive, device=device, rank=rank, world_size=int(size), model=model, overwrite=overwrite)
-    from foundry.runtime.load import LoadSession
+    from foundry.runtime.sessions.load import LoadSession
 
     return LoadSession(archive, device=device, rank=rank, **load_options())
 
 
 def load_options() -> dict[str, Any]:
-    """:class:`~foundry.runtime.load.LoadSession`'s options as ``foundry run`` set them
+    """:class:`~foundry.runtime.sessions.load.LoadSession`'s options as ``foundry run`` set them
     (``FOUNDRY_LOAD_WARMUP``, ``FOUNDRY_BUILDER``, ``FOUNDRY_BUILD_THREADS``, ``FOUNDRY_RELOCATE``,
     ``FOUNDRY_INSTANTIATE``)."""
     threads = os.environ.get("FOUNDRY_BUILD_THREADS", "1")

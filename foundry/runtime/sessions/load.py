@@ -16,12 +16,12 @@ from typing import Any
 from foundry.archive.reader import Archive
 from foundry.archive.schema import GraphEntry, PlanKernel, RegionRecord
 from foundry.backends.base import ProcessFacts
-from foundry.cuda import cu
 from foundry.errors import DriftError, FoundryError, HookError
+from foundry.graphir.cuda import cu
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import KernelIdentity
-from foundry.runtime.hook import Allocation, Hook
-from foundry.runtime.session import (
+from foundry.runtime.native.hook import Allocation, Hook
+from foundry.runtime.sessions.base import (
     WARMUP_MODES,
     RestoredGraph,
     Session,
@@ -30,8 +30,8 @@ from foundry.runtime.session import (
     init_cuda,
 )
 
-BUILDERS = ("python", "native")  # native: foundry.runtime.native_build and launch plans
-INSTANTIATE_MODES = ("now", "background")  # background: see foundry.runtime.instantiation
+BUILDERS = ("python", "native")  # native: foundry.runtime.graphs.native_build and launch plans
+INSTANTIATE_MODES = ("now", "background")  # background: see foundry.runtime.graphs.instantiation
 # backends whose kernels read communicator state a LOAD must validate, not just addresses
 COMMUNICATOR_BACKENDS = frozenset({"torch-symm-mem", "nccl-ipc", "custom-allreduce", "deepep-nvl"})
 
@@ -130,8 +130,8 @@ class LoadSession(Session):
         return backends
 
     def start(self) -> None:
-        from foundry.runtime.environment import current_environment
-        from foundry.runtime.validate import check_environment, check_modules, check_region
+        from foundry.runtime.sessions.environment import current_environment
+        from foundry.runtime.sessions.validate import check_environment, check_modules, check_region
 
         self.hook = Hook.attach()
         if self.hook.region().mode != "load":
@@ -254,10 +254,10 @@ class LoadSession(Session):
         import torch
 
         from foundry.graphir.build import BuiltGraph, apply_attributes
-        from foundry.runtime.functions import ArchiveFunctions
-        from foundry.runtime.instantiation import BackgroundInstantiation, in_context
-        from foundry.runtime.launch_plan import build_plans
-        from foundry.runtime.validate import check_image
+        from foundry.runtime.code.binding import ArchiveFunctions
+        from foundry.runtime.graphs.instantiation import BackgroundInstantiation, in_context
+        from foundry.runtime.graphs.launch_plan import build_plans
+        from foundry.runtime.sessions.validate import check_image
 
         started = self._restore_started = time.perf_counter()
         region = self.record.region
@@ -336,9 +336,9 @@ class LoadSession(Session):
                   instantiate: Callable[[Any], Any] | None = None) -> RestoredGraph:  # fmt: skip
         """A built graph with its outputs as tensors and its generator cells, as the program
         gets it; one not yet instantiated is instantiated by ``instantiate`` when first needed."""
-        from foundry.runtime.instantiation import PendingExec
-        from foundry.runtime.rng import PhiloxReplay
-        from foundry.runtime.tensors import outputs_at
+        from foundry.runtime.graphs.instantiation import PendingExec
+        from foundry.runtime.graphs.rng import PhiloxReplay
+        from foundry.runtime.graphs.tensors import outputs_at
 
         return RestoredGraph(
             built,
@@ -420,8 +420,8 @@ class LoadSession(Session):
                            warmup_copy_s=time.perf_counter() - read)  # fmt: skip
 
     def _build_all(self, region: RegionRecord, irs: list[GraphIR]) -> dict[str, RestoredGraph]:
-        from foundry.runtime.functions import ArchiveFunctions
-        from foundry.runtime.validate import check_graph
+        from foundry.runtime.code.binding import ArchiveFunctions
+        from foundry.runtime.sessions.validate import check_graph
 
         begun = time.perf_counter()
         records = {r.sha256: r for r in self.record.images}
@@ -457,7 +457,7 @@ class LoadSession(Session):
                    applied: set[int]) -> Any:  # fmt: skip
         """Build one graph: natively if asked and possible, else from its topology's template."""
         from foundry.graphir.build import build, build_member
-        from foundry.runtime import native_build
+        from foundry.runtime.graphs import native_build
 
         if self.builder == "native" and native_build.supported(ir):
             return native_build.build_native(self.hook.lib, ir, functions, relocate=relocate, applied=applied,
@@ -536,7 +536,7 @@ class LoadSession(Session):
 
 def _region_base_at_save(base: int, name: str) -> int | None:
     """Where a region starts in a LOAD built from plans: the deterministic region at SAVE's base."""
-    from foundry.runtime.validate import REGION
+    from foundry.runtime.sessions.validate import REGION
 
     return base if name == REGION else None
 

@@ -13,13 +13,13 @@ from typing import Any
 from foundry.archive.schema import AllocationRecord, ImageRecord, RegionRecord, RngRecord, WarmupBytes
 from foundry.archive.writer import ArchiveWriter
 from foundry.backends.base import ProcessFacts, backend_facts
-from foundry.cuda import cu
 from foundry.errors import CaptureError, FoundryError, HookError
+from foundry.graphir.cuda import cu
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.regions import Region, RegionKind
-from foundry.runtime.hook import Hook
-from foundry.runtime.launch_plan import make_plan
-from foundry.runtime.session import CapturedGraph, Session, anchor_generator, check_active, init_cuda
+from foundry.runtime.graphs.launch_plan import make_plan
+from foundry.runtime.native.hook import Hook
+from foundry.runtime.sessions.base import CapturedGraph, Session, anchor_generator, check_active, init_cuda
 
 WARMUP_FILE = "warmup.bin"
 # (stack shift, fill pattern) of the extra captures that find undefined parameter bytes:
@@ -67,7 +67,7 @@ class SaveSession(Session):
 
     def start(self) -> None:
         from foundry.archive.schema import CATALOG_FILE
-        from foundry.runtime.environment import current_environment
+        from foundry.runtime.sessions.environment import current_environment
 
         if (self.path / CATALOG_FILE).exists() and not self.overwrite:  # refuse before any work
             raise FoundryError("already holds an archive (pass --overwrite to replace it)", path=str(self.path))
@@ -99,8 +99,8 @@ class SaveSession(Session):
     def graph(
         self, name: str, fn: Callable[[], Any], *, shape_key: int | None = None, runner: str | None = None
     ) -> CapturedGraph:
-        from foundry.runtime.capture import describe_outputs
-        from foundry.runtime.rng import measure_increment, philox_cells
+        from foundry.runtime.graphs.capture import describe_outputs
+        from foundry.runtime.graphs.rng import measure_increment, philox_cells
 
         if self.warmup_end is None:
             self._begin_capturing()
@@ -122,7 +122,7 @@ class SaveSession(Session):
         import torch
 
         from foundry.graphir.lower import AddressResolver
-        from foundry.runtime.images import HookImages
+        from foundry.runtime.code.images import HookImages
 
         self.anchor = anchor_generator()
         torch.cuda.synchronize()
@@ -168,7 +168,7 @@ class SaveSession(Session):
 
     def _mark_undefined(self, ir: GraphIR, name: str, fn: Callable[[], Any]) -> GraphIR:
         from foundry.graphir.operands import WORD
-        from foundry.runtime.definedness import host_ranges, mark_host_words, mark_undefined
+        from foundry.graphir.passes.definedness import host_ranges, mark_host_words, mark_undefined
 
         started = time.perf_counter()
         count = 0
@@ -187,7 +187,7 @@ class SaveSession(Session):
         return ir
 
     def finish(self) -> dict[str, Any]:
-        from foundry.runtime.module_globals import record_image
+        from foundry.runtime.code.module_globals import record_image
 
         if not hasattr(self, "hook"):
             raise FoundryError("finish() before start(): call session.start() before the first CUDA allocation")
@@ -212,7 +212,7 @@ class SaveSession(Session):
                 node=node.id,
                 kernel=node.kernel.name,
             )
-        from foundry.runtime.definedness import host_ranges, mark_alike
+        from foundry.graphir.passes.definedness import host_ranges, mark_alike
 
         if self._keeps_warmup_bytes_until("finish"):
             import torch

@@ -1,0 +1,1 @@
+"""SAVE and LOAD sessions: what a program opens to persist its graphs and get them back."""
