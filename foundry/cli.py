@@ -123,7 +123,7 @@ def archive_diff(a: str, b: str, relocations: bool, as_json: bool) -> int:
     """Environment, graph set, fingerprints and node-level differences of two archives.
 
     Exits 0 when identical (with --relocations: when every change is a relocation), 1 otherwise."""
-    from foundry.graphir.passes.diff import diff_archives
+    from foundry.inspect.archive_diff import diff_archives
     from foundry.inspect.render import render_diff
 
     if relocations:

@@ -12,7 +12,8 @@ from foundry.archive import Archive
 from foundry.cli import main
 from foundry.graphir.graph import Edge
 from foundry.graphir.nodes import KernelNode
-from foundry.graphir.passes.diff import Status, diff_archives, node_label
+from foundry.graphir.passes.diff import Status, node_label
+from foundry.inspect.archive_diff import diff_archives
 
 from .archive_tools import edit_graph, edit_json
 from .conftest import FIXTURES

@@ -19,8 +19,8 @@ from foundry.archive import Archive
 from foundry.archive.schema import CATALOG_FILE
 from foundry.cli import main
 from foundry.errors import FoundryError
-from foundry.graphir.passes.diff import diff_archives
 from foundry.graphir.passes.export import export
+from foundry.inspect.archive_diff import diff_archives
 from foundry.inspect.lint import lint
 from foundry.inspect.summary import summarize
 

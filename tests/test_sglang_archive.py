@@ -19,7 +19,8 @@ from foundry.archive import Archive
 from foundry.archive.schema import ModuleState
 from foundry.cli import main
 from foundry.errors import DriftError
-from foundry.graphir.passes.diff import REBUILT, Status, diff_archives
+from foundry.graphir.passes.diff import REBUILT, Status
+from foundry.inspect.archive_diff import diff_archives
 from foundry.runtime.sessions.validate import check_modules
 
 from .archive_tools import edit_graph

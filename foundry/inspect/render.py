@@ -8,7 +8,8 @@ from rich.text import Text
 
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.nodes import KernelNode, MemcpyNode, MemsetNode
-from foundry.graphir.passes.diff import ArchiveDiff, GraphDiff, Status
+from foundry.graphir.passes.diff import GraphDiff, Status
+from foundry.inspect.archive_diff import ArchiveDiff
 from foundry.inspect.lint import LintReport, Severity
 from foundry.inspect.summary import ArchiveSummary
 

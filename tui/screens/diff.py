@@ -1,7 +1,7 @@
 """Diff two archives: graphs with their status, the differing nodes of a
 changed graph aligned side by side, and the environment diff.
 
-The diff itself is :func:`foundry.graphir.passes.diff.diff_archives`, run in a
+The diff itself is :func:`foundry.inspect.archive_diff.diff_archives`, run in a
 worker; this screen only renders it. To lay whole nodes side by side it also
 decodes the two versions of the graph under the cursor (another worker).
 """
@@ -24,7 +24,8 @@ from textual.widgets import Footer, Header
 
 from foundry.errors import FoundryError
 from foundry.graphir.graph import GraphIR
-from foundry.graphir.passes.diff import ArchiveDiff, GraphDiff, NodeDiff, Status, diff_archives
+from foundry.graphir.passes.diff import GraphDiff, NodeDiff, Status
+from foundry.inspect.archive_diff import ArchiveDiff, diff_archives
 
 
 class DiffScreen(Screen):

@@ -10,7 +10,7 @@ from foundry.graphir.passes.diff import FieldChange
 
 
 class EnvironmentDiff(Static):
-    """The environment part of an :class:`~foundry.graphir.passes.diff.ArchiveDiff`."""
+    """The environment part of an :class:`~foundry.inspect.archive_diff.ArchiveDiff`."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__(Text("comparing...", style="dim"), **kwargs)

@@ -6,7 +6,8 @@ from rich.text import Text
 from textual.message import Message
 from textual.widgets import DataTable
 
-from foundry.graphir.passes.diff import ArchiveDiff, GraphDiff, Status
+from foundry.graphir.passes.diff import GraphDiff, Status
+from foundry.inspect.archive_diff import ArchiveDiff
 
 STATUS_TEXT = {
     Status.SAME: ("same", "dim"),

@@ -1,14 +1,13 @@
-"""``foundry archive diff``: what differs between two archives, aligned for people.
+"""What differs between two graphs, aligned for people.
 
-Graphs are compared by fingerprint first; a changed graph's nodes are aligned
-by (kind, kernel) with a longest-matching-block alignment, so one inserted node
-shows as one node only in B rather than as every later node changed. Matched
-nodes are compared field by field on their semantic views: kernel, launch
-config, scalar parameter bytes, and operand targets ``(region, offset)``.
-A parameter byte either SAVE marked undefined is left out on both sides: which
-unused bytes a SAVE's runs happen to disagree on varies from SAVE to SAVE, so two
-SAVEs of the same program can differ in fingerprint and still be the same graph
-(``undefined_only``).
+A changed graph's nodes are aligned by (kind, kernel) with a longest-matching-block
+alignment, so one inserted node shows as one node only in B rather than as every
+later node changed. Matched nodes are compared field by field on their semantic
+views: kernel, launch config, scalar parameter bytes, and operand targets
+``(region, offset)``. A parameter byte either SAVE marked undefined is left out on
+both sides: which unused bytes a SAVE's runs happen to disagree on varies from SAVE
+to SAVE, so two SAVEs of the same program can differ in fingerprint and still be
+the same graph (:mod:`foundry.inspect.archive_diff` says so: ``undefined_only``).
 A kernel whose mangled name differs only in nvcc's per-compilation anonymous-namespace
 id is the same source built twice (a JIT build per machine): it is aligned as the
 same kernel and its name change is marked ``kernel.rebuilt``.
@@ -24,8 +23,7 @@ from typing import Any
 
 import msgspec
 
-from foundry.archive.reader import Archive
-from foundry.graphir.fingerprint import fingerprint, operand_target, scalar_bytes
+from foundry.graphir.fingerprint import operand_target, scalar_bytes
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.nodes import KernelNode, Node
 from foundry.graphir.operands import Operand
@@ -88,56 +86,6 @@ class GraphDiff:
     edges_only_b: list[tuple[int, int]] = field(default_factory=list)
     undefined_only: bool = False  # SAME though the fingerprints differ: only in bytes one side marked undefined
     marks_differ: list[MarkDiff] = field(default_factory=list)  # where the two SAVEs' undefined bytes differ
-
-
-@dataclass
-class ArchiveDiff:
-    a: str
-    b: str
-    environment: list[FieldChange] = field(default_factory=list)
-    graphs: list[GraphDiff] = field(default_factory=list)
-
-    @property
-    def identical(self) -> bool:
-        return not self.environment and all(g.status is Status.SAME for g in self.graphs)
-
-    @property
-    def rebuilt_kernels(self) -> list[str]:
-        """Kernels (by label) that differ only by being another build of the same source."""
-        return sorted({n.label for g in self.graphs for n in g.nodes for c in n.changes if c.subject == REBUILT})
-
-    def to_dict(self) -> dict[str, Any]:
-        def graph(g: GraphDiff) -> dict[str, Any]:
-            return {
-                "rank": g.rank,
-                "graph": g.name,
-                "status": g.status.value,
-                "fingerprint_a": g.fingerprint_a,
-                "fingerprint_b": g.fingerprint_b,
-                "undefined_only": g.undefined_only,
-                "marks_differ": [vars(m) for m in g.marks_differ],
-                "nodes": [
-                    {
-                        "status": n.status.value,
-                        "a": n.a,
-                        "b": n.b,
-                        "label": n.label,
-                        "changes": [vars(c) for c in n.changes],
-                    }
-                    for n in g.nodes
-                ],
-                "edges_only_a": g.edges_only_a,
-                "edges_only_b": g.edges_only_b,
-            }
-
-        return {
-            "a": self.a,
-            "b": self.b,
-            "identical": self.identical,
-            "rebuilt_kernels": self.rebuilt_kernels,
-            "environment": [vars(c) for c in self.environment],
-            "graphs": [graph(g) for g in self.graphs],
-        }
 
 
 # -- nodes ------------------------------------------------------------------------
@@ -270,32 +218,6 @@ def diff_graphs(a: GraphIR, b: GraphIR, *, rank: int = 0) -> GraphDiff:
     return result
 
 
-# -- archives ---------------------------------------------------------------------
-
-
-def _environment_changes(a: Archive, b: Archive) -> list[FieldChange]:
-    changes = []
-    env_a, env_b = msgspec.structs.asdict(a.catalog.environment), msgspec.structs.asdict(b.catalog.environment)
-    for key in env_a:
-        if env_a[key] != env_b[key]:
-            changes.append(FieldChange(f"environment.{key}", str(env_a[key]), str(env_b[key])))
-    for key in ("world_size", "format_version"):
-        va, vb = getattr(a.catalog, key), getattr(b.catalog, key)
-        if va != vb:
-            changes.append(FieldChange(key, str(va), str(vb)))
-    if a.catalog.modules.state != b.catalog.modules.state:
-        changes.append(FieldChange("modules.state", a.catalog.modules.state, b.catalog.modules.state))
-    for key in sorted(a.catalog.model.keys() | b.catalog.model.keys()):
-        va, vb = a.catalog.model.get(key, "(absent)"), b.catalog.model.get(key, "(absent)")
-        if va != vb:
-            changes.append(FieldChange(f"model.{key}", va, vb))
-    return changes
-
-
-def _marks(ir: GraphIR) -> dict[int, tuple[tuple[int, int], ...]]:
-    return {node.id: node.undefined for node in ir.kernels() if node.undefined}
-
-
 def mark_differences(a: GraphIR, b: GraphIR) -> list[MarkDiff]:
     """Kernel nodes (paired by id: the graphs have the same nodes) whose undefined bytes
     differ between the two SAVEs, with how many bytes each marked alone."""
@@ -308,37 +230,3 @@ def mark_differences(a: GraphIR, b: GraphIR) -> list[MarkDiff]:
         if mine != theirs:
             out.append(MarkDiff(node.id, node_label(node), len(mine - theirs), len(theirs - mine)))
     return out
-
-
-def _same_under_both_marks(a: GraphIR, b: GraphIR) -> bool:
-    """Whether the two graphs fingerprint alike once each also leaves out the other's
-    undefined bytes (recomputed: the recorded fingerprints are not trusted for this)."""
-    return fingerprint(a, _marks(b)) == fingerprint(b, _marks(a))
-
-
-def diff_archives(a: Archive, b: Archive) -> ArchiveDiff:
-    """Environment, graph set, fingerprints and node-level differences of two archives."""
-    result = ArchiveDiff(str(a.root), str(b.root), _environment_changes(a, b))
-    for rank in sorted(set(a.ranks) | set(b.ranks)):
-        entries_a = {e.name: e for e in a.entries(rank)} if rank in a.ranks else {}
-        entries_b = {e.name: e for e in b.entries(rank)} if rank in b.ranks else {}
-        for name in sorted(entries_a.keys() | entries_b.keys()):
-            ea, eb = entries_a.get(name), entries_b.get(name)
-            if eb is None:
-                result.graphs.append(GraphDiff(rank, name, Status.ONLY_A, ea.fingerprint))
-            elif ea is None:
-                result.graphs.append(GraphDiff(rank, name, Status.ONLY_B, None, eb.fingerprint))
-            elif ea.fingerprint == eb.fingerprint:
-                result.graphs.append(GraphDiff(rank, name, Status.SAME, ea.fingerprint, eb.fingerprint))
-            else:
-                ga, gb = a.graph(rank, ea), b.graph(rank, eb)
-                graph = diff_graphs(ga, gb, rank=rank)
-                graph.fingerprint_a, graph.fingerprint_b = ea.fingerprint, eb.fingerprint
-                if graph.status is Status.SAME:  # no field differs: honest records that agree over both marks
-                    honest = fingerprint(ga) == ea.fingerprint and fingerprint(gb) == eb.fingerprint
-                    graph.undefined_only = honest and _same_under_both_marks(ga, gb)
-                    graph.status = Status.SAME if graph.undefined_only else Status.CHANGED
-                    if graph.undefined_only:
-                        graph.marks_differ = mark_differences(ga, gb)
-                result.graphs.append(graph)
-    return result
