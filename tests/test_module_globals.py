@@ -114,7 +114,7 @@ def test_words_holding_host_addresses_are_the_processs_own(monkeypatch):
     the bytes the driver would return (``_read_global`` replaced)."""
     from foundry.archive.schema import ImageRecord
     from foundry.errors import DriftError
-    from foundry.graphir.passes.definedness import AddressRanges
+    from foundry.graphir.regions import AddressRanges
     from foundry.runtime.code import module_globals as mg
 
     save_host = AddressRanges([(0x7FFC_0000_0000, 0x7FFD_0000_0000),
@@ -160,8 +160,8 @@ def test_a_session_with_host_words_is_written_at_version_3():
 def test_host_words_come_from_host_accessible_ranges_only():
     """The CUDA driver reserves device addresses in the host's map without access
     (``---p``); a global holding a region address stays compared by value."""
-    from foundry.graphir.passes.definedness import host_ranges
     from foundry.runtime.code.module_globals import _record
+    from foundry.runtime.host_maps import host_ranges
 
     maps = ("600000000000-600400000000 ---p 00000000 00:00 0\n"
             "7ffccff00000-7ffccff40000 rw-s 00000000 00:05 12 /dev/nvidiactl\n")  # fmt: skip

@@ -23,10 +23,12 @@ from foundry.graphir.fingerprint import fingerprint, topology_key
 from foundry.graphir.graph import Edge, EdgeData
 from foundry.graphir.kernel import parameter_types
 from foundry.graphir.operands import OperandSite
-from foundry.graphir.passes.definedness import AddressRanges, host_ranges, mark_host_words, mark_undefined, merge_saves
-from foundry.graphir.regions import Region, RegionKind
+from foundry.graphir.passes.definedness import mark_host_words, mark_undefined
+from foundry.graphir.regions import AddressRanges, Region, RegionKind
 from foundry.runtime.graphs.rng import philox_cells
+from foundry.runtime.host_maps import host_ranges
 from foundry.runtime.launch import launcher
+from foundry.runtime.launch.merge import merge_saves
 from foundry.runtime.sessions.base import Session, load_options, open_session
 from foundry.runtime.sessions.load import LoadSession
 from foundry.runtime.sessions.validate import check_environment, check_graph, check_modules, check_region
@@ -464,7 +466,7 @@ def test_edits_that_break_the_region_record_are_caught(tmp_path, with_hook):
 def test_two_save_runs_merge_into_identical_fingerprints(tmp_path):
     """SAVE and SAVE2 from the H200 disagree on leftover bytes; merging each with the
     other marks exactly those, and then both fingerprint the same."""
-    from foundry.graphir.passes.definedness import merge_saves
+    from foundry.runtime.launch.merge import merge_saves
 
     a, b, a2 = tmp_path / "a", tmp_path / "b", tmp_path / "a2"
     for src, dst in ((SAVE_A, a), (SAVE_B, b), (SAVE_A, a2)):
@@ -485,7 +487,7 @@ def test_two_save_runs_merge_into_identical_fingerprints(tmp_path):
 
 
 def test_merging_refuses_runs_that_allocated_differently(tmp_path):
-    from foundry.graphir.passes.definedness import merge_saves
+    from foundry.runtime.launch.merge import merge_saves
 
     a, b = tmp_path / "a", tmp_path / "b"
     shutil.copytree(SAVE_A, a)

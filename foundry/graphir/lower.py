@@ -40,7 +40,7 @@ from foundry.graphir.nodes import (
     UnsupportedNode,
 )
 from foundry.graphir.operands import WORD, Operand, OperandSite
-from foundry.graphir.regions import UNRESOLVED, Region, RegionKind, RegionMap
+from foundry.graphir.regions import UNRESOLVED, AddressRanges, Region, RegionKind
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,8 @@ class AddressResolver:
     """
 
     def __init__(self, named: Iterable[Region] = (), *, query_driver: bool = True) -> None:
-        self.named = RegionMap(list(named))
-        self.discovered = RegionMap()
+        self.named = AddressRanges.of_regions(named)
+        self.discovered = AddressRanges()
         self.query_driver = query_driver
         self._misses: set[int] = set()
         self._counts = {RegionKind.ALLOC: 0, RegionKind.HOST: 0}
@@ -453,7 +453,7 @@ def lower(
     nodes = [state.node(i, h) for i, h in enumerate(handles)]
     edges = _edges(handle, index)
     used = {o.region for o in state.operands}
-    kept = list(resolver.named) + [r for r in resolver.discovered if r.name in used]
+    kept = resolver.named.regions() + [r for r in resolver.discovered.regions() if r.name in used]
     ir = GraphIR(name, regions=kept, meta=meta)
     ir.add_nodes(nodes)
     ir.add_edges(edges)

@@ -19,9 +19,6 @@ address mapped in the host process is not something a kernel can use.
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -30,6 +27,7 @@ from foundry.errors import CaptureError
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.nodes import KernelNode
 from foundry.graphir.operands import WORD, Operand, OperandSite
+from foundry.graphir.regions import AddressRanges
 
 
 def _runs(differs: list[bool]) -> tuple[tuple[int, int], ...]:
@@ -124,47 +122,11 @@ def mark_undefined(kept: GraphIR, probe: GraphIR) -> tuple[GraphIR, int]:
     return kept, undefined_bytes
 
 
-class AddressRanges:
-    """Sorted, disjoint ``(start, end)`` address ranges that answer ``address in ranges``
-    by binary search; ``ranges`` lists them."""
-
-    __slots__ = ("_starts", "ranges")
-
-    def __init__(self, ranges: Iterable[tuple[int, int]] = ()) -> None:
-        self.ranges = sorted(ranges)
-        self._starts = [start for start, _ in self.ranges]
-
-    @classmethod
-    def of_blocks(cls, blocks: Iterable[tuple[int, int]]) -> AddressRanges:
-        """The ranges of ``(address, size)`` blocks."""
-        return cls((address, address + size) for address, size in blocks)
-
-    def __contains__(self, address: int) -> bool:
-        i = bisect.bisect_right(self._starts, address) - 1
-        return i >= 0 and address < self.ranges[i][1]
-
-
-def host_ranges(maps: str | None = None, *, accessible: bool = False) -> AddressRanges:
-    """The address ranges mapped in this process (``/proc/self/maps``); with
-    ``accessible``, only those the host can read, write or execute: the CUDA driver
-    keeps device addresses out of host use with inaccessible (``---p``) reservations."""
-    if maps is None:
-        with open("/proc/self/maps") as f:
-            maps = f.read()
-    ranges = []
-    for line in maps.splitlines():
-        span, _, rest = line.partition(" ")
-        if accessible and rest[:3] == "---":
-            continue
-        start, _, end = span.partition("-")
-        ranges.append((int(start, 16), int(end, 16)))
-    return AddressRanges(ranges)
-
-
 def mark_host_words(ir: GraphIR, host: AddressRanges) -> tuple[GraphIR, int]:
     """Mark as undefined every 8-byte-aligned parameter word that is not an operand
-    and holds an address mapped in this (host) process (``host``): a return address
-    or heap pointer the launcher left behind. Kernels cannot use host addresses the
+    and holds an address mapped in the host process (``host``, see
+    :func:`foundry.runtime.host_maps.host_ranges`): a return address or heap pointer
+    the launcher left behind. Kernels cannot use host addresses the
     driver does not know; the ones it knows are operands already. Returns the words
     marked."""
     marked = 0
@@ -228,36 +190,3 @@ def _pointer_words(ir: GraphIR, node: KernelNode) -> set[int]:
         if any(lo <= value < hi for lo, hi in spans):
             words.add(offset)
     return words
-
-
-def merge_saves(primary: Path, other: Path) -> dict[str, int]:
-    """Mark in ``primary`` every parameter byte that differs from ``other``, an archive
-    of the same program saved by another process: leftovers that one process's
-    probes reproduce exactly (heap values of that process) differ between two.
-    Both archives must agree on ranks, graphs, topology and allocation trace."""
-    from foundry.archive.reader import Archive
-    from foundry.archive.rewrite import rewrite_rank_graphs
-
-    a, b = Archive.open(primary), Archive.open(other)
-    if a.ranks != b.ranks:
-        raise CaptureError("the two SAVE runs wrote different ranks", expected=a.ranks, found=b.ranks)
-    for rank in a.ranks:
-        ra, rb = a.session(rank).region, b.session(rank).region
-        if ra is None or rb is None or (ra.base, ra.final_offset, ra.trace) != (rb.base, rb.final_offset, rb.trace):
-            raise CaptureError("the two SAVE runs allocated differently; the program is not deterministic",
-                               field=f"rank{rank}.region")  # fmt: skip
-        names_a, names_b = [e.name for e in a.entries(rank)], [e.name for e in b.entries(rank)]
-        if names_a != names_b:
-            raise CaptureError("the two SAVE runs captured different graphs", field=f"rank{rank}.graphs",
-                               expected=names_a[:8], found=names_b[:8])  # fmt: skip
-    stats = {"graphs": 0, "undefined_bytes": 0}
-
-    def merge(rank: int, graphs: list[GraphIR]) -> list[GraphIR]:
-        irs = [mark_undefined(ir, b.graph(rank, ir.name))[0] for ir in graphs]
-        mark_alike(irs)
-        stats["graphs"] += len(irs)
-        stats["undefined_bytes"] += sum(len(n.undefined_offsets()) for ir in irs for n in ir.kernels())
-        return irs
-
-    rewrite_rank_graphs(a, merge, keep_plans=True)  # only undefined marks change
-    return stats

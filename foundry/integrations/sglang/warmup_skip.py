@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from foundry.graphir.graph import GraphIR
-from foundry.graphir.passes.definedness import AddressRanges
+from foundry.graphir.regions import AddressRanges
 
 VERDICT = "sglang.warmup_skip"
 SAFE = "safe"

@@ -38,7 +38,8 @@ import msgspec
 from foundry.archive.schema import GlobalRecord, ImageRecord
 from foundry.errors import DriftError
 from foundry.graphir.cuda import cu, driver, handle_value
-from foundry.graphir.passes.definedness import AddressRanges, host_ranges
+from foundry.graphir.regions import AddressRanges
+from foundry.runtime.host_maps import host_ranges
 
 ELF_MAGIC = b"\x7fELF"
 FATBIN_MAGIC = 0xBA55ED50

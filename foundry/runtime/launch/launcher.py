@@ -174,7 +174,7 @@ def _start(command: list[str], config: RunConfig, stop: Callable[[], bool] | Non
 def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Callable[[str], None] = print) -> int:
     """Run ``command`` under the hook; a SAVE runs it ``save_runs`` times in fresh
     processes and marks in the archive every parameter byte the runs disagree on
-    (:func:`foundry.graphir.passes.definedness.merge_saves`); with several ranks, every rank's
+    (:func:`foundry.runtime.launch.merge.merge_saves`); with several ranks, every rank's
     launcher does so together. Returns the exit code."""
     if config.mode == "save" and (config.archive / CATALOG_FILE).exists() and not config.overwrite:
         raise FoundryError("already holds an archive (pass --overwrite to replace it)", path=str(config.archive))
@@ -230,7 +230,7 @@ def _save_again(config: RunConfig, command: list[str], run_index: int, save_runs
     """One process: run the program again and mark what the two archives disagree on."""
     import shutil
 
-    from foundry.graphir.passes.definedness import merge_saves
+    from foundry.runtime.launch.merge import merge_saves
 
     again = _later_run(config, run_index)
     log(f"foundry: SAVE run {run_index} of {save_runs} (a fresh process, to find bytes the runs disagree on)")

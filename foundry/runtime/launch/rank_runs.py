@@ -1,7 +1,7 @@
 """The later runs of a SAVE made by several processes, one rank each.
 
 A SAVE runs its program more than once to find the parameter bytes the runs
-disagree on (:mod:`foundry.graphir.passes.definedness`). With several ranks the runs
+disagree on (:mod:`foundry.runtime.launch.merge`). With several ranks the runs
 need every rank at once (the ranks talk to each other), so every rank's
 ``foundry run`` makes them together: it waits until the first run is committed
 (``.committed.<id>``), runs its rank again into one archive the ranks share
@@ -63,7 +63,7 @@ def note_failure(first: Path) -> None:
 
 def save_again(first: Path, shared: Path, rank: int, run_index: int, start: Start, log: Callable[[str], None]) -> int:
     """SAVE run ``run_index`` of this rank into ``shared``, then the merge (by one launcher)."""
-    from foundry.graphir.passes.definedness import merge_saves
+    from foundry.runtime.launch.merge import merge_saves
 
     merged = first / f".merged.{run_id(run_index)}"
     try:

@@ -168,7 +168,8 @@ class SaveSession(Session):
 
     def _mark_undefined(self, ir: GraphIR, name: str, fn: Callable[[], Any]) -> GraphIR:
         from foundry.graphir.operands import WORD
-        from foundry.graphir.passes.definedness import host_ranges, mark_host_words, mark_undefined
+        from foundry.graphir.passes.definedness import mark_host_words, mark_undefined
+        from foundry.runtime.host_maps import host_ranges
 
         started = time.perf_counter()
         count = 0
@@ -212,7 +213,8 @@ class SaveSession(Session):
                 node=node.id,
                 kernel=node.kernel.name,
             )
-        from foundry.graphir.passes.definedness import host_ranges, mark_alike
+        from foundry.graphir.passes.definedness import mark_alike
+        from foundry.runtime.host_maps import host_ranges
 
         if self._keeps_warmup_bytes_until("finish"):
             import torch
