@@ -32,6 +32,14 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+_encode = msgspec.json.Encoder().encode
+
+
+def encode_record(record: msgspec.Struct) -> bytes:
+    """Canonical JSON of a catalog or session record, newline-terminated."""
+    return msgspec.json.format(_encode(record), indent=1) + b"\n"
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so readers see the old file or the new one, never a part."""
     path.parent.mkdir(parents=True, exist_ok=True)

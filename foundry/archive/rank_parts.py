@@ -24,7 +24,7 @@ from pathlib import Path
 import msgspec
 
 from foundry import __version__
-from foundry.archive.files import atomic_write
+from foundry.archive.files import atomic_write, encode_record
 from foundry.archive.reader import decode_typed
 from foundry.archive.schema import (
     ARCHIVE_FORMAT,
@@ -92,8 +92,6 @@ def write_part(root: Path, part: RankPart) -> None:
 def commit_when_complete(root: Path, world_size: int, save_id: str) -> bool:
     """Write the catalog if every rank's part of SAVE ``save_id`` is present and no
     other process took the commit; True when this call wrote it."""
-    from foundry.archive.writer import encode_record
-
     check_id_form(save_id)
     parts = [_part(root / f"rank{r}" / PART_FILE, save_id) for r in range(world_size)]
     if any(part is None for part in parts):

@@ -11,10 +11,9 @@ from collections.abc import Callable
 
 import msgspec
 
-from foundry.archive.files import atomic_write, sha256_hex
+from foundry.archive.files import atomic_write, encode_record, sha256_hex
 from foundry.archive.reader import Archive
 from foundry.archive.schema import CATALOG_FILE, GraphEntry, RankEntry
-from foundry.archive.writer import encode_record
 from foundry.graphir.codec import encode_graph
 from foundry.graphir.fingerprint import fingerprint, topology_key
 from foundry.graphir.graph import GraphIR

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import msgspec
 
-from foundry.archive.files import atomic_write, contained_path, sha256_hex
+from foundry.archive.files import atomic_write, contained_path, encode_record, sha256_hex
 from foundry.archive.reader import Archive
 from foundry.archive.schema import CATALOG_FILE, ModuleIndex, ModuleState, RankEntry
-from foundry.archive.writer import encode_record
 
 
 def strip(archive: Archive, *, keep_warmup: bool = False) -> dict[str, int]:

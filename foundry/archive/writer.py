@@ -8,9 +8,7 @@ import re
 import shutil
 from pathlib import Path
 
-import msgspec
-
-from foundry.archive.files import atomic_write, sha256_hex
+from foundry.archive.files import atomic_write, encode_record, sha256_hex
 from foundry.archive.outputs import OutputValue, check_output
 from foundry.archive.rank_parts import RankPart, check_save_id, commit_when_complete, make_catalog, write_part
 from foundry.archive.schema import (
@@ -37,13 +35,6 @@ from foundry.graphir.fingerprint import fingerprint, topology_key
 from foundry.graphir.graph import GraphIR
 
 GRAPH_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-_encode = msgspec.json.Encoder().encode
-
-
-def encode_record(record: msgspec.Struct) -> bytes:
-    """Canonical JSON of a catalog or session record, newline-terminated."""
-    return msgspec.json.format(_encode(record), indent=1) + b"\n"
 
 
 class RankWriter:
