@@ -43,7 +43,7 @@ def main() -> int:
 
     from foundry.errors import FoundryError
     from foundry.graphir.cuda import cu, driver
-    from foundry.runtime.sessions.base import open_session
+    from foundry.runtime.sessions.open import open_session
 
     drv = driver()
     try:

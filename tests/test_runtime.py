@@ -29,8 +29,9 @@ from foundry.runtime.graphs.rng import philox_cells
 from foundry.runtime.host_maps import host_ranges
 from foundry.runtime.launch import launcher
 from foundry.runtime.launch.merge import merge_saves
-from foundry.runtime.sessions.base import Session, load_options, open_session
+from foundry.runtime.sessions.base import Session
 from foundry.runtime.sessions.load import LoadSession
+from foundry.runtime.sessions.open import load_options, open_session
 from foundry.runtime.sessions.validate import check_environment, check_graph, check_modules, check_region
 
 from .archive_tools import edit_json, write_archive

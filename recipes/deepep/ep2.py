@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from foundry.integrations.deepep import buffer_facts, nvl_buffer
-    from foundry.runtime.sessions.base import open_session
+    from foundry.runtime.sessions.open import open_session
 
     session = open_session(device=args.rank, model={"recipe": "deepep-ep2"})
     session.start()

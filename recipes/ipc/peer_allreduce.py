@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     from foundry.archive.files import atomic_write
     from foundry.runtime.graphs.tensors import tensor_at
     from foundry.runtime.native.hook import Hook
-    from foundry.runtime.sessions.base import open_session
+    from foundry.runtime.sessions.open import open_session
 
     rank, peer_rank = args.rank, 1 - args.rank
     args.exchange.mkdir(parents=True, exist_ok=True)

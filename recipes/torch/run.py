@@ -36,7 +36,7 @@ from decoder import CONFIGS, Decoder, TensorParallel, sample
 from process_group import start_group
 from timing import median_ms
 
-from foundry.runtime.sessions.base import open_session
+from foundry.runtime.sessions.open import open_session
 
 TINY_BATCHES = (1, 2, 4, 8, 16, 32)
 # SGLang's default decode batch sizes up to 256: 36 graphs

@@ -32,7 +32,7 @@ import torch.distributed._symmetric_memory as symm_mem
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from process_group import start_group
 
-from foundry.runtime.sessions.base import open_session
+from foundry.runtime.sessions.open import open_session
 
 NUMEL = 16 * 256
 

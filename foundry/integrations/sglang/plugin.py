@@ -161,8 +161,8 @@ def _says_refusals(hook: Callable[..., Any]) -> Callable[..., Any]:
 @_says_refusals
 def _on_scheduler_start(*args: Any, **kwargs: Any) -> None:
     global _state
-    from foundry.runtime.sessions.base import load_options
     from foundry.runtime.sessions.load import LoadSession
+    from foundry.runtime.sessions.open import load_options
     from foundry.runtime.sessions.save import SaveSession
 
     config = load_config()

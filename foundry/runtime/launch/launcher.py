@@ -1,6 +1,6 @@
 """``foundry run``: start a program with the native hook and a SAVE/LOAD session configured.
 
-The program itself opens the session (:func:`foundry.runtime.sessions.base.open_session`);
+The program itself opens the session (:func:`foundry.runtime.sessions.open.open_session`);
 the launcher sets ``LD_PRELOAD`` and the ``FOUNDRY_*`` variables, and for a LOAD
 checks the archive before anything starts, taking the region base and size SAVE used.
 
