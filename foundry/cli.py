@@ -22,6 +22,7 @@ from foundry import __version__
 from foundry.archive.reader import Archive
 from foundry.archive.sample import SAMPLE_NAME, resolve_archive_arg
 from foundry.backends.registry import BackendRegistry
+from foundry.env import SAVE_ID
 from foundry.errors import FoundryError
 
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 70
@@ -404,7 +405,7 @@ def _address(text: str) -> int:
               help="LOAD: repeat the program's warm-up, or skip it and restore the bytes it left")  # fmt: skip
 @click.option("--rank", type=click.IntRange(min=0), default=0, help="this process's rank")
 @click.option("--world-size", type=click.IntRange(1, 1024), default=1, show_default=True,
-              help="SAVE: ranks in the archive, one process each (they share FOUNDRY_SAVE_ID)")  # fmt: skip
+              help=f"SAVE: ranks in the archive, one process each (they share {SAVE_ID.name})")  # fmt: skip
 @click.option("--builder", type=click.Choice(["python", "native"]), default="python",
               help="LOAD: build graphs via cuda-bindings, or via the hook from SAVE's launch plans")  # fmt: skip
 @click.option("--build-threads", type=click.IntRange(1, 64), default=1, show_default=True,

@@ -37,11 +37,12 @@ from foundry.archive.schema import (
     ModuleState,
     RankEntry,
 )
+from foundry.env import SAVE_ID
 from foundry.errors import ArchiveError
 
 PART_FILE = "part.json"
 LOCK_FILE = ".commit.lock"
-SAVE_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+SAVE_ID_FORM = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
 class RankPart(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -57,8 +58,8 @@ class RankPart(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 def check_id_form(save_id: str) -> None:
-    if not SAVE_ID.match(save_id):  # it names files in the archive directory
-        raise ArchiveError("a SAVE id is 1-64 of A-Z a-z 0-9 . _ -", field="FOUNDRY_SAVE_ID", found=save_id)
+    if not SAVE_ID_FORM.match(save_id):  # it names files in the archive directory
+        raise ArchiveError("a SAVE id is 1-64 of A-Z a-z 0-9 . _ -", field=SAVE_ID.name, found=save_id)
 
 
 def committed_marker(root: Path, save_id: str) -> Path:
@@ -77,8 +78,8 @@ def check_save_id(root: Path, save_id: str) -> None:
     check_id_form(save_id)
     for marker, what in ((committed_marker, "was committed here already"), (failed_marker, "failed here before")):
         if marker(root, save_id).exists():
-            raise ArchiveError(f"this SAVE id {what}; give the new SAVE a new FOUNDRY_SAVE_ID", path=str(root),
-                               field="FOUNDRY_SAVE_ID", found=save_id)  # fmt: skip
+            raise ArchiveError(f"this SAVE id {what}; give the new SAVE a new {SAVE_ID.name}", path=str(root),
+                               field=SAVE_ID.name, found=save_id)  # fmt: skip
 
 
 def read_part(path: Path) -> RankPart:

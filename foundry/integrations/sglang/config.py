@@ -1,8 +1,8 @@
 """The plugin's configuration: what ``foundry run`` set, or a TOML file.
 
 ``foundry run --mode save|load --archive DIR -- python -m sglang.launch_server ...``
-sets ``FOUNDRY_MODE``, ``FOUNDRY_ARCHIVE`` and the region; the plugin reads
-those. Without it, ``FOUNDRY_SGLANG_CONFIG`` names a TOML file::
+sets ``FOUNDRY_MODE``, ``FOUNDRY_ARCHIVE`` and the region (:mod:`foundry.env`); the
+plugin reads those. Without it, ``FOUNDRY_SGLANG_CONFIG`` names a TOML file::
 
     mode = "load"                  # save | load | off
     archive = "/srv/archives/qwen3"
@@ -24,10 +24,8 @@ from typing import Literal
 
 import msgspec
 
+from foundry.env import SGLANG_CONFIG, RunEnvironment, launched
 from foundry.errors import FoundryError
-from foundry.runtime.sessions.base import MODES, WARMUP_MODES
-
-CONFIG_VARIABLE = "FOUNDRY_SGLANG_CONFIG"
 
 
 class PluginConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -48,33 +46,18 @@ class PluginConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 def load_config(environ: Mapping[str, str] | None = None) -> PluginConfig:
     """The configuration for this process (see the module docstring)."""
     env = os.environ if environ is None else environ
-    if env.get("FOUNDRY_MODE"):
+    if launched(env):
         return _from_launcher(env)
-    path = env.get(CONFIG_VARIABLE)
-    if not path:
+    path = SGLANG_CONFIG.read(env)
+    if path is None:
         return PluginConfig()
-    return _from_file(Path(path))
+    return _from_file(path)
 
 
 def _from_launcher(env: Mapping[str, str]) -> PluginConfig:
-    def number(name: str) -> int | None:
-        text = env.get(name)
-        if not text:
-            return None
-        try:
-            return int(text, 0)
-        except ValueError:
-            raise FoundryError("not a number", field=name, found=text) from None
-
-    mode = env["FOUNDRY_MODE"]
-    if mode not in MODES:
-        raise FoundryError("unknown mode", field="FOUNDRY_MODE", expected=list(MODES), found=mode)
-    warmup = env.get("FOUNDRY_LOAD_WARMUP", "replay")
-    if warmup not in WARMUP_MODES:
-        raise FoundryError("unknown warm-up mode", field="FOUNDRY_LOAD_WARMUP", expected=list(WARMUP_MODES),
-                           found=warmup)  # fmt: skip
-    return PluginConfig(mode, env.get("FOUNDRY_ARCHIVE"), number("FOUNDRY_REGION_BASE"), number("FOUNDRY_REGION_SIZE"),
-                        warmup, from_launcher=True)  # fmt: skip
+    run = RunEnvironment.from_env(env)
+    archive = None if run.archive is None else str(run.archive)
+    return PluginConfig(run.mode, archive, run.region_base, run.region_size, run.load_warmup, from_launcher=True)
 
 
 def _from_file(path: Path) -> PluginConfig:

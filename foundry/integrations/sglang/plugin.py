@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from foundry.env import OVERWRITE, SAVE_FIRST_RUN, SGLANG_REPORT
 from foundry.errors import DriftError, FoundryError
 from foundry.integrations.sglang.config import PluginConfig, load_config
 from foundry.integrations.sglang.hookpoints import HOOK_POINTS, check_version
@@ -177,7 +178,7 @@ def _on_scheduler_start(*args: Any, **kwargs: Any) -> None:
     if config.mode == "save":
         # the region's bytes at the end of the graph phase: what a LOAD skipping the warm-ups restores
         session: Any = SaveSession(config.archive, device=device, rank=rank, model=live, warmup_bytes_until="finish",
-                                   overwrite=os.environ.get("FOUNDRY_OVERWRITE") == "1")  # fmt: skip
+                                   overwrite=OVERWRITE.read())  # fmt: skip
     else:
         from foundry.archive.reader import Archive
 
@@ -244,7 +245,7 @@ def _kv_budget(original: Any, configurator: Any, *args: Any, **kwargs: Any) -> i
     if _state is None:
         return profiled
     # a later run of a SAVE sizes its pool like the first
-    first_run = os.environ.get("FOUNDRY_SAVE_FIRST_RUN") if _state.config.mode == "save" else None
+    first_run = SAVE_FIRST_RUN.read() if _state.config.mode == "save" else None
     if _state.config.mode == "save" and not first_run:
         _state.session.model[KV_BUDGET] = str(profiled)
         return profiled
@@ -375,8 +376,8 @@ def _on_graphs_done(result: Any, *args: Any, **kwargs: Any) -> None:
          f"{'saved' if _state.config.mode == 'save' else 'restored'}, "
          f"{counters.get('stream_captures', 0)} stream captures, "
          f"{counters.get('passthrough_captures', 0)} passed through")  # fmt: skip
-    out = os.environ.get("FOUNDRY_SGLANG_REPORT")
-    if out:
+    out = SGLANG_REPORT.read()
+    if out is not None:
         with open(out, "w") as handle:
             json.dump(report, handle, indent=1, default=str)
     return result

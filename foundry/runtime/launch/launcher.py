@@ -32,13 +32,17 @@ from pathlib import Path
 from foundry.archive.rank_parts import PART_FILE, check_save_id, read_part
 from foundry.archive.reader import Archive
 from foundry.archive.schema import CATALOG_FILE
+from foundry.env import RunEnvironment
 from foundry.errors import DriftError, FoundryError, HookError
 from foundry.runtime.launch import rank_runs
 from foundry.runtime.native.hook import LIBRARY, library_path
+from foundry.runtime.sessions.validate import check_relocation
 
 
 @dataclass(frozen=True)
 class RunConfig:
+    """What ``foundry run`` was asked for (its command-line options)."""
+
     mode: str
     archive: Path
     region_base: int | None = None
@@ -81,62 +85,63 @@ def preexec(config: RunConfig) -> Callable[[], None] | None:
 
 
 def environment(config: RunConfig, base_env: dict[str, str] | None = None) -> dict[str, str]:
-    """The child's environment: the hook preloaded and the session described."""
+    """The child's environment: the hook preloaded and the session described
+    (:class:`foundry.env.RunEnvironment`)."""
     env = dict(os.environ if base_env is None else base_env)
     lib = library_path()
     if lib is None:
         raise HookError(f"the native hook ({LIBRARY}) is not built: install the package where CUDA headers exist, "
                         "or run `make -C native`")  # fmt: skip
-    base, size = config.region_base, config.region_size
+    base, size, relocate = config.region_base, config.region_size, False
     if config.mode == "load":
-        region = Archive.open(config.archive).session(config.rank).region
-        if region is None:
-            raise DriftError("the archive has no region record (it was not saved with the hook)", field="region")
-        relocate = base is not None and base != region.base
-        if relocate and config.warmup == "restore":
-            raise DriftError("restored warm-up bytes can hold pointers into SAVE's region, so a LOAD at another "
-                             "base needs --warmup replay", field="region.base", expected=hex(region.base),
-                             found=hex(base))  # fmt: skip
-        env["FOUNDRY_RELOCATE"] = "1" if relocate else "0"
-        base, size = (base if relocate else region.base), size or region.size
+        base, size, relocate = _load_region(config)
     preload = [str(lib), *[p for p in env.get("LD_PRELOAD", "").split(":") if p and Path(p).name != LIBRARY]]
-    env.update(
-        LD_PRELOAD=":".join(preload),
-        FOUNDRY_MODE=config.mode,
-        FOUNDRY_ARCHIVE=str(config.archive.resolve()),
-        FOUNDRY_LOAD_WARMUP=config.warmup,
-        FOUNDRY_RANK=str(config.rank),
-        FOUNDRY_WORLD_SIZE=str(config.world_size),
-        FOUNDRY_BUILDER=config.builder,
-        FOUNDRY_BUILD_THREADS=str(config.build_threads),
-        FOUNDRY_INSTANTIATE=config.instantiate,
-        FOUNDRY_OVERWRITE="1" if config.overwrite else "0",
-        FOUNDRY_HOOK_ECHO="1",  # the hook's refusals reach stderr, also in processes no session reads
-        FOUNDRY_REGION_THREADS=config.region_threads,
-    )
+    env = _run_environment(config, base, size, relocate).apply(env)
+    env["LD_PRELOAD"] = ":".join(preload)
     if config.mode == "save" and config.fixed_layout:
         env["PYTHONHASHSEED"] = "0"
-    if config.layout_pad:
-        env["FOUNDRY_LAYOUT_PAD"] = "." * config.layout_pad
-    else:
-        env.pop("FOUNDRY_LAYOUT_PAD", None)
     if config.heap_fill:
         # glibc fills a block only on its way through the arena; its per-thread cache hands
         # small blocks back as they were freed, so the cache is turned off for this run
         env["MALLOC_PERTURB_"] = str(config.heap_fill)
         tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and not t.startswith(TCACHE_COUNT)]
         env["GLIBC_TUNABLES"] = ":".join([*tunables, f"{TCACHE_COUNT}=0"])
-    if config.first_run is not None:
-        env["FOUNDRY_SAVE_FIRST_RUN"] = str(config.first_run.resolve())
-    else:
-        env.pop("FOUNDRY_SAVE_FIRST_RUN", None)
-    if config.save_id is not None:
-        env["FOUNDRY_SAVE_ID"] = config.save_id
-    if base is not None:
-        env["FOUNDRY_REGION_BASE"] = hex(base)
-    if size is not None:
-        env["FOUNDRY_REGION_SIZE"] = str(size)
     return env
+
+
+def _load_region(config: RunConfig) -> tuple[int, int, bool]:
+    """A LOAD's region: SAVE's base and size, or (``--region-base``) another base, which
+    relocates. ``(base, size, relocate)``."""
+    region = Archive.open(config.archive).session(config.rank).region
+    if region is None:
+        raise DriftError("the archive has no region record (it was not saved with the hook)", field="region")
+    relocate = config.region_base is not None and config.region_base != region.base
+    if relocate:
+        check_relocation(config.warmup, saved_base=region.base, live_base=config.region_base)
+    return (config.region_base if relocate else region.base), config.region_size or region.size, relocate
+
+
+def _run_environment(config: RunConfig, base: int | None, size: int | None, relocate: bool) -> RunEnvironment:
+    """What the child is told: the session, the region, and this SAVE run's own settings."""
+    return RunEnvironment(
+        mode=config.mode,
+        archive=config.archive.resolve(),
+        rank=config.rank,
+        world_size=config.world_size,
+        load_warmup=config.warmup,
+        builder=config.builder,
+        build_threads=config.build_threads,
+        instantiate=config.instantiate,
+        relocate=relocate,
+        overwrite=config.overwrite,
+        save_id=config.save_id,  # None: the launcher's own (every rank's launcher shares one)
+        save_first_run=None if config.first_run is None else config.first_run.resolve(),
+        layout_pad=config.layout_pad,
+        region_base=base,
+        region_size=size,
+        region_threads=config.region_threads,
+        hook_echo=True,  # the hook's refusals reach stderr, also in processes no session reads
+    )
 
 
 def _start(command: list[str], config: RunConfig, stop: Callable[[], bool] | None = None) -> int:

@@ -19,7 +19,6 @@ first run wrote it, without the cross-run marks. No launcher waits longer than
 from __future__ import annotations
 
 import fcntl
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from foundry.archive.files import atomic_write
 from foundry.archive.rank_parts import LOCK_FILE, check_id_form, committed_marker, failed_marker
+from foundry.env import SAVE_ID
 from foundry.errors import FoundryError
 
 WAIT_S = 600.0  # how long a rank's launcher waits for the other ranks' runs
@@ -37,7 +37,8 @@ Start = Callable[[Callable[[], bool]], int]
 
 
 def save_id() -> str:
-    return os.environ.get("FOUNDRY_SAVE_ID", "")
+    """This SAVE's id, shared by every rank's launcher ("" when none was given)."""
+    return SAVE_ID.read() or ""
 
 
 def run_id(run_index: int) -> str:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from foundry.env import HOOK_LIB
 from foundry.errors import HookError
 
 ABI = 5
@@ -125,7 +125,8 @@ def _allocation(a: _Alloc) -> Allocation:
 
 def library_path() -> Path | None:
     """Where the built hook is: ``FOUNDRY_HOOK_LIB``, the package, or the source tree's build."""
-    candidates = [os.environ.get("FOUNDRY_HOOK_LIB")]
+    given = HOOK_LIB.read()
+    candidates = [None if given is None else str(given)]
     here = Path(__file__).resolve()
     candidates += [str(here.parents[2] / "_native" / LIBRARY), str(here.parents[3] / "native" / "build" / LIBRARY)]
     for candidate in candidates:

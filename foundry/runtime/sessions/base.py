@@ -3,7 +3,7 @@
 The program runs the same code in every mode; the session decides what
 ``graph()`` does::
 
-    session = open_session()             # FOUNDRY_MODE / FOUNDRY_ARCHIVE, as `foundry run` sets them
+    session = open_session()             # the mode and archive `foundry run` set (foundry.env)
     session.start()                      # before the first CUDA allocation
     ... allocate weights, caches, static inputs ...
     session.warmup(run_every_shape_once)
@@ -31,9 +31,6 @@ from typing import Any
 
 from foundry.errors import HookError
 from foundry.runtime.native.hook import Hook
-
-MODES = ("off", "save", "load")
-WARMUP_MODES = ("replay", "restore")  # LOAD: repeat the warm-up, or restore the bytes it left
 
 
 def init_cuda(device: int) -> None:

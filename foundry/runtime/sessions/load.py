@@ -16,22 +16,21 @@ from typing import Any
 from foundry.archive.reader import Archive
 from foundry.archive.schema import GraphEntry, PlanKernel, RegionRecord
 from foundry.backends.base import ProcessFacts
+from foundry.env import BUILDERS, INSTANTIATE_MODES, WARMUP_MODES
 from foundry.errors import DriftError, FoundryError, HookError
 from foundry.graphir.cuda import cu
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import KernelIdentity
 from foundry.runtime.native.hook import Allocation, Hook
 from foundry.runtime.sessions.base import (
-    WARMUP_MODES,
     RestoredGraph,
     Session,
     anchor_generator,
     check_active,
     init_cuda,
 )
+from foundry.runtime.sessions.validate import check_relocation
 
-BUILDERS = ("python", "native")  # native: foundry.runtime.graphs.native_build and launch plans
-INSTANTIATE_MODES = ("now", "background")  # background: see foundry.runtime.graphs.instantiation
 # backends whose kernels read communicator state a LOAD must validate, not just addresses
 COMMUNICATOR_BACKENDS = frozenset({"torch-symm-mem", "nccl-ipc", "custom-allreduce", "deepep-nvl"})
 
@@ -62,9 +61,8 @@ class LoadSession(Session):
         self.record = self.archive.session(rank)
         self.warmup_mode = warmup
         self.relocate = relocate  # a region at another base than SAVE's is rebased (not yet GPU-validated)
-        if relocate and warmup == "restore":
-            raise DriftError("restored warm-up bytes can hold pointers into SAVE's region; relocating needs "
-                             "--warmup replay", field="region.base")  # fmt: skip
+        if relocate:
+            check_relocation(warmup)
         if warmup == "restore" and (self.record.region is None or self.record.region.warmup_bytes is None):
             raise DriftError("the archive kept no warm-up bytes to restore", field="region.warmup_bytes")
         self.progress = sys.stderr.isatty() if progress is None else progress

@@ -4,7 +4,6 @@ region and write the archive with images, device globals and the allocation trac
 from __future__ import annotations
 
 import ctypes
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 from foundry.archive.schema import AllocationRecord, ImageRecord, RegionRecord, RngRecord, WarmupBytes
 from foundry.archive.writer import ArchiveWriter
 from foundry.backends.base import ProcessFacts, backend_facts
+from foundry.env import SAVE_ID
 from foundry.errors import CaptureError, FoundryError, HookError
 from foundry.graphir.cuda import cu
 from foundry.graphir.graph import GraphIR
@@ -223,10 +223,10 @@ class SaveSession(Session):
             self.warmup_data = self._dump_warmup(self.warmup_start[1], self.hook.region())
             self.generator_offset = torch.cuda.default_generators[self.device].get_offset()  # as the bytes are
         self.undefined_bytes += mark_alike([ir for ir, _ in self.entries])
-        save_id = os.environ.get("FOUNDRY_SAVE_ID") if self.world_size > 1 else None
+        save_id = SAVE_ID.read() if self.world_size > 1 else None
         if self.world_size > 1 and not save_id:
-            raise FoundryError("a SAVE of several ranks needs FOUNDRY_SAVE_ID, the same in every rank's process",
-                               field="FOUNDRY_SAVE_ID")  # fmt: skip
+            raise FoundryError(f"a SAVE of several ranks needs {SAVE_ID.name}, the same in every rank's process",
+                               field=SAVE_ID.name)  # fmt: skip
         writer = ArchiveWriter(
             self.path,
             environment=self.environment,

@@ -95,3 +95,16 @@ def check_region(record: RegionRecord | None, base: int, size: int, *, relocate:
             found=size,
         )
     return record
+
+
+def check_relocation(warmup: str, *, saved_base: int | None = None, live_base: int | None = None) -> None:
+    """A LOAD whose region lies at another base than SAVE's (``saved_base``, ``live_base``
+    when known) must replay the warm-up: restored warm-up bytes can hold pointers into
+    SAVE's region, which nothing rebases."""
+    if warmup == "restore":
+        raise DriftError(
+            "restored warm-up bytes can hold pointers into SAVE's region; relocating needs --warmup replay",
+            field="region.base",
+            expected=None if saved_base is None else hex(saved_base),
+            found=None if live_base is None else hex(live_base),
+        )
