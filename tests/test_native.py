@@ -92,7 +92,7 @@ def test_a_program_linked_against_libcuda_reaches_the_registry(built, tmp_path):
 
 def test_builds_with_warnings_as_errors_and_exports_only_its_api(built):
     assert exported(built) == {*DRIVER_NAMES,
-        "dlsym", "foundry_hook_abi", "foundry_hook_active",
+        "dlsym", "foundry_hook_abi", "foundry_hook_active", "foundry_hook_config",
         "foundry_region_info", "foundry_region_trace", "foundry_counter", "foundry_events", "foundry_registry_count",
         "foundry_registry_entry", "foundry_registry_find", "foundry_registry_copy", "foundry_region_map_to",
         "foundry_region_reserve", "foundry_region_set_owner", "foundry_region_expect", "foundry_trace_diverges",
@@ -232,3 +232,30 @@ def test_only_a_save_seals_its_region(built):
     assert seen["save"] == "sealed"
     assert seen["load"].startswith("refused") and "foundry_region_seal" in seen["load"]
     assert seen["off"].startswith("refused")
+
+
+def _symbols(obj: Path) -> tuple[set[str], set[str]]:
+    """The global symbols an object file defines, and those it needs from elsewhere."""
+    out = subprocess.run(["nm", str(obj)], capture_output=True, text=True, check=True).stdout
+    defined = {line.split()[-1] for line in out.splitlines() if len(line.split()) == 3 and line.split()[1] in "TDBR"}
+    needed = {line.split()[-1] for line in out.splitlines() if len(line.split()) == 2 and line.split()[0] == "U"}
+    return defined, needed
+
+
+def test_the_units_depend_on_each_other_without_a_cycle(built):
+    """Read from the built objects: the resolver (resolve.c) and the parsed
+    environment (config.c) serve every unit, and no unit needs one that needs it
+    back (interpose.c, region.c and ipc_driver.c once did, through the resolver)."""
+    import networkx as nx
+
+    objects = {obj.stem: _symbols(obj) for obj in built.parent.glob("*.o")}
+    assert set(objects) == {source.stem for source in (NATIVE / "src").glob("*.c")}
+    owner = {symbol: unit for unit, (defined, _) in objects.items() for symbol in defined}
+    assert owner["fh_real"] == owner["fh_real_offer"] == "resolve" and owner["fh_env_mode"] == "config"
+    graph = nx.DiGraph()
+    graph.add_nodes_from(objects)
+    graph.add_edges_from((unit, owner[s]) for unit, (_, needed) in objects.items() for s in needed
+                         if s in owner and owner[s] != unit)  # fmt: skip
+    assert {"region", "ipc_driver", "registry", "resolve"} <= set(graph.successors("interpose"))
+    assert [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1] == []
+    assert set(graph.successors("resolve")) == {"events"} and set(graph.successors("config")) == set()

@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#define FOUNDRY_HOOK_ABI 5
+#define FOUNDRY_HOOK_ABI 6 /* 6: foundry_hook_config */
 
 enum foundry_status {
     FOUNDRY_OK = 0,
@@ -60,6 +60,21 @@ typedef struct foundry_region_info {
     int32_t mode;         /* enum foundry_mode */
     int32_t reserved;     /* 1 once the range is reserved */
 } foundry_region_info_t;
+
+/* The FOUNDRY_* configuration (foundry_env.h names each variable) as the hook's parsers
+ * read the environment now; a variable left unset is reported as what the hook uses. */
+typedef struct foundry_config {
+    int32_t mode;              /* FOUNDRY_MODE: enum foundry_mode (an unknown word is off) */
+    int32_t region_threads;    /* FOUNDRY_REGION_THREADS: 0 owner, 1 any, -1 neither */
+    uint64_t region_base;      /* FOUNDRY_REGION_BASE, or the default */
+    uint64_t region_size;      /* FOUNDRY_REGION_SIZE, or the default */
+    uint64_t import_base;      /* FOUNDRY_IMPORT_BASE, or the default */
+    int64_t rank;              /* FOUNDRY_RANK: 0 when unset, -1 when not a rank number */
+    int32_t hook_echo;         /* FOUNDRY_HOOK_ECHO is 1 */
+    int32_t hook_symbols;      /* FOUNDRY_HOOK_SYMBOLS is 1 */
+    int32_t load_captures;     /* FOUNDRY_LOAD_CAPTURES is allow */
+    int32_t region_numbers_ok; /* 0: the region's base or size is not a number (the default is used) */
+} foundry_config_t;
 
 enum foundry_image_kind { FOUNDRY_IMAGE_MODULE = 1, FOUNDRY_IMAGE_LIBRARY = 2 };
 enum foundry_image_format { FOUNDRY_IMAGE_UNKNOWN = 0, FOUNDRY_IMAGE_CUBIN = 1, FOUNDRY_IMAGE_FATBIN = 2, FOUNDRY_IMAGE_PTX = 3 };
@@ -133,6 +148,8 @@ int foundry_region_seal(void);
 int foundry_hook_abi(void);
 /* 1 once the driver's entry points have been interposed. */
 int foundry_hook_active(void);
+/* The FOUNDRY_* configuration the hook reads from its environment (see foundry_config_t). */
+int foundry_hook_config(foundry_config_t *out);
 int foundry_region_info(foundry_region_info_t *out);
 /* LOAD: map the region from the cursor up to `offset` (SAVE's final offset) in one
  * allocation, so every address SAVE's graphs use exists. Needs a current context. */

@@ -33,10 +33,7 @@ static int echo_enabled;
 static int echoed;
 
 /* Read once as the library loads, before the program can change its environment. */
-__attribute__((constructor)) static void read_echo_setting(void) {
-    const char *env = getenv("FOUNDRY_HOOK_ECHO");
-    echo_enabled = env && *env == '1';
-}
+__attribute__((constructor)) static void read_echo_setting(void) { echo_enabled = fh_env_flag(FOUNDRY_ENV_HOOK_ECHO); }
 
 void fh_event(const char *fmt, ...) {
     char line[512];

@@ -4,6 +4,7 @@
 
 #include <cuda.h>
 
+#include "foundry_env.h"
 #include "foundry_hook.h"
 
 /* events.c: a bounded, thread-safe log Python reads, and counters. */
@@ -13,17 +14,36 @@ void fh_count_add(const char *name, uint64_t amount);
 /* A refusal: counted as `refused`, logged as an error; returns rc. */
 CUresult fh_refuse(CUresult rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* interpose.c: the real driver entry point for an exported (versioned) symbol name. */
+/* config.c: the FOUNDRY_* variables (foundry_env.h), parsed; nothing there logs. */
+const char *fh_env_text(const char *name);  /* the raw text, or NULL */
+int fh_env_mode(void);                      /* enum foundry_mode */
+/* `name` as a number (any base): 0, or -1 when it is not one; *out is `fallback` unless set. */
+int fh_env_u64(const char *name, uint64_t fallback, uint64_t *out);
+int fh_env_flag(const char *name);          /* 1 when the variable holds FOUNDRY_ENV_FLAG_ON */
+int fh_env_region_threads(void);            /* 0 owner (also unset), 1 any, -1 neither */
+long fh_env_rank(void);                     /* FOUNDRY_RANK: 0 when unset, -1 when not a rank number */
+uint64_t fh_env_import_base(void);          /* FOUNDRY_IMPORT_BASE, or the default */
+int fh_env_load_captures_allowed(void);     /* FOUNDRY_LOAD_CAPTURES=allow */
+
+/* resolve.c: the real driver entry point for an exported (versioned) symbol name. */
 void *fh_real(const char *exported);
 /* The real driver function `fn`, typed as cuda.h declares it. */
 #define DRIVER(fn) ((__typeof__(&fn))fh_real(#fn))
 #define GiB (1ULL << 30)
 /* The first of `names` the driver lacks (fh_real logged it), or NULL when it has them all. */
 const char *fh_driver_missing(const char *const *names, size_t count);
+/* A real entry point for `exported` found on the way (dlsym, cuGetProcAddress): the
+ * first one offered is the one fh_real gives from then on. */
+void fh_real_offer(const char *exported, void *fn);
+/* The real dlsym (glibc's), and the driver library. */
+void *fh_real_dlsym(void *handle, const char *symbol);
+void *fh_libcuda(void);
 
 /* region.c: the deterministic VMM region. */
 CUresult fh_mem_alloc(CUdeviceptr *dptr, size_t bytesize);
-CUresult fh_mem_free(CUdeviceptr dptr);
+/* *freed: the offset of the region allocation released, FH_NOTHING_FREED for none. */
+#define FH_NOTHING_FREED ((size_t)-1)
+CUresult fh_mem_free(CUdeviceptr dptr, size_t *freed);
 int fh_region_mode(void);
 /* The live region allocation holding p: its offset, size and physical handle (0: none). */
 int fh_region_lookup(CUdeviceptr p, size_t *offset, size_t *size, CUmemGenericAllocationHandle *handle);
@@ -34,10 +54,11 @@ CUresult fh_ipc_get_mem_handle(CUipcMemHandle *handle, CUdeviceptr dptr);
 CUresult fh_ipc_open_mem_handle(CUdeviceptr *dptr, CUipcMemHandle handle, unsigned int flags);
 CUresult fh_ipc_open_mem_handle_v1(CUdeviceptr *dptr, CUipcMemHandle handle, unsigned int flags);
 CUresult fh_ipc_close_mem_handle(CUdeviceptr dptr);
-/* ipc.c: whether two Foundry handles name the same export (pid, number and token). */
-int fh_ipc_same_handle(const foundry_ipc_handle_t *a, const foundry_ipc_handle_t *b);
 /* The region allocation at `offset` was freed: withdraw its export, if any. */
 void fh_ipc_forget(size_t offset);
+/* ipc.c: whether two Foundry handles name the same export (pid, number and token). */
+int fh_ipc_same_handle(const foundry_ipc_handle_t *a, const foundry_ipc_handle_t *b);
+/* region.c: the stream-capture hooks report captures begun and ended. */
 void fh_capture_begin(void);
 void fh_capture_end(void);
 

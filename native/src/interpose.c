@@ -7,37 +7,31 @@
  * directly reaches the hook through the names exported here (every hooked one,
  * cuMemAlloc_v2, cuMemFree_v2, cuGetProcAddress_v2 among them): it gets its other entry points from
  * libcuda itself. A hooked name resolves to the hook; the hook reaches the real
- * function through fh_real().
+ * function through fh_real() (resolve.c), to which it offers the real functions
+ * dlsym and cuGetProcAddress hand out.
  */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "hook.h"
 
-typedef void *(*dlsym_fn)(void *, const char *);
 typedef CUresult (*get_proc_v2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 typedef CUresult (*get_proc_v1_fn)(const char *, void **, int, cuuint64_t);
 
-static dlsym_fn real_dlsym_fn;
 static atomic_int interposed;
-
-static dlsym_fn real_dlsym(void) {
-    if (real_dlsym_fn == NULL) {
-        /* glibc 2.34 moved dlsym into libc; older ones version it GLIBC_2.2.5 */
-        real_dlsym_fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-        if (real_dlsym_fn == NULL) real_dlsym_fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-    }
-    return real_dlsym_fn;
-}
 
 /* -- hooks ------------------------------------------------------------------------ */
 
 static CUresult hook_mem_alloc(CUdeviceptr *dptr, size_t bytesize) { return fh_mem_alloc(dptr, bytesize); }
 
-static CUresult hook_mem_free(CUdeviceptr dptr) { return fh_mem_free(dptr); }
+static CUresult hook_mem_free(CUdeviceptr dptr) {
+    size_t freed;
+    CUresult rc = fh_mem_free(dptr, &freed);
+    if (freed != FH_NOTHING_FREED) fh_ipc_forget(freed); /* an exported descriptor would keep the memory */
+    return rc;
+}
 
 static CUresult refuse(const char *name) {
     return fh_refuse(CUDA_ERROR_NOT_SUPPORTED, "%s is not routed into the deterministic region; refused in this mode",
@@ -117,11 +111,10 @@ static int passthrough_stream(CUstream stream, int add) {
  * captures graphs of its own on purpose. */
 static int capture_refused(void) {
     if (fh_region_mode() != FOUNDRY_MODE_LOAD) return 0;
-    const char *allow = getenv("FOUNDRY_LOAD_CAPTURES");
-    if (allow && strcmp(allow, "allow") == 0) return 0;
+    if (fh_env_load_captures_allowed()) return 0;
     fh_count("stream_captures");
     fh_refuse(CUDA_ERROR_NOT_PERMITTED, "a stream capture in LOAD mode (the graphs come from the archive); refused "
-              "(FOUNDRY_LOAD_CAPTURES=allow permits captures of the program's own)");
+              "(" FOUNDRY_ENV_LOAD_CAPTURES "=" FOUNDRY_ENV_CAPTURES_ALLOW " permits captures of the program's own)");
     return 1;
 }
 
@@ -177,45 +170,44 @@ static CUresult hook_get_proc_v1(const char *, void **, int, cuuint64_t);
  * The hook table. `base` is the name cuGetProcAddress is asked for (NULL: reached
  * through dlsym only), `min_version` the CUDA version from which that base name
  * has the hook's signature (older requests are passed through untouched), and
- * `exported` the versioned symbol dlsym sees. Each entry keeps its own real
- * function, so two names never share one.
+ * `exported` the versioned symbol dlsym sees. The real function is fh_real(exported),
+ * kept per exported name, so two names never share one.
  */
-static struct hook {
+static const struct hook {
     const char *base;
     int min_version;
     const char *exported;
     void *hook;
-    _Atomic(void *) real;
 } hooks[] = {
-    {"cuMemAlloc", 3020, "cuMemAlloc_v2", (void *)hook_mem_alloc, NULL},
-    {"cuMemFree", 3020, "cuMemFree_v2", (void *)hook_mem_free, NULL},
-    {"cuMemAllocAsync", 11020, "cuMemAllocAsync", (void *)hook_mem_alloc_async, NULL},
-    {"cuMemAllocManaged", 6000, "cuMemAllocManaged", (void *)hook_mem_alloc_managed, NULL},
-    {"cuMemAllocPitch", 3020, "cuMemAllocPitch_v2", (void *)hook_mem_alloc_pitch, NULL},
-    {"cuMemAllocFromPoolAsync", 11020, "cuMemAllocFromPoolAsync", (void *)hook_mem_alloc_from_pool_async, NULL},
-    {"cuStreamBeginCapture", 10000, "cuStreamBeginCapture", (void *)hook_begin_capture_v1, NULL},
-    {"cuStreamBeginCapture", 10010, "cuStreamBeginCapture_v2", (void *)hook_begin_capture, NULL},
-    {"cuStreamEndCapture", 10000, "cuStreamEndCapture", (void *)hook_end_capture, NULL},
-    {"cuGraphInstantiateWithFlags", 11040, "cuGraphInstantiateWithFlags", (void *)hook_instantiate, NULL},
-    {"cuGraphInstantiateWithParams", 12000, "cuGraphInstantiateWithParams", (void *)hook_instantiate_params, NULL},
-    {"cuModuleLoad", 2000, "cuModuleLoad", (void *)fh_module_load, NULL},
-    {"cuModuleLoadData", 2000, "cuModuleLoadData", (void *)fh_module_load_data, NULL},
-    {"cuModuleLoadDataEx", 2010, "cuModuleLoadDataEx", (void *)fh_module_load_data_ex, NULL},
-    {"cuModuleLoadFatBinary", 2000, "cuModuleLoadFatBinary", (void *)fh_module_load_fat_binary, NULL},
-    {"cuLibraryLoadData", 12000, "cuLibraryLoadData", (void *)fh_library_load_data, NULL},
-    {"cuLibraryLoadFromFile", 12000, "cuLibraryLoadFromFile", (void *)fh_library_load_from_file, NULL},
-    {"cuModuleUnload", 2000, "cuModuleUnload", (void *)fh_module_unload, NULL},
-    {"cuLibraryUnload", 12000, "cuLibraryUnload", (void *)fh_library_unload, NULL},
-    {"cuIpcGetMemHandle", 4010, "cuIpcGetMemHandle", (void *)fh_ipc_get_mem_handle, NULL},
-    {"cuIpcOpenMemHandle", 4010, "cuIpcOpenMemHandle", (void *)fh_ipc_open_mem_handle_v1, NULL},
-    {"cuIpcOpenMemHandle", 11000, "cuIpcOpenMemHandle_v2", (void *)fh_ipc_open_mem_handle, NULL},
-    {"cuIpcCloseMemHandle", 4010, "cuIpcCloseMemHandle", (void *)fh_ipc_close_mem_handle, NULL},
-    {"cuGetProcAddress", 12000, "cuGetProcAddress_v2", (void *)hook_get_proc_v2, NULL},
-    {NULL, 0, "cuGetProcAddress", (void *)hook_get_proc_v1, NULL},
+    {"cuMemAlloc", 3020, "cuMemAlloc_v2", (void *)hook_mem_alloc},
+    {"cuMemFree", 3020, "cuMemFree_v2", (void *)hook_mem_free},
+    {"cuMemAllocAsync", 11020, "cuMemAllocAsync", (void *)hook_mem_alloc_async},
+    {"cuMemAllocManaged", 6000, "cuMemAllocManaged", (void *)hook_mem_alloc_managed},
+    {"cuMemAllocPitch", 3020, "cuMemAllocPitch_v2", (void *)hook_mem_alloc_pitch},
+    {"cuMemAllocFromPoolAsync", 11020, "cuMemAllocFromPoolAsync", (void *)hook_mem_alloc_from_pool_async},
+    {"cuStreamBeginCapture", 10000, "cuStreamBeginCapture", (void *)hook_begin_capture_v1},
+    {"cuStreamBeginCapture", 10010, "cuStreamBeginCapture_v2", (void *)hook_begin_capture},
+    {"cuStreamEndCapture", 10000, "cuStreamEndCapture", (void *)hook_end_capture},
+    {"cuGraphInstantiateWithFlags", 11040, "cuGraphInstantiateWithFlags", (void *)hook_instantiate},
+    {"cuGraphInstantiateWithParams", 12000, "cuGraphInstantiateWithParams", (void *)hook_instantiate_params},
+    {"cuModuleLoad", 2000, "cuModuleLoad", (void *)fh_module_load},
+    {"cuModuleLoadData", 2000, "cuModuleLoadData", (void *)fh_module_load_data},
+    {"cuModuleLoadDataEx", 2010, "cuModuleLoadDataEx", (void *)fh_module_load_data_ex},
+    {"cuModuleLoadFatBinary", 2000, "cuModuleLoadFatBinary", (void *)fh_module_load_fat_binary},
+    {"cuLibraryLoadData", 12000, "cuLibraryLoadData", (void *)fh_library_load_data},
+    {"cuLibraryLoadFromFile", 12000, "cuLibraryLoadFromFile", (void *)fh_library_load_from_file},
+    {"cuModuleUnload", 2000, "cuModuleUnload", (void *)fh_module_unload},
+    {"cuLibraryUnload", 12000, "cuLibraryUnload", (void *)fh_library_unload},
+    {"cuIpcGetMemHandle", 4010, "cuIpcGetMemHandle", (void *)fh_ipc_get_mem_handle},
+    {"cuIpcOpenMemHandle", 4010, "cuIpcOpenMemHandle", (void *)fh_ipc_open_mem_handle_v1},
+    {"cuIpcOpenMemHandle", 11000, "cuIpcOpenMemHandle_v2", (void *)fh_ipc_open_mem_handle},
+    {"cuIpcCloseMemHandle", 4010, "cuIpcCloseMemHandle", (void *)fh_ipc_close_mem_handle},
+    {"cuGetProcAddress", 12000, "cuGetProcAddress_v2", (void *)hook_get_proc_v2},
+    {NULL, 0, "cuGetProcAddress", (void *)hook_get_proc_v1},
 };
 #define HOOK_COUNT (sizeof hooks / sizeof hooks[0])
 
-static struct hook *find_exported(const char *symbol) {
+static const struct hook *find_exported(const char *symbol) {
     for (size_t i = 0; i < HOOK_COUNT; i++)
         if (strcmp(hooks[i].exported, symbol) == 0) return &hooks[i];
     return NULL;
@@ -223,8 +215,8 @@ static struct hook *find_exported(const char *symbol) {
 
 /* The entry for a base name at a CUDA version: the newest signature not newer than
  * the version asked for. NULL when the name is not hooked or only newer ones are. */
-static struct hook *find_base(const char *symbol, int version, int *known) {
-    struct hook *best = NULL;
+static const struct hook *find_base(const char *symbol, int version, int *known) {
+    const struct hook *best = NULL;
     *known = 0;
     for (size_t i = 0; i < HOOK_COUNT; i++) {
         if (hooks[i].base == NULL || strcmp(hooks[i].base, symbol) != 0) continue;
@@ -235,77 +227,22 @@ static struct hook *find_base(const char *symbol, int version, int *known) {
     return best;
 }
 
-static void *libcuda(void) {
-    static void *handle;
-    if (handle == NULL) handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-    return handle;
-}
-
 /* Whether fn is defined in this library (then it is one of our own exports, never the driver's). */
 static int is_own(void *fn) {
     Dl_info mine, theirs;
     return fn && dladdr((void *)is_own, &mine) && dladdr(fn, &theirs) && mine.dli_fbase == theirs.dli_fbase;
 }
 
-/* Driver entry points Foundry itself calls that are not hooked (graph building, VMM
- * calls per allocation): resolved once, since dlsym takes the loader's lock. Entries
- * are filled under the lock and published by the count; readers need no lock. */
-#define MAX_OTHERS 64
-static struct {
-    char name[64];
-    void *fn;
-} others[MAX_OTHERS];
-static atomic_int others_count;
-static pthread_mutex_t others_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static void *other_cached(const char *name) {
-    int n = atomic_load_explicit(&others_count, memory_order_acquire);
-    for (int i = 0; i < n; i++)
-        if (strcmp(others[i].name, name) == 0) return others[i].fn;
-    return NULL;
-}
-
-static void remember_other(const char *name, void *fn) {
-    pthread_mutex_lock(&others_lock);
-    int n = atomic_load_explicit(&others_count, memory_order_relaxed);
-    if (other_cached(name) == NULL && n < MAX_OTHERS && strlen(name) < sizeof others[n].name) {
-        strcpy(others[n].name, name);
-        others[n].fn = fn;
-        atomic_store_explicit(&others_count, n + 1, memory_order_release);
-    }
-    pthread_mutex_unlock(&others_lock);
-}
-
-void *fh_real(const char *exported) {
-    struct hook *h = find_exported(exported);
-    if (h && h->real) return h->real;
-    void *cached = h ? NULL : other_cached(exported);
-    if (cached) return cached;
-    void *lib = libcuda();
-    void *fn = lib ? real_dlsym()(lib, exported) : NULL;
-    if (h && fn) h->real = fn;
-    if (!h && fn) remember_other(exported, fn);
-    if (fn == NULL) fh_event("error: driver entry point %s not found", exported);
-    return fn;
-}
-
-const char *fh_driver_missing(const char *const *names, size_t count) {
-    for (size_t i = 0; i < count; i++)
-        if (fh_real(names[i]) == NULL) return names[i];
-    return NULL;
-}
-
 /* -- dlsym ------------------------------------------------------------------------ */
 
 void *dlsym(void *handle, const char *symbol) {
-    dlsym_fn next = real_dlsym();
-    if (next == NULL) return NULL;
-    struct hook *h = find_exported(symbol);
-    if (h == NULL) return next(handle, symbol);
-    void *real = next(handle, symbol);
-    if (is_own(real)) real = libcuda() ? next(libcuda(), symbol) : NULL; /* RTLD_DEFAULT finds our export first */
+    const struct hook *h = find_exported(symbol);
+    if (h == NULL) return fh_real_dlsym(handle, symbol);
+    void *real = fh_real_dlsym(handle, symbol);
+    if (is_own(real)) /* RTLD_DEFAULT finds our export first */
+        real = fh_libcuda() ? fh_real_dlsym(fh_libcuda(), symbol) : NULL;
     if (real == NULL) return NULL;
-    if (h->real == NULL) h->real = real;
+    fh_real_offer(h->exported, real);
     atomic_store(&interposed, 1);
     return h->hook;
 }
@@ -314,13 +251,13 @@ void *dlsym(void *handle, const char *symbol) {
 
 static void swap_in(const char *symbol, int version, void **pfn) {
     int known;
-    struct hook *h = find_base(symbol, version, &known);
+    const struct hook *h = find_base(symbol, version, &known);
     if (pfn == NULL || *pfn == NULL || !known) return;
     if (h == NULL) {
         fh_event("not interposed: %s asked for with CUDA version %d", symbol, version);
         return;
     }
-    if (h->real == NULL) h->real = *pfn;
+    fh_real_offer(h->exported, *pfn);
     *pfn = h->hook;
     atomic_store(&interposed, 1);
 }
@@ -328,10 +265,7 @@ static void swap_in(const char *symbol, int version, void **pfn) {
 /* FOUNDRY_HOOK_SYMBOLS=1 logs every name resolved through cuGetProcAddress. */
 static void log_symbol(const char *symbol, int version, cuuint64_t flags) {
     static int enabled = -1;
-    if (enabled < 0) {
-        const char *env = getenv("FOUNDRY_HOOK_SYMBOLS");
-        enabled = env && *env == '1';
-    }
+    if (enabled < 0) enabled = fh_env_flag(FOUNDRY_ENV_HOOK_SYMBOLS);
     if (enabled && symbol) fh_event("resolve: %s (version %d, flags %llu)", symbol, version, (unsigned long long)flags);
 }
 

@@ -21,7 +21,6 @@
 
 #include "hook.h"
 
-#define DEFAULT_ZONE 0x700000000000ULL
 #define MAX_SLOTS 8
 #define MAX_EXPORTS 1024
 #define MAX_MAPPINGS 1024
@@ -49,11 +48,8 @@ static CUdeviceptr zone;   /* the import zone, once reserved */
 
 /* This process's slot in its peers' import zones (its rank), or -1 when it has none. */
 static int rank_slot(void) {
-    const char *text = getenv("FOUNDRY_RANK");
-    if (text == NULL || *text == '\0') return 0;
-    char *end = NULL;
-    long rank = strtol(text, &end, 10);
-    return *end == '\0' && rank >= 0 && rank < MAX_SLOTS ? (int)rank : -1;
+    long rank = fh_env_rank();
+    return rank >= 0 && rank < MAX_SLOTS ? (int)rank : -1;
 }
 
 /* The driver's VMM sharing calls, present or refused by name (no call through NULL). */
@@ -82,8 +78,8 @@ CUresult fh_ipc_get_mem_handle(CUipcMemHandle *out, CUdeviceptr dptr) {
         return fh_refuse(CUDA_ERROR_INVALID_VALUE, "cuIpcGetMemHandle of 0x%llx: not region memory",
                          (unsigned long long)dptr);
     if (slot < 0)
-        return fh_refuse(CUDA_ERROR_INVALID_VALUE, "cuIpcGetMemHandle: FOUNDRY_RANK=%s has no slot in an import zone "
-                         "(ranks 0-%d)", getenv("FOUNDRY_RANK"), MAX_SLOTS - 1);
+        return fh_refuse(CUDA_ERROR_INVALID_VALUE, "cuIpcGetMemHandle: " FOUNDRY_ENV_RANK "=%s has no slot in an "
+                         "import zone (ranks 0-%d)", fh_env_text(FOUNDRY_ENV_RANK), MAX_SLOTS - 1);
     if (!sharing_present())
         return fh_refuse(CUDA_ERROR_NOT_SUPPORTED, "cuIpcGetMemHandle: the driver lacks the VMM sharing calls");
     pthread_mutex_lock(&lock);
@@ -128,10 +124,7 @@ void fh_ipc_forget(size_t offset) {
     pthread_mutex_unlock(&lock);
 }
 
-static CUdeviceptr zone_base(void) {
-    const char *text = getenv("FOUNDRY_IMPORT_BASE");
-    return text && *text ? strtoull(text, NULL, 0) : DEFAULT_ZONE;
-}
+static CUdeviceptr zone_base(void) { return fh_env_import_base(); }
 
 int foundry_ipc_zone(uint64_t *base, uint64_t *slot, uint32_t *slots) {
     if (base == NULL || slot == NULL || slots == NULL) return FOUNDRY_EINVAL;

@@ -22,9 +22,6 @@
 
 #include "hook.h"
 
-#define DEFAULT_BASE 0x600000000000ULL
-#define DEFAULT_SIZE (64 * GiB)
-
 typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
 typedef CUresult (*free_fn)(CUdeviceptr);
 
@@ -77,32 +74,28 @@ static int phase_now(void) {
 
 static pid_t thread_id(void) { return (pid_t)syscall(SYS_gettid); }
 
-static unsigned long long env_u64(const char *name, unsigned long long fallback) {
-    const char *text = getenv(name);
-    if (text == NULL || *text == '\0') return fallback;
-    char *end = NULL;
-    unsigned long long value = strtoull(text, &end, 0);
-    if (end == NULL || *end != '\0') {
-        fh_event("error: %s=%s is not a number; using 0x%llx", name, text, fallback);
-        return fallback;
-    }
+/* A number the region is configured with, or its default (said as an error when unreadable). */
+static uint64_t region_number(const char *name, uint64_t fallback) {
+    uint64_t value;
+    if (fh_env_u64(name, fallback, &value) < 0)
+        fh_event("error: %s=%s is not a number; using 0x%llx", name, fh_env_text(name), (unsigned long long)fallback);
     return value;
 }
 
 static void configure(void) {
-    const char *mode = getenv("FOUNDRY_MODE");
-    region.mode = FOUNDRY_MODE_OFF;
-    if (mode && strcmp(mode, "save") == 0) region.mode = FOUNDRY_MODE_SAVE;
-    if (mode && strcmp(mode, "load") == 0) region.mode = FOUNDRY_MODE_LOAD;
-    region.base = env_u64("FOUNDRY_REGION_BASE", DEFAULT_BASE);
-    region.size = env_u64("FOUNDRY_REGION_SIZE", DEFAULT_SIZE);
-    const char *threads = getenv("FOUNDRY_REGION_THREADS");
-    region.any_thread = threads && strcmp(threads, "any") == 0;
-    if (threads && *threads && !region.any_thread && strcmp(threads, "owner") != 0)
-        fh_event("error: FOUNDRY_REGION_THREADS=%s is neither owner nor any; using owner", threads);
+    region.mode = fh_env_mode();
+    region.base = region_number(FOUNDRY_ENV_REGION_BASE, FOUNDRY_ENV_DEFAULT_REGION_BASE);
+    region.size = region_number(FOUNDRY_ENV_REGION_SIZE, FOUNDRY_ENV_DEFAULT_REGION_SIZE);
+    int threads = fh_env_region_threads();
+    region.any_thread = threads == 1;
+    if (threads < 0)
+        fh_event("error: " FOUNDRY_ENV_REGION_THREADS "=%s is neither " FOUNDRY_ENV_THREADS_OWNER " nor "
+                 FOUNDRY_ENV_THREADS_ANY "; using " FOUNDRY_ENV_THREADS_OWNER, fh_env_text(FOUNDRY_ENV_REGION_THREADS));
     if (region.mode != FOUNDRY_MODE_OFF)
-        fh_event("region: mode %s, base 0x%llx, size %zu, threads %s", mode, (unsigned long long)region.base,
-                 region.size, region.any_thread ? "any" : "owner");
+        fh_event("region: mode %s, base 0x%llx, size %zu, threads %s",
+                 region.mode == FOUNDRY_MODE_SAVE ? FOUNDRY_ENV_MODE_SAVE : FOUNDRY_ENV_MODE_LOAD,
+                 (unsigned long long)region.base, region.size,
+                 region.any_thread ? FOUNDRY_ENV_THREADS_ANY : FOUNDRY_ENV_THREADS_OWNER);
 }
 
 int fh_region_mode(void) {
@@ -281,7 +274,8 @@ static long find_live(CUdeviceptr p) {
     return -1;
 }
 
-CUresult fh_mem_free(CUdeviceptr dptr) {
+CUresult fh_mem_free(CUdeviceptr dptr, size_t *freed) {
+    *freed = FH_NOTHING_FREED;
     if (fh_region_mode() == FOUNDRY_MODE_OFF) return ((free_fn)fh_real("cuMemFree_v2"))(dptr);
     pthread_mutex_lock(&lock);
     if (!region.reserved || dptr < region.base || dptr >= region.base + region.size) {
@@ -299,7 +293,7 @@ CUresult fh_mem_free(CUdeviceptr dptr) {
         if (rc == CUDA_SUCCESS) a->freed = 1;
     }
     pthread_mutex_unlock(&lock);
-    if (found && rc == CUDA_SUCCESS) fh_ipc_forget(dptr - region.base); /* an exported descriptor would keep it */
+    if (found && rc == CUDA_SUCCESS) *freed = dptr - region.base; /* the caller withdraws its export, if any */
     if (!found)
         fh_event("error: free of 0x%llx, not the start of a live region allocation", (unsigned long long)dptr);
     else if (rc != CUDA_SUCCESS)

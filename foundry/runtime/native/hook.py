@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from foundry.env import HOOK_LIB
+from foundry.env import HOOK_LIB, MODES, REGION_THREADS
 from foundry.errors import HookError
 
-ABI = 5
+ABI = 6
 LIBRARY = "libfoundry_hook.so"
 COUNTERS = (
     "stream_captures",
@@ -72,6 +72,21 @@ class _Image(ctypes.Structure):
     ]
 
 
+class _Config(ctypes.Structure):
+    _fields_ = [
+        ("mode", ctypes.c_int32),
+        ("region_threads", ctypes.c_int32),
+        ("region_base", ctypes.c_uint64),
+        ("region_size", ctypes.c_uint64),
+        ("import_base", ctypes.c_uint64),
+        ("rank", ctypes.c_int64),
+        ("hook_echo", ctypes.c_int32),
+        ("hook_symbols", ctypes.c_int32),
+        ("load_captures", ctypes.c_int32),
+        ("region_numbers_ok", ctypes.c_int32),
+    ]
+
+
 _CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 PHASES = ("warmup", "capture", "late", "restored", "sealed")  # enum foundry_phase
 IMAGE_KINDS = {1: "module", 2: "library"}
@@ -118,6 +133,24 @@ class RegionInfo:
     reserved: bool
 
 
+@dataclass(frozen=True)
+class HookConfig:
+    """The ``FOUNDRY_*`` configuration the hook reads from its environment, as its
+    parsers make it (``foundry_hook_config``; :mod:`foundry.env` says what each means).
+    An unset variable reads as the value the hook uses instead."""
+
+    mode: str
+    region_threads: str  # owner, any, or "neither" for another word
+    region_base: int
+    region_size: int
+    import_base: int
+    rank: int | None  # None: not a rank number
+    hook_echo: bool
+    hook_symbols: bool
+    load_captures: bool
+    region_numbers_ok: bool  # False: the region's base or size is not a number
+
+
 def _allocation(a: _Alloc) -> Allocation:
     phase = PHASES[a.phase] if 0 <= a.phase < len(PHASES) else str(a.phase)
     return Allocation(a.order, a.offset, a.size, a.request, bool(a.freed), bool(a.reserve), phase)
@@ -162,6 +195,15 @@ class Hook:
     def active(self) -> bool:
         """Whether the driver's entry points have been interposed (after CUDA initialised)."""
         return bool(self.lib.foundry_hook_active())
+
+    def config(self) -> HookConfig:
+        """What the hook makes of its ``FOUNDRY_*`` variables (see :class:`HookConfig`)."""
+        raw = _Config()
+        self._check(self.lib.foundry_hook_config(ctypes.byref(raw)), "foundry_hook_config")
+        threads = REGION_THREADS[raw.region_threads] if raw.region_threads in (0, 1) else "neither"
+        return HookConfig(MODES[raw.mode], threads, raw.region_base, raw.region_size, raw.import_base,
+                          None if raw.rank < 0 else raw.rank, bool(raw.hook_echo), bool(raw.hook_symbols),
+                          bool(raw.load_captures), bool(raw.region_numbers_ok))  # fmt: skip
 
     def region(self) -> RegionInfo:
         info = _RegionInfo()
