@@ -26,7 +26,7 @@ MODES = ("off", "save", "load")
 WARMUP_MODES = ("replay", "restore")  # LOAD: repeat the warm-up, or restore the bytes it left
 BUILDERS = ("python", "native")  # LOAD: cuda-bindings node by node, or the hook's builder (and launch plans)
 INSTANTIATE_MODES = ("now", "background")  # LOAD, native builder: background instantiates behind the program
-REGION_THREADS = ("owner", "any")  # which threads may allocate in the region
+THREAD_POLICIES = ("owner", "any")  # which threads may allocate in the region
 
 
 class Kind(StrEnum):
@@ -170,7 +170,7 @@ REGION_SIZE = Variable("FOUNDRY_REGION_SIZE", Kind.NUMBER, None, frozenset({_G, 
                        "the deterministic region's size in bytes (the hook's default: 64 GiB)")
 REGION_THREADS = Variable("FOUNDRY_REGION_THREADS", Kind.CHOICE, "owner", frozenset({_H}),
                           "which threads may allocate in the region: the owner, or any",
-                          Written.ALWAYS, REGION_THREADS, "region threads policy")
+                          Written.ALWAYS, THREAD_POLICIES, "region threads policy")
 HOOK_ECHO = Variable("FOUNDRY_HOOK_ECHO", Kind.FLAG, False, frozenset({_H}),
                      "the hook also writes its errors to stderr, for processes no session reads",
                      Written.ALWAYS)

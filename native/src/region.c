@@ -207,7 +207,8 @@ static CUresult check_caller(size_t bytesize) {
     if (tid != region.owner && region.any_thread) {
         fh_count("other_thread_allocations");
         if (tid != last_logged)
-            fh_event("region: allocation #%zu of %zu bytes from thread %d (owner %d; FOUNDRY_REGION_THREADS=any)",
+            fh_event("region: allocation #%zu of %zu bytes from thread %d (owner %d; " FOUNDRY_ENV_REGION_THREADS
+                     "=" FOUNDRY_ENV_THREADS_ANY ")",
                      region.count, bytesize, (int)tid, (int)region.owner);
         last_logged = tid;
     } else if (tid != region.owner) {

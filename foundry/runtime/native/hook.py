@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from foundry.env import HOOK_LIB, MODES, REGION_THREADS
+from foundry.env import HOOK_LIB, MODES, THREAD_POLICIES
 from foundry.errors import HookError
 
 ABI = 6
@@ -200,7 +200,7 @@ class Hook:
         """What the hook makes of its ``FOUNDRY_*`` variables (see :class:`HookConfig`)."""
         raw = _Config()
         self._check(self.lib.foundry_hook_config(ctypes.byref(raw)), "foundry_hook_config")
-        threads = REGION_THREADS[raw.region_threads] if raw.region_threads in (0, 1) else "neither"
+        threads = THREAD_POLICIES[raw.region_threads] if raw.region_threads in (0, 1) else "neither"
         return HookConfig(MODES[raw.mode], threads, raw.region_base, raw.region_size, raw.import_base,
                           None if raw.rank < 0 else raw.rank, bool(raw.hook_echo), bool(raw.hook_symbols),
                           bool(raw.load_captures), bool(raw.region_numbers_ok))  # fmt: skip
