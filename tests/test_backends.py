@@ -138,6 +138,10 @@ class _OldContract(_Example):
     contract = 0
 
 
+class _VagueState(_Example):
+    needs_state = "sometimes"
+
+
 def _entry(name: str, target: str) -> EntryPoint:
     return EntryPoint(name, target, "foundry.backends")
 
@@ -150,6 +154,7 @@ def _entry(name: str, target: str) -> EntryPoint:
         ("tests.test_backends:kinds", "does not name a subclass"),
         ("tests.test_backends:_WrongName", "declares name 'other' but is registered as 'example'"),
         ("tests.test_backends:_OldContract", "written for contract 0"),
+        ("tests.test_backends:_VagueState", "needs_state must be True or False"),
     ],
 )
 def test_broken_backends_are_listed_with_their_reason(target, reason):
@@ -172,3 +177,12 @@ def test_working_third_party_backend_and_missing_backend():
         registry.require("deepep-nvl")
     with pytest.raises(BackendError, match="cannot relocate operands yet"):
         registry.require("example").relocate(None, None)
+
+
+def test_backends_say_whether_their_kernels_need_recorded_state(registry):
+    """Communicator backends need their state at LOAD; the vmm region claims no kernels;
+    a backend that does not say is taken to need it (see test_third_party_backend)."""
+    needs = {name: backend.needs_state for name, backend in registry.backends.items()}
+    assert needs == {"vmm": False, "torch-symm-mem": True, "nccl-ipc": True, "custom-allreduce": True,
+                     "deepep-nvl": True}  # fmt: skip
+    assert _Example.needs_state is True

@@ -86,3 +86,39 @@ def test_an_archive_that_records_its_state_needs_it_at_load(installed, tmp_path)
     assert "archive needs backend 'example-gemm', which is not installed" in missing
     present = load_refusal(archive, installed)  # installed, but it only recognises: refused by what it lacks
     assert "backend 'example-gemm' cannot validate or relocate yet" in present
+
+
+CLAIMS = """
+from foundry.errors import DriftError
+from foundry.runtime.sessions.load import LoadSession
+session = LoadSession({archive!r})
+graphs = [session.archive.graph(0, entry) for entry in session.record.graphs]
+try:
+    session._check_claims(graphs)  # what LOAD checks before any GPU work
+    print("restored")
+except DriftError as err:
+    print(err.path, err.node, err)
+"""
+
+
+def test_a_graph_running_its_kernels_without_its_state_is_refused_at_load(installed):
+    """The example backend claims cuBLAS's nvjet kernels and, like every backend that
+    does not say otherwise, needs its recorded state at LOAD: the H200 SAVE runs
+    nvjet kernels but records no example-gemm state, so once the backend is installed
+    LOAD refuses it by name; without the backend nothing claims them."""
+    code = CLAIMS.format(archive=str(FIXTURES / "saveload-a"))
+
+    def run(site: Path | None) -> str:
+        paths = [str(site)] if site else []
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, str(ROOT)])}
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    assert run(None) == "restored"
+    refused = run(installed)
+    graph, node, message = refused.split(" ", 2)
+    first = next(n for n in Archive.open(FIXTURES / "saveload-a").graph(0, graph).kernels()
+                 if n.kernel.name.startswith("nvjet_"))  # fmt: skip
+    assert int(node) == first.id
+    assert "runs example-gemm kernels, but SAVE recorded no 'example-gemm' state" in message

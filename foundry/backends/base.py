@@ -7,6 +7,8 @@ and a backend says which it implements:
 1. **recognise** (offline): from a kernel's identity, say whether it is one of
    this backend's kernels, its kind (``symm-allreduce``, ``nccl-allreduce``,
    ...) and the role of each parameter (the ABI). Lint and inspect count kinds.
+   A backend whose kernels need its recorded state at LOAD (``needs_state``, the
+   default) has LOAD refuse a graph that runs them without that state.
 2. **record** (SAVE): write the communicator state into a versioned
    :class:`~foundry.archive.schema.BackendState` in the rank's session.
 3. **validate** (LOAD, before any replay): compare the live communicator with
@@ -105,6 +107,11 @@ class Backend(ABC):
     #: Region names, or prefixes ending in ``*`` (``symm.*``, ``ipc.peer*``), whose operands this backend relocates.
     regions: ClassVar[tuple[str, ...]] = ()
     state_version: ClassVar[int] = 1
+    #: Whether the kernels this backend claims read state its record describes (a
+    #: communicator's buffers, ranks, capacity): LOAD refuses a graph that runs them
+    #: unless SAVE recorded this backend's state. True unless a backend says otherwise,
+    #: so a third party's collective kernels are never restored unvalidated.
+    needs_state: ClassVar[bool] = True
 
     @abstractmethod
     def recognise(self, kernel: KernelIdentity) -> KernelMatch | None:

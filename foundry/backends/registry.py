@@ -78,6 +78,8 @@ class BackendRegistry:
         bad = [k for k in loaded.kinds if not KIND_PATTERN.match(k)]
         if bad:
             raise BackendError(f"kind names must be lowercase words joined by '-': {bad}")
+        if not isinstance(loaded.needs_state, bool):
+            raise BackendError(f"needs_state must be True or False, not {loaded.needs_state!r}")
         try:
             return loaded()
         except Exception as err:  # noqa: BLE001 - a constructor failure is a broken backend, not a crash

@@ -18,6 +18,7 @@ class VmmBackend(Backend):
     name = "vmm"
     description = "deterministic VMM region of the native hook"
     regions = ("vmm",)
+    needs_state = False  # it claims no kernels; the region's base is all it needs
 
     def recognise(self, kernel: KernelIdentity) -> KernelMatch | None:
         return None

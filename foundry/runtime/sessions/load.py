@@ -29,10 +29,7 @@ from foundry.runtime.sessions.base import (
     check_active,
     init_cuda,
 )
-from foundry.runtime.sessions.validate import check_relocation
-
-# backends whose kernels read communicator state a LOAD must validate, not just addresses
-COMMUNICATOR_BACKENDS = frozenset({"torch-symm-mem", "nccl-ipc", "custom-allreduce", "deepep-nvl"})
+from foundry.runtime.sessions.validate import check_claim, check_claims, check_relocation
 
 
 class LoadSession(Session):
@@ -91,25 +88,8 @@ class LoadSession(Session):
         self._owners: dict[str, Any] = {}  # region name -> its backend in this process (see _owner)
 
     def _check_claims(self, graphs: list[GraphIR]) -> None:
-        """A communicator kernel restored without its backend's state would run against
-        whatever the live process has at those addresses: refused, naming the backend."""
-        for ir in graphs:
-            for node in ir.kernels():  # the registry recognises each kernel name once
-                self._refuse_unclaimed(ir.name, node.kernel, node.id)
-
-    def _refuse_unclaimed(self, graph: str, kernel: KernelIdentity, node: int | None = None) -> None:
-        match = self.registry.recognise(kernel)
-        if match is None or match.backend not in COMMUNICATOR_BACKENDS:
-            return
-        if match.backend in {backend.name for backend, _ in self.backends}:
-            return
-        raise DriftError(
-            f"the graph runs {match.kind} kernels, but SAVE recorded no {match.backend!r} state "
-            f"(attach the communicator with session.attach({match.backend!r}, ...) in SAVE and LOAD)",
-            path=graph,
-            node=node,
-            kernel=kernel.name if node is None else None,
-        )
+        """Refuse a graph running kernels whose backend's state SAVE did not record."""
+        check_claims(graphs, self.registry, (backend.name for backend, _ in self.backends))
 
     def _require_backends(self) -> list[Any]:
         """Every backend whose state the archive records must be installed and able to
@@ -262,12 +242,13 @@ class LoadSession(Session):
         assert region is not None  # checked in start()
         entries = self.record.graphs
         known = {b.sha256 for b in self.archive.catalog.modules.blobs}
+        recorded = {backend.name for backend, _ in self.backends}
         for entry in entries:
             assert entry.plan is not None  # _plans_apply
             for kernel in entry.plan.kernels:
                 identity = KernelIdentity(kernel.name, kernel.image)
                 check_image(identity, known, path=entry.name)
-                self._refuse_unclaimed(entry.name, identity)
+                check_claim(identity, self.registry, recorded, graph=entry.name)
         functions = ArchiveFunctions(self.hook, self.archive, {r.sha256: r for r in self.record.images})
         applied: set[int] = set()
         resolving = [0.0]  # seconds spent binding kernels (finding live images, loading archived ones)

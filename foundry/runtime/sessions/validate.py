@@ -7,7 +7,8 @@ on the CPU too (the tests edit real archives and compare the messages).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from foundry.archive.reader import Archive
 from foundry.archive.schema import Environment, ModuleState, RegionRecord
@@ -15,6 +16,9 @@ from foundry.errors import ArchiveError, DriftError
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import KernelIdentity
 from foundry.graphir.operands import OperandSite
+
+if TYPE_CHECKING:
+    from foundry.backends.registry import BackendRegistry
 
 # fields a LOAD must match; the GPU by model and capability, never by UUID
 ENVIRONMENT_FIELDS = ("gpu_name", "compute_capability", "driver_version", "cuda_version", "torch_version")
@@ -108,3 +112,29 @@ def check_relocation(warmup: str, *, saved_base: int | None = None, live_base: i
             expected=None if saved_base is None else hex(saved_base),
             found=None if live_base is None else hex(live_base),
         )
+
+
+def check_claim(kernel: KernelIdentity, registry: BackendRegistry, recorded: Iterable[str], *, graph: str,
+                node: int | None = None) -> None:  # fmt: skip
+    """A kernel a backend claims and whose state that backend needs at LOAD
+    (``Backend.needs_state``) is restored only when SAVE recorded that backend's state
+    (``recorded``: the backends it did): otherwise it would run against whatever the
+    live process has at those addresses. Refused naming the backend."""
+    match = registry.recognise(kernel)
+    if match is None or not registry.backends[match.backend].needs_state or match.backend in set(recorded):
+        return
+    raise DriftError(
+        f"the graph runs {match.kind} kernels, but SAVE recorded no {match.backend!r} state "
+        f"(attach the communicator with session.attach({match.backend!r}, ...) in SAVE and LOAD)",
+        path=graph,
+        node=node,
+        kernel=kernel.name if node is None else None,
+    )
+
+
+def check_claims(graphs: Iterable[GraphIR], registry: BackendRegistry, recorded: Iterable[str]) -> None:
+    """:func:`check_claim` for every kernel node of ``graphs``."""
+    names = set(recorded)
+    for ir in graphs:
+        for node in ir.kernels():  # the registry recognises each kernel name once
+            check_claim(node.kernel, registry, names, graph=ir.name, node=node.id)
