@@ -116,7 +116,7 @@ class NcclIpcBackend(Backend):
                     expected=want,
                     found=facts.get("env", {}).get(key),
                 )
-        facts = {**facts, "region_base": save.backend_facts("vmm").get("base", facts.get("region_base"))}
+        facts = {**facts, "region_base": save.backend_facts(RegionKind.VMM).get("base", facts.get("region_base"))}
         if facts["region_base"] is None:
             raise BackendError("the session did not tell the backend where the region is", field="nccl-ipc.region_base")
         record = {k: facts[k] for k in _EXACT}
@@ -126,7 +126,7 @@ class NcclIpcBackend(Backend):
     def validate(self, state: BackendState, graphs: list[GraphIR], live: LiveState) -> None:
         require_state_version(self, state)
         facts = dict(live.backend_facts(self.name))
-        facts["region_base"] = live.backend_facts("vmm").get("base", facts.get("region_base"))
+        facts["region_base"] = live.backend_facts(RegionKind.VMM).get("base", facts.get("region_base"))
         require_same(self.name, "the live NCCL communicator", _EXACT, state.record, facts)
         for key in PINNED_ENV:
             if facts.get("env", {}).get(key) != state.record.get(f"env.{key}"):

@@ -12,18 +12,20 @@ from foundry.backends.base import Backend, KernelMatch, LiveState
 from foundry.errors import BackendError
 from foundry.graphir.kernel import KernelIdentity
 from foundry.graphir.operands import Operand
+from foundry.graphir.regions import RegionKind
 
 
 class VmmBackend(Backend):
-    name = "vmm"
+    name = RegionKind.VMM.value
     description = "deterministic VMM region of the native hook"
-    regions = ("vmm",)
+    regions = (RegionKind.VMM.value,)
     needs_state = False  # it claims no kernels; the region's base is all it needs
 
     def recognise(self, kernel: KernelIdentity) -> KernelMatch | None:
         return None
 
     def relocate(self, operand: Operand, live: LiveState) -> int:
-        if operand.region != "vmm":
-            raise BackendError(f"backend 'vmm' does not own region {operand.region!r}", found=operand.location())
+        if operand.region != RegionKind.VMM:
+            raise BackendError(f"backend {self.name!r} does not own region {operand.region!r}",
+                               found=operand.location())  # fmt: skip
         return int(live.backend_facts(self.name)["base"]) + operand.region_offset

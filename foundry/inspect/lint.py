@@ -25,6 +25,7 @@ from foundry.errors import LintError
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.kinds import NodeKind
 from foundry.graphir.nodes import UnsupportedNode
+from foundry.graphir.regions import RegionKind
 
 
 class Severity(StrEnum):
@@ -149,7 +150,7 @@ def _missing_module_image(ctx: GraphContext) -> Iterator[Finding]:
 def _unrelocatable_collective(ctx: GraphContext) -> Iterator[Finding]:
     """A claimed kernel with pointers outside the deterministic region that its backend cannot relocate."""
     for node_id, match in sorted(ctx.claims().items()):
-        outside = [o for o in ctx.ir.operands.of(node_id) if o.region != "vmm"]
+        outside = [o for o in ctx.ir.operands.of(node_id) if o.region != RegionKind.VMM]
         if match.relocatable or not outside:
             continue
         node = ctx.ir.node(node_id)

@@ -9,6 +9,7 @@ from rich.text import Text
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.nodes import KernelNode, MemcpyNode, MemsetNode
 from foundry.graphir.passes.diff import GraphDiff, Status
+from foundry.graphir.regions import RegionKind
 from foundry.inspect.archive_diff import ArchiveDiff
 from foundry.inspect.lint import LintReport, Severity
 from foundry.inspect.summary import ArchiveSummary
@@ -85,7 +86,7 @@ def render_summary(console: Console, s: ArchiveSummary, *, top: int = 15) -> Non
     regions = Table(title=f"Regions ({len(s.regions)})", title_justify="left")
     for col in ("region", "kind", "size", "graphs", "operands"):
         regions.add_column(col, justify="right" if col in ("size", "graphs", "operands") else "left")
-    ordered = sorted(s.regions.items(), key=lambda kv: (kv[1]["kind"] == "tensor", kv[0]))
+    ordered = sorted(s.regions.items(), key=lambda kv: (kv[1]["kind"] == RegionKind.TENSOR, kv[0]))
     for name, row in ordered[:top]:
         regions.add_row(name, row["kind"], human_bytes(row["size"]), str(row["graphs"]), str(row["operands"]))
     if len(ordered) > top:

@@ -15,6 +15,7 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
+from foundry.graphir.regions import RegionKind
 from foundry.inspect.lint import LintReport, Severity
 from foundry.inspect.render import human_bytes
 from foundry.inspect.summary import ArchiveSummary
@@ -70,7 +71,7 @@ def summary_renderables(summary: ArchiveSummary) -> list[RenderableType]:
         ("graphs", "right"),
         ("operands", "right"),
     )
-    ordered = sorted(summary.regions.items(), key=lambda kv: (kv[1]["kind"] == "tensor", kv[0]))
+    ordered = sorted(summary.regions.items(), key=lambda kv: (kv[1]["kind"] == RegionKind.TENSOR, kv[0]))
     for name, row in ordered:
         regions.add_row(name, row["kind"], human_bytes(row["size"]), str(row["graphs"]), str(row["operands"]))
     parts.append(regions)

@@ -21,7 +21,7 @@ from foundry.archive.schema import LaunchPlan, PlanKernel
 from foundry.errors import IRError
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import KernelIdentity
-from foundry.runtime.sessions.validate import REGION
+from foundry.graphir.regions import RegionKind
 
 
 class _FunctionTable:
@@ -48,7 +48,7 @@ def plannable(ir: GraphIR) -> bool:
 
     return (
         supported(ir)
-        and all(op.region == REGION for op in ir.operands)
+        and all(op.region == RegionKind.VMM for op in ir.operands)
         and all(node.kernel.image is not None for node in ir.kernels())
     )
 

@@ -21,6 +21,7 @@ from foundry.errors import DriftError, FoundryError, HookError
 from foundry.graphir.cuda import cu
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import KernelIdentity
+from foundry.graphir.regions import RegionKind
 from foundry.runtime.native.hook import Allocation, Hook
 from foundry.runtime.sessions.base import (
     RestoredGraph,
@@ -457,7 +458,7 @@ class LoadSession(Session):
         if region not in self._owners:
             owners = (VmmBackend(), *(backend for backend, _ in self.backends))
             self._owners[region] = next((owner for owner in owners if owner.owns(region) and (
-                owner.name == "vmm" or owner.name in self.attached)), None)  # fmt: skip
+                owner.name == RegionKind.VMM or owner.name in self.attached)), None)  # fmt: skip
         return self._owners[region]
 
     def _relocation(self, moved: bool) -> Callable[[Any], int] | None:
@@ -501,7 +502,7 @@ class LoadSession(Session):
         return owner.relocate(Operand(-1, OperandSite.PARAM, -1, 0, region.base, name, 0), self._live_facts())
 
     def _live_facts(self) -> ProcessFacts:
-        vmm = {} if self.live_base is None else {"vmm": {"base": self.live_base}}
+        vmm = {} if self.live_base is None else {RegionKind.VMM.value: {"base": self.live_base}}
         return ProcessFacts(self.rank, self.archive.catalog.world_size, {**vmm, **self.attached})
 
     def _validate_backends(self, graphs: list[GraphIR]) -> None:
@@ -515,9 +516,7 @@ class LoadSession(Session):
 
 def _region_base_at_save(base: int, name: str) -> int | None:
     """Where a region starts in a LOAD built from plans: the deterministic region at SAVE's base."""
-    from foundry.runtime.sessions.validate import REGION
-
-    return base if name == REGION else None
+    return base if name == RegionKind.VMM else None
 
 
 class _Progress:

@@ -80,7 +80,7 @@ class SaveSession(Session):
         self.hook.set_owner()
         self.environment = current_environment(self.device)
         info = self.hook.region()
-        self.region = Region("vmm", RegionKind.VMM, info.base, info.size)
+        self.region = Region(RegionKind.VMM.value, RegionKind.VMM, info.base, info.size)
 
     def attach(self, backend: str, **objects: Any) -> None:
         from foundry.backends.registry import BackendRegistry
@@ -249,7 +249,8 @@ class SaveSession(Session):
             rank.add_graph(ir, **extra, plan=plan)
         rank.add_images(records)
         for name, (owner, facts) in sorted(self.attached.items()):
-            process = ProcessFacts(self.rank, self.world_size, {"vmm": {"base": self.region.base}, name: facts})
+            vmm = {RegionKind.VMM.value: {"base": self.region.base}}
+            process = ProcessFacts(self.rank, self.world_size, {**vmm, name: facts})
             rank.add_backend_state(owner.record(process))
         rank.set_region(self._region_record(rank))
         rank.seal()

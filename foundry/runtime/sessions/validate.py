@@ -16,13 +16,13 @@ from foundry.errors import ArchiveError, DriftError
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import KernelIdentity
 from foundry.graphir.operands import OperandSite
+from foundry.graphir.regions import RegionKind
 
 if TYPE_CHECKING:
     from foundry.backends.registry import BackendRegistry
 
 # fields a LOAD must match; the GPU by model and capability, never by UUID
 ENVIRONMENT_FIELDS = ("gpu_name", "compute_capability", "driver_version", "cuda_version", "torch_version")
-REGION = "vmm"
 
 
 def check_environment(recorded: Environment, live: Environment) -> None:
@@ -69,7 +69,7 @@ def check_graph(ir: GraphIR, archive: Archive, owned: Callable[[str], bool] = la
     for node in ir.kernels():
         check_image(node.kernel, known, path=ir.name, node=node.id)
     for operand in ir.operands:
-        if operand.region != REGION and not owned(operand.region):
+        if operand.region != RegionKind.VMM and not owned(operand.region):
             site = f"param byte {operand.offset}" if operand.site is OperandSite.PARAM else operand.site.value
             raise DriftError(
                 f"a pointer ({site}) lies outside the deterministic region, so LOAD cannot guarantee its target",
