@@ -1,0 +1,113 @@
+"""LOAD's region: the warm-up's allocations checked against SAVE's, the region mapped
+up to SAVE's final offset, and (``--warmup restore``) the bytes SAVE's warm-up left
+copied back, on a thread while the graphs are built when asked."""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from foundry.archive.reader import Archive
+from foundry.archive.schema import RegionRecord
+from foundry.errors import DriftError
+from foundry.graphir.cuda import cu
+from foundry.runtime.native.hook import Allocation, Hook
+from foundry.runtime.sessions.base import anchor_generator
+
+
+class RegionRestore:
+    """One LOAD's region in this process, once the hook reserved it. Timings go to
+    ``report``, the session's."""
+
+    def __init__(self, hook: Hook, archive: Archive, rank: int, device: int, record: RegionRecord, warmup: str,
+                 report: dict[str, Any]) -> None:  # fmt: skip
+        self.hook, self.archive, self.rank, self.device = hook, archive, rank, device
+        self.record, self.warmup, self.report = record, warmup, report
+        self.expected = [
+            Allocation(a.order, a.offset, a.size, a.request, False, False, a.phase)
+            for a in record.trace[: self._expected_count()]
+        ]
+        self.anchor: Any = None  # the default generator registered with a graph, kept while the session lives
+        self._copy: Future[None] | None = None  # the thread restoring the warm-up bytes while graphs are built
+
+    def _expected_count(self) -> int:
+        if self.warmup == "restore":
+            return self.record.warmup_bytes.allocations if self.record.warmup_bytes else 0
+        return self.record.warmup_allocations
+
+    def expect(self) -> None:
+        """From now until :meth:`map`, every allocation must repeat SAVE's warm-up, in order."""
+        self.hook.expect(self.expected)
+
+    def map(self, *, overlap: bool = False) -> None:
+        """Check the warm-up's allocations against SAVE's, then map the region up to SAVE's
+        final offset (and restore the warm-up's bytes when asked: with ``overlap``, on a
+        thread while the graphs are built; :meth:`finish` joins it)."""
+        import torch
+
+        if self.warmup == "replay":  # SAVE allocated the generator's cells after its warm-up
+            self.anchor = anchor_generator()
+        torch.cuda.synchronize()
+        self.check_trace()
+        begun = time.perf_counter()
+        self.hook.map_to(self.record.final_offset)
+        self.report["map_to_s"] = time.perf_counter() - begun
+        if self.warmup != "restore":
+            return
+        if not overlap:
+            self._restore_bytes()
+            return
+        context = cu("cuCtxGetCurrent")
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="foundry-warmup")
+        self._copy = pool.submit(self._restore_bytes, context)
+        pool.shutdown(wait=False)
+
+    def finish(self, *, quiet: bool = False) -> None:
+        """Wait for the warm-up bytes a thread restores, if one does, and raise its error
+        unless ``quiet``."""
+        if self._copy is None:
+            return
+        copy, self._copy = self._copy, None
+        error = copy.exception()
+        if error is not None and not quiet:
+            raise error
+
+    def check_trace(self) -> None:
+        """Refuse a warm-up whose allocations left SAVE's trace, naming the first that did."""
+        actual = self.hook.trace()
+        index = self.hook.trace_diverges(self.expected, actual)
+        if index is not None:
+            got = actual[index]
+            want = self.expected[index] if index < len(self.expected) else None
+            raise DriftError(
+                f"allocation #{index} diverges from SAVE's warm-up trace",
+                field="region.trace",
+                expected=None if want is None else f"{want.request} bytes at offset {want.offset}",
+                found=f"{got.request} bytes at offset {got.offset}",
+            )
+        if len(actual) != len(self.expected):
+            raise DriftError(
+                "the warm-up made fewer allocations than SAVE's",
+                field="region.trace",
+                expected=len(self.expected),
+                found=len(actual),
+            )
+
+    def _restore_bytes(self, context: Any = None) -> None:
+        import torch
+
+        warm = self.record.warmup_bytes
+        assert warm is not None
+        if context is not None:  # another thread: the driver's current context is per thread
+            cu("cuCtxSetCurrent", context)
+        begun = time.perf_counter()
+        data = self.archive.rank_blob(self.rank, warm.file, sha256=warm.sha256, size=warm.size, what="warm-up bytes")
+        read = time.perf_counter()
+        # the driver reads straight from the bytes object (alive until the call returns): no copy
+        cu("cuMemcpyHtoD", self.record.base + warm.offset, ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value,
+           len(data))  # fmt: skip
+        torch.cuda.default_generators[self.device].set_offset(warm.generator_offset)
+        self.report.update(warmup_bytes=len(data), warmup_read_s=read - begun,
+                           warmup_copy_s=time.perf_counter() - read)  # fmt: skip
