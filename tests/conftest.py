@@ -9,10 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from foundry.archive import Archive
 from foundry.backends import BackendRegistry
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 ARCHIVES = ("tiny-qwen3", "compiled-triton", "symm-mem-ws1")
+# the SAVE/SAVE2 pair captured with the hook on the H200
+SAVE_A, SAVE_B = FIXTURES / "saveload-a", FIXTURES / "saveload-b"
 
 
 def _gpu_available() -> bool:
@@ -42,6 +45,12 @@ def archive_copy(tmp_path: Path):
         return target
 
     return copy
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[Archive, Archive]:
+    """The SAVE/SAVE2 pair, opened once per test module."""
+    return Archive.open(SAVE_A), Archive.open(SAVE_B)
 
 
 @pytest.fixture(scope="session")

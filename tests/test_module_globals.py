@@ -12,6 +12,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from foundry.errors import DriftError
 from foundry.runtime.code.module_globals import ZSTD_MAGIC, global_names
 
 SOURCE = r"""
@@ -183,3 +184,18 @@ def test_a_short_or_resized_global_is_still_reported(monkeypatch):
     with pytest.raises(DriftError, match="another size") as err:
         mg.check_live(ImageRecord("ef" * 32, True, (scale,)), "module", 1)
     assert (err.value.field, err.value.expected, err.value.found) == ("scale", 4, 8)
+
+
+def test_a_relocating_load_refuses_restored_globals_that_point_into_the_old_region():
+    from foundry.archive.schema import GlobalRecord, ImageRecord
+    from foundry.runtime.code.module_globals import restore_fresh
+
+    base = 0x600000000000
+    pointer = GlobalRecord("table", 16, True, "0" * 64, (base + 0x1000).to_bytes(8, "little") + bytes(8))
+    record = ImageRecord("ab" * 32, globals_known=True, globals=(pointer,))
+    with pytest.raises(DriftError, match="moved") as err:
+        restore_fresh(record, record.sha256, 0, moved_from=(base, base + (1 << 30)))
+    assert err.value.field == "table"
+    with pytest.raises(DriftError, match="unknown"):
+        restore_fresh(ImageRecord("cd" * 32, globals_known=False), "cd" * 32, 0)
+    assert restore_fresh(ImageRecord("ef" * 32, globals_known=True), "ef" * 32, 0) == []

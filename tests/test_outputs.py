@@ -9,7 +9,17 @@ import msgspec
 import pytest
 
 from foundry.archive import outputs
-from foundry.archive.outputs import IntValue, NoneValue, RecordValue, check_output, describe, rebuild
+from foundry.archive.outputs import (
+    DictValue,
+    IntValue,
+    NoneValue,
+    RecordValue,
+    SeqValue,
+    TensorSpec,
+    check_output,
+    describe,
+    rebuild,
+)
 from foundry.errors import ArchiveError
 
 
@@ -56,3 +66,12 @@ def test_an_archive_naming_another_class_is_refused_before_anything_is_imported(
     assert err.value.found == "os:system"
     with pytest.raises(ArchiveError, match="unknown record type"):
         rebuild(RecordValue("os.system", {"x": NoneValue()}), lambda t: t)
+
+
+def test_output_descriptions_rebuild_the_same_structure():
+    logits = TensorSpec("float32", (2, 3), (3, 1), 0, "vmm", 4096)
+    spec = DictValue(
+        {"logits": logits, "rest": SeqValue("tuple", (IntValue(7), TensorSpec("int64", (2,), (1,), 0, "vmm", 0)))}
+    )
+    made = rebuild(spec, lambda t: ("tensor", t.dtype, t.region_offset))
+    assert made == {"logits": ("tensor", "float32", 4096), "rest": (7, ("tensor", "int64", 0))}

@@ -1,0 +1,48 @@
+"""LoadSession on the CPU (foundry/runtime/sessions/load.py): the refusals it makes before
+any GPU work, on the H200 SAVE."""
+
+from __future__ import annotations
+
+import pytest
+
+from foundry.archive import Archive
+from foundry.errors import DriftError, FoundryError
+from foundry.runtime.sessions.load import LoadSession
+
+from .conftest import FIXTURES, SAVE_A
+
+
+def test_restoring_warmup_bytes_needs_them_in_the_archive():
+    with pytest.raises(DriftError) as err:
+        LoadSession(SAVE_A, warmup="restore")
+    assert err.value.field == "region.warmup_bytes"
+    with pytest.raises(FoundryError, match="unknown warm-up mode"):
+        LoadSession(SAVE_A, warmup="sometimes")
+
+
+def test_a_load_session_takes_an_archive_its_caller_opened():
+    """The SGLang plugin reads SAVE's verdict before the session starts, and hands the
+    session the archive it opened rather than having it read the catalog again."""
+    opened = Archive.open(SAVE_A)
+    session = LoadSession(opened)
+    assert session.archive is opened and session.record == opened.session(0)
+    assert session.report["archive"] == LoadSession(SAVE_A).report["archive"] == str(opened.root)
+    with pytest.raises(DriftError) as err:
+        LoadSession(opened, warmup="restore")
+    assert err.value.field == "region.warmup_bytes"
+
+
+def test_background_instantiation_is_asked_for_with_the_native_builder():
+    with pytest.raises(FoundryError, match="unknown instantiation mode") as err:
+        LoadSession(SAVE_A, builder="native", instantiate="later")
+    assert err.value.field == "instantiate"
+    with pytest.raises(FoundryError, match="needs the native builder") as err:
+        LoadSession(SAVE_A, instantiate="background")
+    assert err.value.field == "instantiate"
+    assert LoadSession(SAVE_A, builder="native", instantiate="background").instantiate == "background"
+
+
+def test_a_relocating_load_replays_the_warmup():
+    """Restored warm-up bytes can hold pointers into SAVE's region, which nothing rebases."""
+    with pytest.raises(DriftError, match="relocating needs"):
+        LoadSession(FIXTURES / "saveload-a", relocate=True, warmup="restore")

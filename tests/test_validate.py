@@ -1,0 +1,88 @@
+"""What a LOAD checks before it replays anything (foundry/runtime/sessions/validate.py),
+on the H200 SAVE and archives edited from it: environment drift, stripped, missing or
+altered images, pointers outside the region, the region record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from foundry.archive import Archive
+from foundry.archive.schema import ModuleState
+from foundry.errors import DriftError
+from foundry.graphir.regions import Region, RegionKind
+from foundry.runtime.sessions.validate import check_environment, check_graph, check_modules, check_region
+
+from .archive_tools import write_archive
+from .conftest import FIXTURES, SAVE_A
+
+
+def test_environment_drift_is_named_by_field(pair):
+    a, _ = pair
+    recorded = a.catalog.environment
+    check_environment(recorded, recorded)
+    for field, value in (("gpu_name", "NVIDIA B200"), ("driver_version", "590.1"), ("torch_version", "2.12.0"),
+                         ("cuda_version", "13.1"), ("compute_capability", "10.0")):  # fmt: skip
+        with pytest.raises(DriftError) as err:
+            check_environment(recorded, msgspec.structs.replace(recorded, **{field: value}))
+        assert err.value.field == f"environment.{field}" and err.value.found == value
+    # another machine of the same kind (UUID is not recorded) and another Python are fine
+    check_environment(recorded, msgspec.structs.replace(recorded, python_version="3.13.0"))
+
+
+def test_a_stripped_archive_is_refused(pair):
+    a, _ = pair
+    assert a.catalog.modules.state is ModuleState.STRIPPED
+    with pytest.raises(DriftError) as err:
+        check_modules(a)
+    assert err.value.field == "modules.state" and err.value.found == "stripped"
+
+
+def _archive_with_module(root: Path, blob: bytes) -> Archive:
+    return write_archive(root, [Archive.open(SAVE_A).graph(0, "sample.bs8")], like=SAVE_A, modules=(blob,))
+
+
+def test_missing_and_altered_module_images_are_refused(tmp_path):
+    blob = b"\x7fELF" + bytes(60)
+    archive = _archive_with_module(tmp_path / "a", blob)
+    check_modules(archive)
+    path = next((tmp_path / "a" / "modules").iterdir())
+    path.write_bytes(blob[:-1] + b"\x01")
+    with pytest.raises(DriftError, match="altered") as err:
+        check_modules(Archive.open(tmp_path / "a"))
+    assert err.value.field == f"modules/{path.name}"
+    path.unlink()
+    with pytest.raises(DriftError, match="missing"):
+        check_modules(Archive.open(tmp_path / "a"))
+
+
+def test_graphs_must_name_archived_images_and_point_only_into_the_region(pair):
+    a, _ = pair
+    ir = a.graph(0, "decode.bs8")
+    check_graph(ir, a)
+    legacy = Archive.open(FIXTURES / "tiny-qwen3")  # saved before the hook: no module images
+    with pytest.raises(DriftError, match="module image is not in the archive"):
+        check_graph(legacy.graph(0, "decode.bs1"), legacy)
+    ir.regions["host.0"] = Region("host.0", RegionKind.HOST, 0x7F0000000000, 4096)
+    first = next(iter(ir.operands))
+    ir.set_operands(msgspec.structs.replace(o, region="host.0", region_offset=0) if o == first else o
+                    for o in ir.operands)  # fmt: skip
+    with pytest.raises(DriftError, match="outside the deterministic region") as err:
+        check_graph(ir, a)
+    assert err.value.node == first.node and err.value.found == "host.0+0x0"
+
+
+def test_region_checks(pair):
+    a, _ = pair
+    record = a.session(0).region
+    assert check_region(record, record.base, record.size) is record
+    with pytest.raises(DriftError) as err:
+        check_region(record, record.base + (16 << 30), record.size)
+    assert err.value.field == "region.base"
+    assert check_region(record, record.base + (16 << 30), record.size, relocate=True) is record
+    with pytest.raises(DriftError, match="smaller"):
+        check_region(record, record.base, record.final_offset - 1)
+    with pytest.raises(DriftError, match="no region record"):
+        check_region(None, record.base, record.size)
