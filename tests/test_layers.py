@@ -163,3 +163,13 @@ def test_the_checks_see_every_kind_of_import(tmp_path, module, text, expected):
     inner = any(module.startswith("foundry.runtime") and t.startswith("foundry.runtime")
                 and runtime_layer_of(t) > runtime_layer_of(module) for t in imported)  # fmt: skip
     assert (upward, inner) == (expected == "upward", expected == "runtime")
+
+
+def test_the_architecture_page_names_every_module():
+    """docs/architecture.md gives every module a sentence; a new one is added there too."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    files = [*(ROOT / "foundry").rglob("*.py"), *(ROOT / "tui").rglob("*.py"), *(ROOT / "native").rglob("*.[ch]")]
+    missing = sorted(str(p.relative_to(ROOT)) for p in files if f"`{p.relative_to(ROOT)}`" not in page)
+    assert missing == []
+    assert "base (foundry, errors, env) < " + " < ".join(name for name, _ in LAYERS[1:]) in page
+    assert "inside runtime/: " in page and " < ".join(p.rpartition(".")[2] for p in RUNTIME_LAYERS[:-1]) in page

@@ -1,4 +1,7 @@
-"""GPU side of Foundry: environment capture, graph capture helpers, SAVE/LOAD sessions.
+"""GPU side of Foundry, by concern: the hook's bindings (``native``), the code a graph
+runs (``code``), captured and restored graphs (``graphs``), SAVE and LOAD sessions
+(``sessions``) and ``foundry run`` (``launch``); docs/architecture.md has the map.
+This package gives programs the session API.
 
 Everything here imports torch and cuda-bindings lazily, inside functions.
 """
