@@ -4,7 +4,8 @@
 #   scripts/validate_on_gpu.sh RESULTS_DIR [SECTION ...]
 #
 # Sections, in order (all one-GPU ones when none is named): tests session-tests recipe
-# recipe-runs3 relocation negative bench sglang sglang-more sglang-prefill sglang-cold, and on two GPUs
+# recipe-runs3 relocation negative bench sglang sglang-more sglang-prefill sglang-cold, scale-save
+# scale-load scale-more (PRESET=qwen3-8b|qwen3-30b-a3b), and on two GPUs
 # tp2 tp2-nccl ep2. relocation and negative need recipe's archive in RESULTS_DIR;
 # sglang needs SGLang 0.5.17 importable (and this package installed, so SGLang
 # finds the plugin's entry point); ep2 needs DeepEP built for the installed torch
@@ -15,7 +16,7 @@
 # Writes logs and reports under RESULTS_DIR and prints a summary table last; each
 # step says which command produced it, for docs/validation.md.
 set -uo pipefail
-RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|recipe-runs3|relocation|negative|bench|sglang|sglang-more|sglang-prefill|sglang-cold|tp2|tp2-nccl|ep2 ...]}
+RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|recipe-runs3|relocation|negative|bench|sglang|sglang-more|sglang-prefill|sglang-cold|scale-save|scale-load|scale-more|tp2|tp2-nccl|ep2 ...]}
 shift
 SECTIONS=${*:-tests session-tests recipe recipe-runs3 relocation negative bench sglang sglang-more sglang-prefill sglang-cold}
 wants() { [[ " $SECTIONS " == *" $1 "* ]]; }
@@ -192,6 +193,39 @@ jit save; step sgc-save python3 -m foundry run --mode save --archive "$RESULTS/s
 jit load; step sgc-load-cold python3 -m foundry run --mode load "${FAST[@]}" --archive "$RESULTS/sgc/save" -- $SG --out "$RESULTS/sgc/load-cold.json"
 step sgc-startup-cold python3 recipes/sglang/compare.py "$RESULTS"/sgc/baseline-cold.json "$RESULTS"/sgc/save.json "$RESULTS"/sgc/load-cold.json
 (cd "$RESULTS/sgc" && du -s --block-size=K jit-*/* 2>/dev/null) | tee -a "$SUMMARY"
+fi
+
+# 6d. SGLang at production shape (PRESET, default qwen3-8b) at SGLang's default decode graph
+# set: SAVE, plain SGLang, LOAD repeating the warm-ups, LOAD restoring their bytes from launch
+# plans, each with the 256-prompt wave; then SAVE2, diff, lint and the negative control. Three
+# sections, each within ten minutes: scale-save, scale-load, scale-more (in that order).
+PRESET=${PRESET:-qwen3-8b}
+SS=$RESULTS/scale-$PRESET
+SGS="$SG --preset $PRESET --wave"
+REGION=()
+[ "$PRESET" = qwen3-30b-a3b ] && REGION=(--region-size 0x1a00000000)  # the weights and the KV pool
+if wants scale-save; then
+rm -rf "$SS" && mkdir -p "$SS"
+step sgs-save python3 -m foundry run --mode save "${REGION[@]}" --archive "$SS/save" -- $SGS --out "$SS/save.json"
+step sgs-inspect python3 -m foundry archive inspect "$SS/save" --json
+step sgs-trace python3 scripts/region_trace.py "$SS/save" "$SS/trace.json"
+fi
+if wants scale-load; then
+step sgs-baseline $SGS --out "$SS/baseline.json"
+step sgs-load python3 -m foundry run --mode load --archive "$SS/save" -- $SGS --out "$SS/load.json"
+step sgs-load-fast python3 -m foundry run --mode load --warmup restore --builder native --instantiate background \
+    --archive "$SS/save" -- $SGS --out "$SS/load-fast.json"
+step sgs-compare python3 recipes/sglang/compare.py "$SS"/baseline.json "$SS"/save.json "$SS"/load.json "$SS"/load-fast.json
+fi
+if wants scale-more; then
+rm -rf "$SS/save2"
+mv "$SS/save" "$SS/save.kept" && mv "$SS/save.json" "$SS/save.json.kept"
+step sgs-save2 python3 -m foundry run --mode save "${REGION[@]}" --archive "$SS/save" -- $SGS --out "$SS/save.json"
+mv "$SS/save" "$SS/save2" && mv "$SS/save.json" "$SS/save2.json"
+mv "$SS/save.kept" "$SS/save" && mv "$SS/save.json.kept" "$SS/save.json"
+step sgs-compare2 python3 recipes/sglang/compare.py "$SS"/baseline.json "$SS"/save2.json
+step sgs-diff python3 -m foundry archive diff "$SS/save" "$SS/save2"
+step sgs-lint python3 -m foundry graph lint "$SS/save" --expect nccl-allreduce=0
 fi
 
 # 7. two GPUs: the decoder split over two ranks (torch symmetric memory, then NCCL) and

@@ -263,3 +263,62 @@ def test_a_live_symmetric_buffer_that_drifted_is_refused_before_replay(tmp_path,
                                          str(archive), recipe_args=recipe_args)  # fmt: skip
     assert code != 0 and loaded is None
     assert message in stderr and "torch-symm-mem" in stderr, stderr[-2000:]
+
+
+def late_run(mode: str, archive: Path, *args: str, extra: tuple[str, ...] = ()) -> dict:
+    cmd = [sys.executable, "-m", "foundry", "run", "--mode", mode, "--archive", str(archive), *extra, "--",
+           sys.executable, str(ROOT / "tests" / "late_probe.py"), *args]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert lines, f"rc {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    return json.loads(lines[-1])
+
+
+@pytest.fixture(scope="module")
+def saved_late(tmp_path_factory) -> tuple[Path, dict]:
+    """A SAVE whose warm-ups allocate between captures (a table per shape, made on
+    its first use), its warm-up bytes taken at finish()."""
+    archive = tmp_path_factory.mktemp("late") / "archive"
+    result = late_run("save", archive, "--bytes-until", "finish")
+    assert "error" not in result, result
+    return archive, result
+
+
+def test_allocations_between_captures_are_saved_and_placed_there_again_at_load(saved_late):
+    archive, saved = saved_late
+    assert saved["report"]["late_allocations"] >= 3, saved["report"]  # the tables of bs 32, 16 and 8
+    assert saved["phases"].get("late", 0) >= 3
+    plain = late_run("off", archive)  # mode off: torch's own capture
+    loaded = late_run("load", archive)
+    assert "error" not in loaded, loaded
+    assert loaded["outputs"] == saved["outputs"] == plain["outputs"]
+    assert len(set(saved["outputs"].values())) == len(saved["outputs"])  # the shapes are told apart
+    report = loaded["report"]
+    assert report["counters"]["stream_captures"] == 0
+    assert report["late_allocations"] == saved["report"]["late_allocations"]
+
+
+def test_a_load_restoring_the_warmup_bytes_maps_the_late_allocations_too(saved_late):
+    archive, saved = saved_late
+    loaded = late_run("load", archive, extra=("--warmup", "restore"))
+    assert "error" not in loaded, loaded
+    assert loaded["outputs"] == saved["outputs"]
+    assert loaded["report"]["late_allocations"] == 0  # nothing to repeat: the bytes are restored
+    assert loaded["phases"].get("late", 0) == 0
+
+
+def test_a_late_allocation_that_departs_from_saves_is_refused_naming_both(saved_late):
+    archive, _ = saved_late
+    result = late_run("load", archive, "--grow", "16")
+    assert result.get("field") == "region.trace", result
+    assert "made between captures, diverges from SAVE's trace" in result["error"], result
+    assert "SAVE's #" in result["error"] and "bytes at offset" in result["error"], result
+
+
+def test_warmup_bytes_taken_at_the_first_capture_are_dropped_when_memory_came_later(tmp_path):
+    saved = late_run("save", tmp_path / "archive", "--bytes-until", "capture")
+    assert "error" not in saved, saved
+    assert saved["report"]["warmup_bytes"].startswith("dropped: "), saved["report"]
+    refused = late_run("load", tmp_path / "archive", extra=("--warmup", "restore"))
+    assert refused.get("field") == "region.warmup_bytes", refused

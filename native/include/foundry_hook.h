@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#define FOUNDRY_HOOK_ABI 6 /* 6: foundry_hook_config */
+#define FOUNDRY_HOOK_ABI 7 /* 6: foundry_hook_config; 7: foundry_region_restore, late allocations */
 
 enum foundry_status {
     FOUNDRY_OK = 0,
@@ -29,8 +29,9 @@ enum foundry_status {
 enum foundry_mode { FOUNDRY_MODE_OFF = 0, FOUNDRY_MODE_SAVE = 1, FOUNDRY_MODE_LOAD = 2 };
 
 /* When an allocation was made: before the first capture, inside a capture, outside a
- * capture after capturing began (a SAVE error), after a LOAD restored the region, or
- * after a SAVE sealed it (its archive written). */
+ * capture after capturing began (between captures: a LOAD repeating the warm-ups makes
+ * it again at SAVE's offset), after a LOAD restored the region (the application's own),
+ * or after a SAVE sealed it (its archive written). */
 enum foundry_phase {
     FOUNDRY_PHASE_WARMUP = 0,
     FOUNDRY_PHASE_CAPTURE = 1,
@@ -46,7 +47,7 @@ typedef struct foundry_alloc {
     uint64_t size;    /* bytes mapped (rounded up to the granularity) */
     uint64_t request; /* bytes the caller asked for */
     int32_t freed;    /* 1 once released */
-    int32_t reserve;  /* 1 for a LOAD's mapping of SAVE's remaining range (foundry_region_map_to) */
+    int32_t reserve;  /* 1 for a LOAD's mapping of SAVE's ranges (foundry_region_restore) */
     int32_t phase;    /* enum foundry_phase */
     int32_t pad;
 } foundry_alloc_t;
@@ -59,6 +60,10 @@ typedef struct foundry_region_info {
     uint64_t granularity; /* mapping granularity */
     int32_t mode;         /* enum foundry_mode */
     int32_t reserved;     /* 1 once the range is reserved */
+    uint64_t late_expected; /* LOAD: SAVE's allocations between captures it is to repeat */
+    uint64_t late_made;     /* LOAD: how many of them it repeated so far */
+    int32_t diverged;       /* LOAD: an allocation departed from SAVE's trace (see the events) */
+    int32_t following;      /* LOAD: restored, repeating SAVE's late allocations until sealed */
 } foundry_region_info_t;
 
 /* The FOUNDRY_* configuration (foundry_env.h names each variable) as the hook's parsers
@@ -141,8 +146,8 @@ int foundry_ipc_close(const foundry_ipc_handle_t *handle, uint32_t *refs_left);
  * the warm-up, are not refused in LOAD mode, and count as "passthrough_captures" (their
  * instantiations as "passthrough_instantiates"), not "stream_captures". */
 int foundry_region_passthrough(int on);
-/* SAVE: the archive is written; allocations from here on are the application's own
- * (a server's first requests), neither late nor reported. */
+/* SAVE: the archive is written; LOAD: the session finished. Allocations from here on are
+ * the application's own (a server's first requests): neither late nor compared. */
 int foundry_region_seal(void);
 /* ABI version of this library (FOUNDRY_HOOK_ABI). */
 int foundry_hook_abi(void);
@@ -152,8 +157,19 @@ int foundry_hook_active(void);
 int foundry_hook_config(foundry_config_t *out);
 int foundry_region_info(foundry_region_info_t *out);
 /* LOAD: map the region from the cursor up to `offset` (SAVE's final offset) in one
- * allocation, so every address SAVE's graphs use exists. Needs a current context. */
+ * allocation, so every address SAVE's graphs use exists. Needs a current context.
+ * foundry_region_restore with one range and nothing to follow. */
 int foundry_region_map_to(uint64_t offset);
+/* LOAD: restore the region up to `final_offset` (SAVE's final offset): map `nranges`
+ * (offset, size) pairs of `ranges` and leave room for `nlate` of SAVE's allocations
+ * between captures; together they must tile [cursor, final_offset) in ascending order
+ * (FOUNDRY_EINVAL otherwise). With `follow` (a LOAD repeating the warm-ups), every later
+ * allocation until foundry_region_seal must repeat the next of `late` (same request, in
+ * order) and is placed at its offset; the first that does not, or one beyond them, is
+ * logged as a divergence (foundry_region_info's `diverged`) and placed at the cursor.
+ * Without it, later allocations are the application's own. Needs a current context. */
+int foundry_region_restore(const uint64_t *ranges, size_t nranges, uint64_t final_offset,
+                           const foundry_alloc_t *late, size_t nlate, int follow);
 /* Reserve the region now (needs a current context), so a taken base is reported before
  * the application allocates. */
 int foundry_region_reserve(void);

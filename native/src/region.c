@@ -10,8 +10,15 @@
  * the allocation and says why in the event log: a reserve that lands elsewhere,
  * an allocation that would leave the region, one from a thread other than the
  * owner or from another context, and at LOAD one that diverges from SAVE's
- * warm-up trace. An allocation outside a capture after the first capture began
- * is let through but marked (phase LATE): SAVE refuses to commit over it.
+ * trace.
+ *
+ * Engines warm each shape up right before capturing it, so at a production graph
+ * set some warm-ups take new memory after the first capture began: such an
+ * allocation is marked (phase LATE) and kept in the trace, between the graph
+ * pool's (phase CAPTURE). A LOAD never captures. It maps every range the captures
+ * used at once (foundry_region_restore) and, when it repeats the warm-ups, places
+ * each late allocation where SAVE's trace put it: the same request in the same
+ * order, or the first that differs is logged as a divergence.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -46,9 +53,13 @@ static struct {
     int any_thread;    /* FOUNDRY_REGION_THREADS=any: other threads may allocate too */
     foundry_alloc_t *expected; /* LOAD: SAVE's warm-up trace */
     size_t expected_count;
-    int restored;      /* LOAD: foundry_region_map_to ran; later allocations are the application's own */
-    int sealed;        /* SAVE: foundry_region_seal ran (the archive is written); the same */
+    int restored;      /* LOAD: foundry_region_restore ran; later allocations are the application's own ... */
+    int following;     /* ... except, until sealed, SAVE's late allocations, repeated at SAVE's offsets */
+    foundry_alloc_t *late; /* LOAD, following: SAVE's allocations between captures, in order */
+    size_t late_count, late_made;
+    int sealed;        /* SAVE: the archive is written; LOAD: the session finished; the application's own */
     int diverged;      /* LOAD: an allocation left SAVE's trace (logged once) */
+    size_t late_logged; /* SAVE: late allocations logged (the first few; all are counted) */
 } region;
 
 /* Capture state, from the stream-capture hooks: captures begun, captures open. */
@@ -67,7 +78,7 @@ void fh_capture_end(void) {
 
 static int phase_now(void) {
     if (atomic_load(&captures_open) > 0) return FOUNDRY_PHASE_CAPTURE;
-    if (region.restored) return FOUNDRY_PHASE_RESTORED;
+    if (region.restored) return region.following && !region.sealed ? FOUNDRY_PHASE_LATE : FOUNDRY_PHASE_RESTORED;
     if (region.sealed) return FOUNDRY_PHASE_SEALED;
     return atomic_load(&captures_begun) > 0 ? FOUNDRY_PHASE_LATE : FOUNDRY_PHASE_WARMUP;
 }
@@ -142,7 +153,7 @@ static CUresult reserve(void) {
     return CUDA_SUCCESS;
 }
 
-static int record(size_t offset, size_t mapped, size_t request, CUmemGenericAllocationHandle handle) {
+static int record(size_t offset, size_t mapped, size_t request, int phase, CUmemGenericAllocationHandle handle) {
     if (region.count == region.capacity) {
         size_t capacity = region.capacity ? 2 * region.capacity : 1024;
         foundry_alloc_t *trace = realloc(region.trace, capacity * sizeof *trace);
@@ -152,23 +163,20 @@ static int record(size_t offset, size_t mapped, size_t request, CUmemGenericAllo
         if (trace == NULL || handles == NULL) return -1;
         region.capacity = capacity;
     }
-    region.trace[region.count] = (foundry_alloc_t){region.count, offset, mapped, request, 0, 0, phase_now(), 0};
+    region.trace[region.count] = (foundry_alloc_t){region.count, offset, mapped, request, 0, 0, phase, 0};
     region.handles[region.count] = handle;
     region.count++;
     return 0;
 }
 
-static CUresult map_at_cursor(CUdeviceptr *dptr, size_t bytesize) {
-    size_t room = region.size - region.cursor;
-    size_t mapped = bytesize > room ? room + 1 /* refused below, without overflowing the rounding */
-                                    : (bytesize + region.granularity - 1) / region.granularity * region.granularity;
-    if (mapped == 0) mapped = region.granularity;
-    if (mapped > room) {
-        fh_event("error: allocation #%zu of %zu bytes would leave the region (cursor %zu of %zu)", region.count,
-                 bytesize, region.cursor, region.size);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    CUdeviceptr at = region.base + region.cursor;
+static size_t rounded(size_t bytesize) {
+    size_t mapped = (bytesize + region.granularity - 1) / region.granularity * region.granularity;
+    return mapped ? mapped : region.granularity;
+}
+
+/* Map `mapped` bytes at `offset` and record them as one allocation of `request` bytes. */
+static CUresult map_at(size_t offset, size_t mapped, size_t request, int phase, CUdeviceptr *dptr) {
+    CUdeviceptr at = region.base + offset;
     CUmemGenericAllocationHandle handle;
     CUresult rc = DRIVER(cuMemCreate)(&handle, mapped, &region.prop, 0);
     if ((rc == CUDA_ERROR_NOT_SUPPORTED || rc == CUDA_ERROR_INVALID_VALUE || rc == CUDA_ERROR_NOT_PERMITTED) &&
@@ -182,15 +190,27 @@ static CUresult map_at_cursor(CUdeviceptr *dptr, size_t bytesize) {
     if (rc != CUDA_SUCCESS) return rc;
     rc = DRIVER(cuMemMap)(at, mapped, 0, handle, 0);
     if (rc == CUDA_SUCCESS) rc = DRIVER(cuMemSetAccess)(at, mapped, &region.access, 1);
-    if (rc == CUDA_SUCCESS && record(region.cursor, mapped, bytesize, handle) != 0) rc = CUDA_ERROR_OUT_OF_MEMORY;
+    if (rc == CUDA_SUCCESS && record(offset, mapped, request, phase, handle) != 0) rc = CUDA_ERROR_OUT_OF_MEMORY;
     if (rc != CUDA_SUCCESS) {
         DRIVER(cuMemUnmap)(at, mapped);
         DRIVER(cuMemRelease)(handle);
         return rc;
     }
-    region.cursor += mapped;
     *dptr = at;
     return CUDA_SUCCESS;
+}
+
+static CUresult map_at_cursor(CUdeviceptr *dptr, size_t bytesize, int phase) {
+    size_t room = region.size - region.cursor;
+    if (bytesize > room || rounded(bytesize) > room) {
+        fh_event("error: allocation #%zu of %zu bytes would leave the region (cursor %zu of %zu)", region.count,
+                 bytesize, region.cursor, region.size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    size_t mapped = rounded(bytesize);
+    CUresult rc = map_at(region.cursor, mapped, bytesize, phase, dptr);
+    if (rc == CUDA_SUCCESS) region.cursor += mapped;
+    return rc;
 }
 
 /* The thread and context policy: one owner thread allocates at a time, in the
@@ -248,6 +268,48 @@ static void check_expected(size_t bytesize) {
     }
 }
 
+/* LOAD, following: SAVE's late allocation this one repeats, or NULL once it departs
+ * from them (the first departure is logged; the session refuses the LOAD). */
+static const foundry_alloc_t *follow_next(size_t bytesize) {
+    if (region.diverged) return NULL;
+    size_t i = region.count;
+    if (region.late_made == region.late_count) {
+        fh_event("error: allocation #%zu of %zu bytes between captures diverges from SAVE's trace: SAVE made only %zu "
+                 "allocations between its captures", i, bytesize, region.late_count);
+    } else {
+        const foundry_alloc_t *want = &region.late[region.late_made];
+        if (want->request == bytesize && want->size == rounded(bytesize)) {
+            region.late_made++;
+            return want;
+        }
+        fh_event("error: allocation #%zu of %zu bytes between captures diverges from SAVE's trace (SAVE's #%llu: %llu "
+                 "bytes at offset %llu)", i, bytesize, (unsigned long long)want->order,
+                 (unsigned long long)want->request, (unsigned long long)want->offset);
+    }
+    region.diverged = 1;
+    return NULL;
+}
+
+/* SAVE: an allocation between captures is kept in the trace, where a LOAD repeats it. */
+static void note_late(size_t bytesize) {
+    fh_count("late_allocations");
+    if (region.late_logged++ < 4)
+        fh_event("region: allocation #%zu of %zu bytes between captures, at offset %zu (a LOAD places it there)",
+                 region.count - 1, bytesize, region.trace[region.count - 1].offset);
+}
+
+/* At the cursor, or for a LOAD repeating SAVE's allocations between captures, where
+ * SAVE's trace put them. */
+static CUresult place(CUdeviceptr *dptr, size_t bytesize) {
+    int phase = phase_now();
+    const foundry_alloc_t *want = NULL;
+    if (region.mode == FOUNDRY_MODE_LOAD && phase == FOUNDRY_PHASE_LATE) want = follow_next(bytesize);
+    if (want != NULL) return map_at(want->offset, want->size, bytesize, phase, dptr);
+    CUresult rc = map_at_cursor(dptr, bytesize, phase);
+    if (rc == CUDA_SUCCESS && region.mode == FOUNDRY_MODE_SAVE && phase == FOUNDRY_PHASE_LATE) note_late(bytesize);
+    return rc;
+}
+
 CUresult fh_mem_alloc(CUdeviceptr *dptr, size_t bytesize) {
     if (fh_region_mode() == FOUNDRY_MODE_OFF) return ((alloc_fn)fh_real("cuMemAlloc_v2"))(dptr, bytesize);
     if (dptr == NULL) return CUDA_ERROR_INVALID_VALUE;
@@ -256,10 +318,7 @@ CUresult fh_mem_alloc(CUdeviceptr *dptr, size_t bytesize) {
     if (rc == CUDA_SUCCESS && !region.reserved) rc = reserve();
     if (rc == CUDA_SUCCESS) rc = check_caller(bytesize);
     if (rc == CUDA_SUCCESS) check_expected(bytesize);
-    if (rc == CUDA_SUCCESS) rc = map_at_cursor(dptr, bytesize);
-    if (rc == CUDA_SUCCESS && region.trace[region.count - 1].phase == FOUNDRY_PHASE_LATE)
-        fh_event("error: allocation #%zu of %zu bytes made outside a capture after capturing began", region.count - 1,
-                 bytesize);
+    if (rc == CUDA_SUCCESS) rc = place(dptr, bytesize);
     if (rc != CUDA_SUCCESS && !region.reserved) region.failed = 1;
     pthread_mutex_unlock(&lock);
     fh_count(rc == CUDA_SUCCESS ? "allocations" : "refused");
@@ -319,38 +378,86 @@ int fh_region_geometry(CUdeviceptr *base, size_t *size, CUmemAccessDesc *access)
 }
 
 int foundry_region_seal(void) {
-    if (fh_region_mode() != FOUNDRY_MODE_SAVE) return FOUNDRY_ESTATE;
+    if (fh_region_mode() == FOUNDRY_MODE_OFF) return FOUNDRY_ESTATE;
     pthread_mutex_lock(&lock);
     region.sealed = 1;
     pthread_mutex_unlock(&lock);
     return FOUNDRY_OK;
 }
 
-int foundry_region_map_to(uint64_t offset) {
-    if (fh_region_mode() == FOUNDRY_MODE_OFF) return FOUNDRY_ESTATE;
-    pthread_mutex_lock(&lock);
-    CUresult rc = region.reserved ? CUDA_SUCCESS : reserve();
-    int status = FOUNDRY_OK;
-    if (rc != CUDA_SUCCESS) {
-        status = FOUNDRY_ESTATE;
-    } else if (offset <= region.cursor) {
-        region.restored = 1;
-    } else {
-        size_t request = offset - region.cursor;
-        CUdeviceptr at;
-        rc = map_at_cursor(&at, request);
-        if (rc == CUDA_SUCCESS) {
-            region.trace[region.count - 1].request = 0; /* marks the entry as a reserve, not an allocation */
-            region.trace[region.count - 1].reserve = 1;
-            fh_event("region: mapped 0x%llx + %zu up to SAVE's final offset", (unsigned long long)at, request);
-            region.restored = 1;
-        } else {
-            fh_event("error: cannot map the region up to offset %llu (status %d)", (unsigned long long)offset, (int)rc);
-            status = FOUNDRY_ESTATE;
+/* The ranges and the late allocations must tile [cursor, final) exactly, in ascending
+ * order, each aligned to the granularity: what the session computed from SAVE's trace. */
+static int tiles(const uint64_t *ranges, size_t nranges, uint64_t final, const foundry_alloc_t *late, size_t nlate) {
+    uint64_t at = region.cursor;
+    size_t r = 0, l = 0;
+    while (r < nranges || l < nlate) {
+        int take_range = l == nlate || (r < nranges && ranges[2 * r] < late[l].offset);
+        uint64_t offset = take_range ? ranges[2 * r] : late[l].offset;
+        uint64_t size = take_range ? ranges[2 * r + 1] : late[l].size;
+        if (offset != at || size == 0 || size % region.granularity || size > final - at) {
+            fh_event("error: the LOAD's restore plan does not tile the region from %llu to %llu (at %llu: %s of %llu "
+                     "bytes at offset %llu)", (unsigned long long)region.cursor, (unsigned long long)final,
+                     (unsigned long long)at, take_range ? "a range" : "a late allocation", (unsigned long long)size,
+                     (unsigned long long)offset);
+            return 0;
         }
+        at += size;
+        if (take_range)
+            r++;
+        else
+            l++;
+    }
+    if (at != final) fh_event("error: the LOAD's restore plan ends at %llu, not at %llu", (unsigned long long)at,
+                              (unsigned long long)final);
+    return at == final;
+}
+
+int foundry_region_restore(const uint64_t *ranges, size_t nranges, uint64_t final_offset,
+                           const foundry_alloc_t *late, size_t nlate, int follow) {
+    if ((ranges == NULL && nranges) || (late == NULL && nlate) || (nlate && !follow)) return FOUNDRY_EINVAL;
+    if (fh_region_mode() != FOUNDRY_MODE_LOAD) return FOUNDRY_ESTATE;
+    foundry_alloc_t *copy = nlate ? malloc(nlate * sizeof *copy) : NULL;
+    if (nlate && copy == NULL) return FOUNDRY_ESTATE;
+    if (nlate) memcpy(copy, late, nlate * sizeof *copy);
+    pthread_mutex_lock(&lock);
+    int status = FOUNDRY_OK;
+    if (region.restored || (!region.reserved && reserve() != CUDA_SUCCESS)) status = FOUNDRY_ESTATE;
+    if (status == FOUNDRY_OK && final_offset < region.cursor) final_offset = region.cursor; /* nothing left to map */
+    if (status == FOUNDRY_OK && (final_offset > region.size || !tiles(ranges, nranges, final_offset, late, nlate)))
+        status = FOUNDRY_EINVAL;
+    for (size_t i = 0; status == FOUNDRY_OK && i < nranges; i++) {
+        CUdeviceptr at;
+        CUresult rc = map_at(ranges[2 * i], ranges[2 * i + 1], 0, FOUNDRY_PHASE_RESTORED, &at);
+        if (rc != CUDA_SUCCESS) {
+            fh_event("error: cannot map the region at offset %llu (%llu bytes, status %d)",
+                     (unsigned long long)ranges[2 * i], (unsigned long long)ranges[2 * i + 1], (int)rc);
+            status = FOUNDRY_ESTATE;
+            break;
+        }
+        region.trace[region.count - 1].reserve = 1; /* SAVE's memory, mapped at once: no allocation of the LOAD's */
+    }
+    if (status == FOUNDRY_OK) {
+        if (nranges || nlate)
+            fh_event("region: restored up to offset %llu: %zu ranges mapped, %zu late allocations to repeat",
+                     (unsigned long long)final_offset, nranges, nlate);
+        region.cursor = final_offset;
+        region.restored = 1;
+        region.following = follow;
+        free(region.late);
+        region.late = copy, region.late_count = nlate, region.late_made = 0;
+        copy = NULL;
     }
     pthread_mutex_unlock(&lock);
+    free(copy);
     return status;
+}
+
+int foundry_region_map_to(uint64_t offset) {
+    pthread_mutex_lock(&lock);
+    uint64_t cursor = region.cursor;
+    pthread_mutex_unlock(&lock);
+    uint64_t range[2] = {cursor, offset > cursor ? offset - cursor : 0};
+    return foundry_region_restore(range, range[1] ? 1 : 0, offset, NULL, 0, 0);
 }
 
 int foundry_region_info(foundry_region_info_t *out) {
@@ -358,7 +465,8 @@ int foundry_region_info(foundry_region_info_t *out) {
     fh_region_mode();
     pthread_mutex_lock(&lock);
     *out = (foundry_region_info_t){region.reserved ? region.base : 0, region.size, region.cursor, region.count,
-                                   region.granularity, region.mode, region.reserved};
+                                   region.granularity, region.mode, region.reserved, region.late_count,
+                                   region.late_made, region.diverged, region.following && !region.sealed};
     pthread_mutex_unlock(&lock);
     return FOUNDRY_OK;
 }

@@ -20,16 +20,27 @@ from pathlib import Path
 
 
 def differences(reference: dict, other: dict) -> list[str]:
+    """Every prompt whose output ids or logprobs differ, naming the first differing step;
+    the 256-prompt wave too where either run sent it."""
+    found = _list_differences(reference["outputs"], other["outputs"], "prompt")
+    if reference.get("wave") is not None or other.get("wave") is not None:
+        found += _list_differences(reference.get("wave") or [], other.get("wave") or [], "wave prompt")
+    return found
+
+
+def _list_differences(reference: list[dict], other: list[dict], label: str) -> list[str]:
+    if len(reference) != len(other):
+        return [f"{len(other)} {label} outputs, not {len(reference)}"]
     found = []
-    if len(reference["outputs"]) != len(other["outputs"]):
-        return [f"{len(other['outputs'])} outputs, not {len(reference['outputs'])}"]
-    for i, (a, b) in enumerate(zip(reference["outputs"], other["outputs"], strict=True)):
+    for i, (a, b) in enumerate(zip(reference, other, strict=True)):
         if a["output_ids"] != b["output_ids"]:
             pairs = enumerate(zip(a["output_ids"], b["output_ids"], strict=False))
             step = next((k for k, (x, y) in pairs if x != y), min(len(a["output_ids"]), len(b["output_ids"])))
-            found.append(f"prompt {i}: output ids differ from step {step}")
+            found.append(f"{label} {i}: output ids differ from step {step}")
         elif a["logprobs"] != b["logprobs"]:
-            found.append(f"prompt {i}: logprobs differ")
+            lps = enumerate(zip(a["logprobs"], b["logprobs"], strict=False))
+            step = next((k for k, (x, y) in lps if x != y), min(len(a["logprobs"]), len(b["logprobs"])))
+            found.append(f"{label} {i}: logprobs differ from step {step}")
     return found
 
 

@@ -1,19 +1,30 @@
-"""Serve a tiny Qwen3 (dummy weights) with real SGLang and record greedy outputs.
+"""Serve a Qwen3-shaped model (dummy weights) with real SGLang and record greedy outputs.
 
     python recipes/sglang/run.py --out base.json                                # baseline
     foundry run --mode save --archive A -- python recipes/sglang/run.py --out save.json
     foundry run --mode load --archive A -- python recipes/sglang/run.py --out load.json
     python recipes/sglang/compare.py base.json save.json load.json
 
-16 prompts given as input ids (lengths 1-64) in batches of 1, 2, 4, 8 and 1, 32
-greedy tokens each with their logprobs, through ``sglang.Engine`` (``--entry
+``--preset`` picks the model and the server (dummy weights always):
+
+- ``tiny`` (default): a 2-layer Qwen3, decode graphs ``full`` for batch sizes 1, 2, 4, 8;
+- ``qwen3-8b``: Qwen3-8B's shape (36 layers, hidden 4096), ``max_running_requests``
+  256 and SGLang's default decode graph set (36 batch sizes, 1-256);
+- ``qwen3-30b-a3b``: Qwen3-30B-A3B's MoE shape (48 layers, 128 experts, top 8; about
+  57 GiB in bf16), ``mem_fraction_static`` 0.6 and the default decode graph set, so
+  SGLang's fused-MoE Triton kernels are inside the graphs. Its region must hold the
+  weights and the KV pool: ``foundry run --region-size 0x1a00000000`` (104 GiB).
+
+Prefill graphs are off in every preset (``--set cuda_graph_backend_prefill=full`` asks for
+full ones). 16 prompts given as input ids (lengths 1-64) in batches of 1, 2, 4, 8 and 1,
+32 greedy tokens each with their logprobs, through ``sglang.Engine`` (``--entry
 engine``) or an HTTP server (``--entry http``, ``python -m sglang.launch_server``).
-The graph configuration Foundry persists: decode graphs ``full`` for batch sizes
-1, 2, 4, 8; prefill graphs off (breakable ones cannot be persisted). The Foundry
-plugin's report (``FOUNDRY_SGLANG_REPORT``) is included when a session ran, and
-SGLang's own start-up timings (``Engine``'s, or parsed from the HTTP server's
-"Engine startup timings" line), the seconds until the server took requests and
-each batch's seconds.
+``--wave`` then sends 256 prompts of 16 tokens at once, prompt i asking for i + 1 new
+tokens, so that the running batch walks down through every decode graph's size. The
+Foundry plugin's report (``FOUNDRY_SGLANG_REPORT``) is included when a session ran,
+and SGLang's own start-up timings (``Engine``'s, or parsed from the HTTP server's
+"Engine startup timings" line), the seconds until the server took requests and each
+batch's seconds.
 """
 
 from __future__ import annotations
@@ -41,6 +52,21 @@ SERVER = {"load_format": "dummy", "skip_tokenizer_init": True, "attention_backen
           "sampling_backend": "pytorch", "cuda_graph_bs_decode": [1, 2, 4, 8], "cuda_graph_backend_decode": "full",
           "cuda_graph_backend_prefill": "disabled", "mem_fraction_static": 0.2, "max_total_tokens": 16384,
           "max_running_requests": 8, "context_length": 2048, "disable_radix_cache": True, "random_seed": 0}  # fmt: skip
+QWEN3_8B = {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+            "max_position_embeddings": 40960}  # fmt: skip
+QWEN3_30B_A3B = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+                 "intermediate_size": 6144, "num_hidden_layers": 48, "num_attention_heads": 32,
+                 "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
+                 "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "decoder_sparse_step": 1,
+                 "norm_topk_prob": True, "mlp_only_layers": []}  # fmt: skip
+# the default decode graph set: no cuda_graph_bs_decode, so SGLang resolves it from max_running_requests
+DEFAULT_GRAPHS = {"cuda_graph_bs_decode": None, "max_running_requests": 256}
+PRESETS = {
+    "tiny": ({}, {}),
+    "qwen3-8b": (QWEN3_8B, {**DEFAULT_GRAPHS, "mem_fraction_static": 0.3, "max_total_tokens": 65536}),
+    "qwen3-30b-a3b": (QWEN3_30B_A3B, {**DEFAULT_GRAPHS, "mem_fraction_static": 0.6, "max_total_tokens": 65536}),
+}
 BATCHES = (1, 2, 4, 8, 1)
 NEW_TOKENS = 32
 
@@ -51,8 +77,16 @@ def prompts() -> list[list[int]]:
     return [[3 + (7 * i + 13 * j) % 1000 for j in range(n)] for i, n in enumerate(lengths)]
 
 
-def sampling() -> dict:
-    return {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
+def sampling(new_tokens: int = NEW_TOKENS) -> dict:
+    return {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
+
+
+WAVE = 256  # prompts of the wave, prompt i asking for i + 1 tokens
+
+
+def wave_prompts() -> list[list[int]]:
+    """256 prompts of 16 distinct token ids each."""
+    return [[3 + (11 * i + 5 * j) % 1000 for j in range(16)] for i in range(WAVE)]
 
 
 # SGLang's own start-up line (sglang/srt/entrypoints/engine.py), logged by an HTTP server
@@ -91,26 +125,30 @@ def overrides(pairs: list[str], option: str) -> dict:
 
 class Served(NamedTuple):
     outputs: list[dict]
+    wave: list[dict] | None  # --wave: the 256 prompts' outputs
     startup: dict | None  # SGLang's own start-up timings
     ready_at: float  # time.time() when the server took requests
     batch_s: list[float]  # each batch's seconds, from its request to its answer
 
 
-def run_engine(model: Path, server: dict) -> Served:
+def run_engine(model: Path, server: dict, wave: bool) -> Served:
     import sglang as sgl
 
     engine = sgl.Engine(model_path=str(model), **server)
     ready_at = time.time()
     try:
         startup = getattr(engine.tokenizer_manager, "startup_time", None)
-        outputs, batch_s = _batches(lambda ids: engine.generate(input_ids=ids, sampling_params=sampling(),
-                                                               return_logprob=True))  # fmt: skip
-        return Served(outputs, startup, ready_at, batch_s)
+
+        def generate(ids: list[list[int]], params: list[dict] | dict | None = None) -> list[dict]:
+            return engine.generate(input_ids=ids, sampling_params=params or sampling(), return_logprob=True)
+
+        outputs, batch_s = _batches(generate)
+        return Served(outputs, _wave(generate) if wave else None, startup, ready_at, batch_s)
     finally:
         engine.shutdown()
 
 
-def run_http(model: Path, port: int, server: dict) -> Served:
+def run_http(model: Path, port: int, server: dict, wave: bool) -> Served:
     args = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--port", str(port)]
     for key, value in server.items():
         flag = "--" + key.replace("_", "-")
@@ -130,15 +168,16 @@ def run_http(model: Path, port: int, server: dict) -> Served:
         _wait(port, process)
         ready_at = time.time()
 
-        def post(ids: list[list[int]]) -> list[dict]:
-            body = json.dumps({"input_ids": ids, "sampling_params": sampling(), "return_logprob": True}).encode()
+        def post(ids: list[list[int]], params: list[dict] | dict | None = None) -> list[dict]:
+            body = json.dumps({"input_ids": ids, "sampling_params": params or sampling(),
+                               "return_logprob": True}).encode()  # fmt: skip
             request = urllib.request.Request(f"http://127.0.0.1:{port}/generate", body,
                                              {"Content-Type": "application/json"})  # fmt: skip
             with urllib.request.urlopen(request, timeout=300) as response:
                 return json.loads(response.read())
 
         outputs, batch_s = _batches(post)
-        return Served(outputs, startup[0] if startup else None, ready_at, batch_s)
+        return Served(outputs, _wave(post) if wave else None, startup[0] if startup else None, ready_at, batch_s)
     finally:
         process.terminate()
         process.wait(timeout=60)
@@ -180,36 +219,54 @@ def _batches(generate) -> tuple[list[dict], list[float]]:
         begun = time.perf_counter()
         answers = generate(batch)
         batch_s.append(time.perf_counter() - begun)
-        for out in answers:
-            meta = out["meta_info"]
-            outputs.append({"output_ids": out["output_ids"],
-                            "logprobs": [lp[0] for lp in meta.get("output_token_logprobs", [])]})  # fmt: skip
+        outputs.extend(_output(out) for out in answers)
     return outputs, batch_s
+
+
+def _wave(generate) -> list[dict]:
+    """The 256 prompts in one request: prompt i stops after i + 1 tokens, so the running
+    batch shrinks by one every step and passes every decode graph's size."""
+    answers = generate(wave_prompts(), [sampling(i + 1) for i in range(WAVE)])
+    return [_output(out) for out in answers]
+
+
+def _output(out: dict) -> dict:
+    meta = out["meta_info"]
+    return {"output_ids": out["output_ids"], "logprobs": [lp[0] for lp in meta.get("output_token_logprobs", [])]}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="model shape and server (see above)")
+    parser.add_argument("--wave", action="store_true", help="also send the 256-prompt wave (see above)")
     parser.add_argument("--entry", choices=["engine", "http"], default="engine")
     parser.add_argument("--port", type=int, default=30917)
-    parser.add_argument("--model-dir", type=Path, default=Path(tempfile.gettempdir()) / "foundry-sglang-tiny-qwen3",
+    parser.add_argument("--model-dir", type=Path, default=None,
                         help="where the model's config.json is written (the same path in SAVE and LOAD: "
-                        "model_path is a server argument LOAD compares)")  # fmt: skip
+                        "model_path is a server argument LOAD compares; default: one per preset in the temporary "
+                        "directory)")  # fmt: skip
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a server argument (drift tests: LOAD with another one)")  # fmt: skip
     parser.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE",
                         help="override an entry of the model's config.json")  # fmt: skip
     args = parser.parse_args(argv)
-    server = {**SERVER, **overrides(args.set, "--set")}
-    model = args.model_dir
+    model_preset, server_preset = PRESETS[args.preset]
+    server = {**SERVER, **server_preset, **overrides(args.set, "--set")}
+    server = {key: value for key, value in server.items() if value is not None}  # None: SGLang's default
+    name = "tiny-qwen3" if args.preset == "tiny" else args.preset
+    model = args.model_dir or Path(tempfile.gettempdir()) / f"foundry-sglang-{name}"
     model.mkdir(parents=True, exist_ok=True)
-    (model / "config.json").write_text(json.dumps({**CONFIG, **overrides(args.model_set, "--model-set")}))
+    config = {**CONFIG, **model_preset, **overrides(args.model_set, "--model-set")}
+    (model / "config.json").write_text(json.dumps(config))
     work = Path(tempfile.mkdtemp(prefix="foundry-sglang-"))
     os.environ.setdefault("FOUNDRY_SGLANG_REPORT", str(work / "foundry-report.json"))
     started = time.time()
-    served = run_engine(model, server) if args.entry == "engine" else run_http(model, args.port, server)
+    served = (run_engine(model, server, args.wave) if args.entry == "engine"
+              else run_http(model, args.port, server, args.wave))  # fmt: skip
     report_path = Path(os.environ["FOUNDRY_SGLANG_REPORT"])
-    record = {"entry": args.entry, "outputs": served.outputs, "wall_s": time.time() - started,
+    record = {"entry": args.entry, "preset": args.preset, "server": server, "outputs": served.outputs,
+              "wave": served.wave, "wall_s": time.time() - started,
               "ready_s": served.ready_at - started, "batch_s": served.batch_s, "startup": served.startup,
               "foundry": json.loads(report_path.read_text()) if report_path.is_file() else None}  # fmt: skip
     args.out.write_text(json.dumps(record, indent=1) + "\n")

@@ -16,7 +16,7 @@ from pathlib import Path
 from foundry.env import HOOK_LIB, MODES, THREAD_POLICIES
 from foundry.errors import HookError
 
-ABI = 6
+ABI = 7
 LIBRARY = "libfoundry_hook.so"
 COUNTERS = (
     "stream_captures",
@@ -30,6 +30,7 @@ COUNTERS = (
     "passthrough_captures",
     "passthrough_instantiates",
     "other_thread_allocations",
+    "late_allocations",
 )
 
 
@@ -55,6 +56,10 @@ class _RegionInfo(ctypes.Structure):
         ("granularity", ctypes.c_uint64),
         ("mode", ctypes.c_int32),
         ("reserved", ctypes.c_int32),
+        ("late_expected", ctypes.c_uint64),
+        ("late_made", ctypes.c_uint64),
+        ("diverged", ctypes.c_int32),
+        ("following", ctypes.c_int32),
     ]
 
 
@@ -115,7 +120,9 @@ class Allocation:
     request: int
     freed: bool
     reserve: bool = False
-    phase: str = "warmup"  # warmup, capture, late (a SAVE error), restored (after a LOAD) or sealed (after a SAVE)
+    # warmup, capture, late (between captures: a LOAD repeating the warm-ups makes it again at SAVE's offset),
+    # restored (after a LOAD restored the region: the program's own) or sealed (after a SAVE wrote its archive)
+    phase: str = "warmup"
 
     def raw(self) -> _Alloc:
         return _Alloc(self.order, self.offset, self.size, self.request, int(self.freed), int(self.reserve),
@@ -131,6 +138,10 @@ class RegionInfo:
     granularity: int
     mode: str
     reserved: bool
+    late_expected: int = 0  # LOAD: SAVE's allocations between captures it is to repeat
+    late_made: int = 0  # LOAD: how many of them it repeated so far
+    diverged: bool = False  # LOAD: an allocation departed from SAVE's trace (the events say which)
+    following: bool = False  # LOAD: restored, repeating SAVE's late allocations until sealed
 
 
 @dataclass(frozen=True)
@@ -210,7 +221,8 @@ class Hook:
         self._check(self.lib.foundry_region_info(ctypes.byref(info)), "foundry_region_info")
         mode = {0: "off", 1: "save", 2: "load"}.get(info.mode, str(info.mode))
         return RegionInfo(info.base, info.size, info.cursor, info.allocations, info.granularity, mode,
-                          bool(info.reserved))  # fmt: skip
+                          bool(info.reserved), info.late_expected, info.late_made, bool(info.diverged),
+                          bool(info.following))  # fmt: skip
 
     def trace(self) -> list[Allocation]:
         count = ctypes.c_size_t()
@@ -270,6 +282,23 @@ class Hook:
                 expected=f"see the hook's events: {self.events()[-3:]}",
             )
 
+    def restore(self, ranges: list[tuple[int, int]], final_offset: int, late: list[Allocation], *,
+                follow: bool) -> None:  # fmt: skip
+        """LOAD: map ``ranges`` (offset, size) up to SAVE's final offset, leaving room for
+        SAVE's ``late`` allocations; with ``follow`` the program's next allocations must
+        repeat them, each placed at SAVE's offset (see :mod:`foundry.runtime.sessions.placement`)."""
+        flat = (ctypes.c_uint64 * max(2 * len(ranges), 1))(*(n for pair in ranges for n in pair))
+        raw = (_Alloc * max(len(late), 1))(*(a.raw() for a in late))
+        fn = self.lib.foundry_region_restore
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t,
+                       ctypes.c_int]  # fmt: skip
+        if fn(flat, len(ranges), final_offset, raw, len(late), int(follow)) < 0:
+            raise HookError(
+                "cannot restore the region up to SAVE's final offset",
+                found=final_offset,
+                expected=f"see the hook's events: {self.events()[-3:]}",
+            )
+
     def counter(self, name: str) -> int:
         value = ctypes.c_uint64()
         self._check(self.lib.foundry_counter(name.encode(), ctypes.byref(value)), "foundry_counter")
@@ -318,8 +347,8 @@ class Hook:
             self._check(self.lib.foundry_region_passthrough(0), "foundry_region_passthrough")
 
     def seal(self) -> None:
-        """SAVE, once the archive is written: later allocations are the program's own
-        (a server's requests), not reported as made after capturing began."""
+        """SAVE once the archive is written, LOAD once the session finished: later
+        allocations are the program's own (a server's requests), neither late nor compared."""
         self._check(self.lib.foundry_region_seal(), "foundry_region_seal")
 
     def import_zone(self) -> tuple[int, int, int]:

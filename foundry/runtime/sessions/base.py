@@ -138,8 +138,8 @@ def capturing(graph: Any, pool: Any) -> Iterator[None]:
     """``torch.cuda.graph`` without its ``empty_cache()``. Handing the allocator's
     cached blocks back to the driver before each capture makes the next eager
     warm-up (engines warm each shape up right before capturing it) allocate afresh:
-    a late allocation SAVE refuses, and one a LOAD, which never captures, would not
-    make. Captures on one side stream, as torch does."""
+    a late allocation that a LOAD, which never captures and so never empties the
+    cache, would not make again. Captures on one side stream, as torch does."""
     global _capture_stream
     import torch
 

@@ -168,6 +168,8 @@ class LoadSession(Session):
     ) -> RestoredGraph:
         if self.graphs is None:
             self.graphs = self._restore()
+        elif self.region_restore is not None:  # the warm-ups since made SAVE's late allocations again
+            self.region_restore.check_followed()
         if name not in self.graphs:
             raise DriftError(
                 "the archive has no graph of this name", field="graphs", found=name, expected=sorted(self.graphs)[:8]
@@ -179,6 +181,9 @@ class LoadSession(Session):
             raise FoundryError("finish() before start(): call session.start() before the first CUDA allocation")
         if self.instantiation is not None:  # every instantiation counted, or its error raised
             self.report["instantiated_s"] = self.instantiation.wait() - self._restore_started
+        if self.graphs is not None and self.region_restore is not None:
+            self.region_restore.check_followed(complete=True)
+            self.hook.seal()  # what the program allocates from now on is its own
         self.report["counters"] = self.hook.counters()
         return self.report
 

@@ -1,6 +1,7 @@
 """LOAD's region: the warm-up's allocations checked against SAVE's, the region mapped
-up to SAVE's final offset, and (``--warmup restore``) the bytes SAVE's warm-up left
-copied back, on a thread while the graphs are built when asked."""
+up to SAVE's final offset with holes for SAVE's allocations between captures (which
+the warm-ups repeated then make again, checked), and (``--warmup restore``) the bytes
+SAVE's warm-up left copied back, on a thread while the graphs are built when asked."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from foundry.errors import DriftError
 from foundry.graphir.cuda import cu
 from foundry.runtime.native.hook import Allocation, Hook
 from foundry.runtime.sessions.base import anchor_generator
+from foundry.runtime.sessions.placement import LATE, RestorePlan, check_followed, restore_plan
 
 
 class RegionRestore:
@@ -31,6 +33,8 @@ class RegionRestore:
         ]
         self.anchor: Any = None  # the default generator registered with a graph, kept while the session lives
         self._copy: Future[None] | None = None  # the thread restoring the warm-up bytes while graphs are built
+        self.placement: RestorePlan | None = None  # how map() restored the region
+        self._restored_at = 0  # allocations the trace held right after the restore
 
     def _expected_count(self) -> int:
         if self.warmup == "restore":
@@ -52,7 +56,7 @@ class RegionRestore:
         torch.cuda.synchronize()
         self.check_trace()
         begun = time.perf_counter()
-        self.hook.map_to(self.record.final_offset)
+        self._restore_region()
         self.report["map_to_s"] = time.perf_counter() - begun
         if self.warmup != "restore":
             return
@@ -63,6 +67,31 @@ class RegionRestore:
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="foundry-warmup")
         self._copy = pool.submit(self._restore_bytes, context)
         pool.shutdown(wait=False)
+
+    def _restore_region(self) -> None:
+        """Map SAVE's ranges up to its final offset; a LOAD repeating the warm-ups leaves
+        SAVE's allocations between captures to them (:mod:`foundry.runtime.sessions.placement`)."""
+        info = self.hook.region()
+        self.placement = restore_plan(self.record.trace, info.cursor, self.record.final_offset,
+                                      follow=self.warmup == "replay")  # fmt: skip
+        late = [Allocation(a.order, a.offset, a.size, a.request, False, False, a.phase) for a in self.placement.late]
+        self.hook.restore(list(self.placement.ranges), self.placement.final_offset, late,
+                          follow=self.placement.follow)  # fmt: skip
+        self._restored_at = self.hook.region().allocations
+        self.report["late_allocations"] = len(late)
+
+    def check_followed(self, *, complete: bool = False) -> None:
+        """Refuse a LOAD whose allocations since the restore left SAVE's late ones (a
+        divergence the hook logged), or, once ``complete``, made fewer of them."""
+        if self.placement is None or not self.placement.follow:
+            return
+        info = self.hook.region()
+        if not info.diverged and not (complete and info.late_made < info.late_expected):
+            return
+        live = [a for a in self.hook.trace()[self._restored_at :] if a.phase == LATE]
+        check_followed(self.placement, live, complete=complete)
+        raise DriftError("an allocation departed from SAVE's trace after the restore", field="region.trace",
+                         found=self.hook.errors()[-1:])  # fmt: skip
 
     def finish(self, *, quiet: bool = False) -> None:
         """Wait for the warm-up bytes a thread restores, if one does, and raise its error

@@ -20,6 +20,7 @@ from foundry.graphir.regions import Region, RegionKind
 from foundry.runtime.graphs.launch_plan import make_plan
 from foundry.runtime.native.hook import Hook
 from foundry.runtime.sessions.base import CapturedGraph, Session, anchor_generator, check_active, init_cuda
+from foundry.runtime.sessions.placement import late_allocations
 
 WARMUP_FILE = "warmup.bin"
 # (stack shift, fill pattern) of the extra captures that find undefined parameter bytes:
@@ -63,6 +64,7 @@ class SaveSession(Session):
         self.generator_offset: int | None = None
         self.undefined_bytes = 0
         self.timings: dict[str, float] = {"capture_s": 0.0, "probe_s": 0.0, "lower_s": 0.0}
+        self.notes: dict[str, str] = {}  # what the report says beside the timings
         self.attached: dict[str, tuple[Any, dict[str, Any]]] = {}  # backend name -> (backend, live facts)
 
     def start(self) -> None:
@@ -197,8 +199,7 @@ class SaveSession(Session):
         errors = self.hook.errors()
         if errors:
             raise CaptureError(
-                "the hook reported a loss of determinism during SAVE; nothing was written (allocate everything "
-                "before the first capture: in the warm-up, or inside graph())",
+                "the hook reported a loss of determinism during SAVE; nothing was written",
                 found=errors[:3],
             )
         missing = [(ir.name, node) for ir, _ in self.entries for node in ir.kernels() if node.kernel.image is None]
@@ -216,6 +217,7 @@ class SaveSession(Session):
         from foundry.graphir.passes.definedness import mark_alike
         from foundry.runtime.host_maps import host_ranges
 
+        self._drop_early_warmup_bytes()
         if self._keeps_warmup_bytes_until("finish"):
             import torch
 
@@ -266,8 +268,22 @@ class SaveSession(Session):
             "undefined_bytes": self.undefined_bytes,
             "written_globals": [g.name for r in records for g in r.globals if g.written],
             "counters": self.hook.counters(),
+            "late_allocations": len(late_allocations(self.hook.trace())),
             **self.timings,
+            **self.notes,
         }
+
+    def _drop_early_warmup_bytes(self) -> None:
+        """Bytes taken at the first capture miss what the program allocated between its
+        captures: a LOAD restoring them would find that memory empty, so they are dropped
+        and a LOAD must repeat the warm-up (``--warmup replay``); the report says why."""
+        late = late_allocations(self.hook.trace())
+        if late and self.warmup_data is not None and self.warmup_bytes_until == "capture":
+            self.warmup_data = None
+            self.notes["warmup_bytes"] = (
+                f"dropped: {len(late)} allocations between captures came after the warm-up's bytes were taken at "
+                "the first capture (a LOAD repeats the warm-up)"
+            )
 
     def _region_record(self, rank: Any) -> RegionRecord:
         import hashlib

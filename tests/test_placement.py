@@ -1,0 +1,99 @@
+"""Where a LOAD puts the region's memory (foundry.runtime.sessions.placement): the plan from
+SAVE's trace, and the refusals when a LOAD's allocations between captures depart from it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from msgspec.structs import replace
+
+from foundry.archive.schema import AllocationRecord
+from foundry.errors import ArchiveError, DriftError
+from foundry.runtime.sessions.placement import check_followed, late_allocations, restore_plan
+
+MiB = 1 << 20
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def trace(*entries: tuple[int, str]) -> list[AllocationRecord]:
+    """Allocations of the given sizes (MiB) and phases, back to back from offset 0."""
+    out, at = [], 0
+    for order, (mib, phase) in enumerate(entries):
+        out.append(AllocationRecord(order, at, mib * MiB, mib * MiB - 512, phase))
+        at += mib * MiB
+    return out
+
+
+# warm-up, the first capture's pool, a shape's own memory between captures, the next pool, ...
+SAVE = trace((4, "warmup"), (2, "warmup"), (20, "capture"), (2, "late"), (12, "capture"), (6, "late"), (8, "capture"))
+START, FINAL = 6 * MiB, 54 * MiB
+
+
+def covered(plan) -> list[tuple[int, int]]:
+    return sorted([*plan.ranges, *((a.offset, a.size) for a in plan.late)])
+
+
+def test_a_load_repeating_the_warmups_maps_around_saves_late_allocations():
+    plan = restore_plan(SAVE, START, FINAL, follow=True)
+    assert [a.order for a in plan.late] == [3, 5]
+    assert plan.ranges == ((6 * MiB, 20 * MiB), (28 * MiB, 12 * MiB), (46 * MiB, 8 * MiB))
+    spans = covered(plan)  # ranges and holes tile [start, final) exactly
+    assert spans[0][0] == START and all(a + n == b for (a, n), (b, _) in zip(spans, spans[1:], strict=False))
+    assert spans[-1][0] + spans[-1][1] == FINAL
+
+
+def test_a_load_restoring_the_warmup_bytes_maps_everything():
+    plan = restore_plan(SAVE, START, FINAL, follow=False)
+    assert plan.ranges == ((START, FINAL - START),) and plan.late == () and not plan.follow
+
+
+def test_a_trace_without_late_allocations_maps_one_range_and_still_follows():
+    plan = restore_plan(trace((4, "warmup"), (8, "capture")), 4 * MiB, 12 * MiB, follow=True)
+    assert plan.ranges == ((4 * MiB, 8 * MiB),) and plan.follow
+
+
+def test_the_same_allocations_again_pass():
+    plan = restore_plan(SAVE, START, FINAL, follow=True)
+    live = [replace(a, order=a.order + 40) for a in late_allocations(SAVE)]  # the LOAD's own ordinals
+    check_followed(plan, live, complete=True)
+    check_followed(plan, live[:1], complete=False)  # a prefix, mid-way through the warm-ups
+
+
+def test_an_allocation_of_another_size_is_refused_naming_both():
+    plan = restore_plan(SAVE, START, FINAL, follow=True)
+    live = late_allocations(SAVE)
+    live = [live[0], replace(live[1], order=17, request=live[1].request + 4096, offset=FINAL)]
+    with pytest.raises(DriftError, match=r"allocation #17, made between captures, diverges") as info:
+        check_followed(plan, live, complete=False)
+    assert info.value.field == "region.trace"
+    assert info.value.expected == f"SAVE's #5: {6 * MiB - 512} bytes at offset {40 * MiB}"
+    assert info.value.found == f"#17: {6 * MiB - 512 + 4096} bytes at offset {FINAL}"
+
+
+def test_one_allocation_too_many_is_refused():
+    plan = restore_plan(SAVE, START, FINAL, follow=True)
+    extra = AllocationRecord(9, FINAL, MiB, MiB, "late")
+    with pytest.raises(DriftError, match=r"#9 of 1048576 bytes, made between captures, has no counterpart.*made 2"):
+        check_followed(plan, [*late_allocations(SAVE), extra], complete=False)
+
+
+def test_a_finished_load_that_made_fewer_is_refused_naming_the_first_missing():
+    plan = restore_plan(SAVE, START, FINAL, follow=True)
+    with pytest.raises(DriftError, match=r"made 1 of SAVE's 2 allocations between captures") as info:
+        check_followed(plan, late_allocations(SAVE)[:1], complete=True)
+    assert info.value.expected == f"SAVE's #5: {6 * MiB - 512} bytes at offset {40 * MiB}"
+
+
+def test_a_trace_out_of_order_is_refused():
+    bad = [*SAVE[:3], SAVE[5], SAVE[3]]
+    with pytest.raises(ArchiveError, match="ascending"):
+        restore_plan(bad, START, FINAL, follow=True)
+
+
+def test_a_trace_from_disk_decodes_to_the_records():
+    """The fixture format: the archive's own trace records, as JSON."""
+    text = json.dumps([[a.order, a.offset, a.size, a.request, a.phase] for a in SAVE])
+    decoded = [AllocationRecord(*row) for row in json.loads(text)]
+    assert decoded == SAVE and FIXTURES.is_dir()
