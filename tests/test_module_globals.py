@@ -7,12 +7,13 @@ from __future__ import annotations
 import shutil
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import msgspec
 import pytest
 
-from foundry.errors import DriftError
+from foundry.errors import CaptureError, DriftError
 from foundry.runtime.code.module_globals import ZSTD_MAGIC, global_names
 
 SOURCE = r"""
@@ -51,6 +52,15 @@ def test_globals_of_a_compressed_multi_arch_fatbin(build):
                   "-gencode", "arch=compute_80,code=sm_80", "-Xfatbin=-compress-all")  # fmt: skip
     assert ZSTD_MAGIC in image  # the members really are compressed, as torch's are on the H200
     assert global_names(image) == EXPECTED
+
+
+def test_a_compressed_fatbin_without_zstandard_is_refused_naming_the_fix(build, monkeypatch):
+    """Without the zstandard module a SAVE would record torch's compressed images as having
+    unknown globals, and every LOAD would refuse their fresh copies: it refuses at once."""
+    image = build("k3.fatbin", "-fatbin", "-arch=sm_90", "-Xfatbin=-compress-all")
+    monkeypatch.setitem(sys.modules, "zstandard", None)  # as if it were not installed
+    with pytest.raises(CaptureError, match=r"zstd-compressed fatbin.*pip install 'foundry\[gpu\]'"):
+        global_names(image)
 
 
 def test_images_that_cannot_be_read_are_unknown(build):

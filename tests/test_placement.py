@@ -3,6 +3,7 @@ SAVE's trace, and the refusals when a LOAD's allocations between captures depart
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -40,7 +41,7 @@ def test_a_load_repeating_the_warmups_maps_around_saves_late_allocations():
     assert [a.order for a in plan.late] == [3, 5]
     assert plan.ranges == ((6 * MiB, 20 * MiB), (28 * MiB, 12 * MiB), (46 * MiB, 8 * MiB))
     spans = covered(plan)  # ranges and holes tile [start, final) exactly
-    assert spans[0][0] == START and all(a + n == b for (a, n), (b, _) in zip(spans, spans[1:], strict=False))
+    assert spans[0][0] == START and all(a + n == b for (a, n), (b, _) in itertools.pairwise(spans))
     assert spans[-1][0] + spans[-1][1] == FINAL
 
 
@@ -92,8 +93,31 @@ def test_a_trace_out_of_order_is_refused():
         restore_plan(bad, START, FINAL, follow=True)
 
 
-def test_a_trace_from_disk_decodes_to_the_records():
-    """The fixture format: the archive's own trace records, as JSON."""
-    text = json.dumps([[a.order, a.offset, a.size, a.request, a.phase] for a in SAVE])
-    decoded = [AllocationRecord(*row) for row in json.loads(text)]
-    assert decoded == SAVE and FIXTURES.is_dir()
+def fixture_trace() -> tuple[dict, list[AllocationRecord]]:
+    """SGLang's 36-graph history at the qwen3-8b shape, as SAVEd on the H200 test machine."""
+    record = json.loads((FIXTURES / "traces" / "sglang-qwen3-8b-36.json").read_text())
+    return record, [AllocationRecord(*row) for row in record["trace"]]
+
+
+def test_sglangs_36_graph_history_leaves_holes_for_its_two_late_allocations():
+    record, saved = fixture_trace()
+    plan = restore_plan(saved, record["warmup_offset"], record["final_offset"], follow=True)
+    assert [(a.order, a.request) for a in plan.late] == [(242, 2 * MiB), (243, 2 * MiB)]
+    spans = covered(plan)
+    assert spans[0][0] == record["warmup_offset"] and sum(size for _, size in spans) == (
+        record["final_offset"] - record["warmup_offset"]
+    )
+    assert all(a + n == b for (a, n), (b, _) in itertools.pairwise(spans))
+    check_followed(plan, late_allocations(saved), complete=True)  # the same warm-ups again
+    fast = restore_plan(saved, record["warmup_offset"], record["final_offset"], follow=False)
+    assert fast.ranges == ((record["warmup_offset"], record["final_offset"] - record["warmup_offset"]),)
+
+
+def test_sglangs_history_with_another_bs128_warmup_is_refused_naming_saves_allocation():
+    record, saved = fixture_trace()
+    plan = restore_plan(saved, record["warmup_offset"], record["final_offset"], follow=True)
+    first, second = late_allocations(saved)
+    grown = replace(second, order=250, request=4 * MiB, offset=record["final_offset"])
+    with pytest.raises(DriftError, match=r"allocation #250, made between captures, diverges") as info:
+        check_followed(plan, [first, grown], complete=False)
+    assert info.value.expected == f"SAVE's #243: {2 * MiB} bytes at offset {second.offset}"

@@ -69,6 +69,20 @@ def startup_table(paths: list[str], runs: list[dict]) -> list[str]:
     return lines
 
 
+def replay_lines(paths: list[str], runs: list[dict]) -> list[str]:
+    """For each LOAD: how many restored graphs SGLang replayed, and which it never did."""
+    lines = []
+    for path, run in zip(paths, runs, strict=True):
+        report = run.get("foundry") or {}
+        if report.get("mode") != "load" or "replayed" not in report:
+            continue
+        restored, replayed = report.get("sglang_graphs", []), set(report["replayed"])
+        idle = [name for name in restored if name not in replayed]
+        lines.append(f"replayed {len(replayed)} of {len(restored)} restored graphs"
+                     f"{'; never: ' + ', '.join(idle[:8]) if idle else ''}  {path}")  # fmt: skip
+    return lines
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
@@ -94,6 +108,8 @@ def main(argv: list[str]) -> int:
         for line in found[:8]:
             print(f"  - {line}")
     for line in startup_table(argv, runs):
+        print(line)
+    for line in replay_lines(argv, runs):
         print(line)
     return 0 if ok else 1
 

@@ -261,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     (model / "config.json").write_text(json.dumps(config))
     work = Path(tempfile.mkdtemp(prefix="foundry-sglang-"))
     os.environ.setdefault("FOUNDRY_SGLANG_REPORT", str(work / "foundry-report.json"))
+    Path(os.environ["FOUNDRY_SGLANG_REPORT"] + ".replays").unlink(missing_ok=True)  # this run's alone
     started = time.time()
     served = (run_engine(model, server, args.wave) if args.entry == "engine"
               else run_http(model, args.port, server, args.wave))  # fmt: skip
@@ -269,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
               "wave": served.wave, "wall_s": time.time() - started,
               "ready_s": served.ready_at - started, "batch_s": served.batch_s, "startup": served.startup,
               "foundry": json.loads(report_path.read_text()) if report_path.is_file() else None}  # fmt: skip
+    replays = Path(f"{report_path}.replays")
+    if record["foundry"] is not None and replays.is_file():  # LOAD: the restored graphs SGLang replayed
+        record["foundry"]["replayed"] = sorted(set(replays.read_text().split()))
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     return 0
 

@@ -315,6 +315,17 @@ def _capture_one(original: Any, backend: Any, shape_key: Any, forward_fn: Any, c
     backend._graphs[shape_key] = graph
     backend._outputs[shape_key] = graph.outputs
     _state.graphs.append(name)
+    if _state.config.mode == "load":
+        graph.first_replay = functools.partial(_note_replay, name)
+
+
+def _note_replay(name: str) -> None:
+    """A restored graph's first replay, appended to ``FOUNDRY_SGLANG_REPORT`` + ``.replays``
+    (SGLang replays after the report is written): the proof that the server ran it."""
+    out = os.environ.get("FOUNDRY_SGLANG_REPORT")
+    if out:
+        with open(out + ".replays", "a") as handle:
+            handle.write(name + "\n")
 
 
 def _begin_graph_phase() -> None:

@@ -10,8 +10,10 @@ the application wrote. LOAD then:
 
 - bound to the live process's own copy: every global must hold SAVE's bytes;
 - bound to a freshly loaded archived copy: written globals are restored;
-- an image whose globals cannot be listed (PTX only, compressed fatbin) may be
-  bound live, but a fresh copy of it is refused.
+- an image whose globals cannot be listed (PTX only, a malformed image) may be
+  bound live, but a fresh copy of it is refused. Compressed fatbins (torch's, on
+  the H200 test machine) are read with the zstandard module; SAVE refuses to run
+  without it rather than record their globals as unknown.
 
 Words the module loader itself fills (code addresses in a table of device
 function pointers, such as NCCL's ``ncclDevFuncTable``) differ with every load
@@ -36,7 +38,7 @@ from typing import Any
 import msgspec
 
 from foundry.archive.schema import GlobalRecord, ImageRecord
-from foundry.errors import DriftError
+from foundry.errors import CaptureError, DriftError
 from foundry.graphir.cuda import cu, driver, handle_value
 from foundry.graphir.regions import AddressRanges
 from foundry.runtime.host_maps import host_ranges
@@ -108,8 +110,12 @@ def _fatbin_members(image: bytes) -> Iterator[bytes | None]:
 def _unzstd(payload: bytes, expanded: int) -> bytes | None:
     try:
         import zstandard
-    except ImportError:  # the gpu extra installs it; without it compressed images stay unknown
-        return None
+    except ImportError:  # unknown globals would make every LOAD refuse a fresh copy of the image
+        raise CaptureError(
+            "a module image is a zstd-compressed fatbin, and listing its device globals needs the "
+            "zstandard module (pip install 'foundry[gpu]')",
+            field="zstandard",
+        ) from None
     try:
         return zstandard.ZstdDecompressor().decompress(payload, max_output_size=max(expanded, 1))
     except zstandard.ZstdError:

@@ -76,10 +76,14 @@ class RestoredGraph:
         self.outputs = outputs
         self.rng = rng
         self.pending = pending  # a PendingExec when instantiation happens behind the program
+        self.first_replay: Callable[[], None] | None = None  # called once, before the first replay
 
     def replay(self) -> None:
         import torch
 
+        if self.first_replay is not None:
+            self.first_replay, noted = None, self.first_replay
+            noted()
         if self.pending is not None:
             self.pending.ensure()
         if self.rng is not None:
