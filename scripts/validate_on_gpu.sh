@@ -5,7 +5,7 @@
 #
 # Sections, in order (all one-GPU ones when none is named): tests session-tests recipe
 # recipe-runs3 relocation negative bench sglang sglang-more sglang-prefill sglang-cold, scale-save
-# scale-load scale-more (PRESET=qwen3-8b|qwen3-30b-a3b), and on two GPUs
+# scale-load scale-more scale-neg (PRESET=qwen3-8b|qwen3-30b-a3b), and on two GPUs
 # tp2 tp2-nccl ep2. relocation and negative need recipe's archive in RESULTS_DIR;
 # sglang needs SGLang 0.5.17 importable (and this package installed, so SGLang
 # finds the plugin's entry point); ep2 needs DeepEP built for the installed torch
@@ -16,7 +16,7 @@
 # Writes logs and reports under RESULTS_DIR and prints a summary table last; each
 # step says which command produced it, for docs/validation.md.
 set -uo pipefail
-RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|recipe-runs3|relocation|negative|bench|sglang|sglang-more|sglang-prefill|sglang-cold|scale-save|scale-load|scale-more|tp2|tp2-nccl|ep2 ...]}
+RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|recipe-runs3|relocation|negative|bench|sglang|sglang-more|sglang-prefill|sglang-cold|scale-save|scale-load|scale-more|scale-neg|tp2|tp2-nccl|ep2 ...]}
 shift
 SECTIONS=${*:-tests session-tests recipe recipe-runs3 relocation negative bench sglang sglang-more sglang-prefill sglang-cold}
 wants() { [[ " $SECTIONS " == *" $1 "* ]]; }
@@ -197,8 +197,8 @@ fi
 
 # 6d. SGLang at production shape (PRESET, default qwen3-8b) at SGLang's default decode graph
 # set: SAVE, plain SGLang, LOAD repeating the warm-ups, LOAD restoring their bytes from launch
-# plans, each with the 256-prompt wave; then SAVE2, diff, lint and the negative control. Three
-# sections, each within ten minutes: scale-save, scale-load, scale-more (in that order).
+# plans, each with the 256-prompt wave; then SAVE2, diff, lint and the negative control. Four
+# sections, each within ten minutes: scale-save, scale-load, scale-more, scale-neg (in that order).
 PRESET=${PRESET:-qwen3-8b}
 SS=$RESULTS/scale-$PRESET
 SGS="$SG --preset $PRESET --wave"
@@ -226,6 +226,15 @@ mv "$SS/save.kept" "$SS/save" && mv "$SS/save.json.kept" "$SS/save.json"
 step sgs-compare2 python3 recipes/sglang/compare.py "$SS"/baseline.json "$SS"/save2.json
 step sgs-diff python3 -m foundry archive diff "$SS/save" "$SS/save2"
 step sgs-lint python3 -m foundry graph lint "$SS/save" --expect nccl-allreduce=0
+fi
+# negative control: decode.bs1 with its final norm's epsilon altered (on the logits path; with
+# dummy weights a layer's norm is not, see recipes/torch/negative_control.py); compare must exit 1
+# naming the first differing prompt and step
+if wants scale-neg; then
+rm -rf "$SS/neg" && cp -r "$SS/save" "$SS/neg"
+step sgs-neg-edit python3 recipes/torch/negative_control.py "$SS/neg" --graph decode.bs1 --last
+step sgs-load-neg python3 -m foundry run --mode load --archive "$SS/neg" -- $SGS --out "$SS/load-neg.json"
+step sgs-compare-neg python3 recipes/sglang/compare.py "$SS"/baseline.json "$SS"/load-neg.json  # must exit 1
 fi
 
 # 7. two GPUs: the decoder split over two ranks (torch symmetric memory, then NCCL) and
