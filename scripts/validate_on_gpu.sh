@@ -5,7 +5,7 @@
 #
 # Sections, in order (all one-GPU ones when none is named): tests session-tests recipe
 # recipe-runs3 relocation negative bench sglang sglang-more sglang-prefill sglang-cold, scale-save
-# scale-load scale-more scale-neg (PRESET=qwen3-8b|qwen3-30b-a3b), and on two GPUs
+# scale-load scale-more scale-tpot scale-neg (PRESET=qwen3-8b|qwen3-30b-a3b), and on two GPUs
 # tp2 tp2-nccl ep2. relocation and negative need recipe's archive in RESULTS_DIR;
 # sglang needs SGLang 0.5.17 importable (and this package installed, so SGLang
 # finds the plugin's entry point); ep2 needs DeepEP built for the installed torch
@@ -16,7 +16,7 @@
 # Writes logs and reports under RESULTS_DIR and prints a summary table last; each
 # step says which command produced it, for docs/validation.md.
 set -uo pipefail
-RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|recipe-runs3|relocation|negative|bench|sglang|sglang-more|sglang-prefill|sglang-cold|scale-save|scale-load|scale-more|scale-neg|tp2|tp2-nccl|ep2 ...]}
+RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|recipe-runs3|relocation|negative|bench|sglang|sglang-more|sglang-prefill|sglang-cold|scale-save|scale-load|scale-more|scale-tpot|scale-neg|tp2|tp2-nccl|ep2 ...]}
 shift
 SECTIONS=${*:-tests session-tests recipe recipe-runs3 relocation negative bench sglang sglang-more sglang-prefill sglang-cold}
 wants() { [[ " $SECTIONS " == *" $1 "* ]]; }
@@ -197,8 +197,8 @@ fi
 
 # 6d. SGLang at production shape (PRESET, default qwen3-8b) at SGLang's default decode graph
 # set: SAVE, plain SGLang, LOAD repeating the warm-ups, LOAD restoring their bytes from launch
-# plans, each with the 256-prompt wave; then SAVE2, diff, lint and the negative control. Four
-# sections, each within ten minutes: scale-save, scale-load, scale-more, scale-neg (in that order).
+# plans, each with the 256-prompt wave; then SAVE2, diff, lint, TPOT and the negative control. Five
+# sections, each within ten minutes: scale-save, scale-load, scale-more, scale-tpot, scale-neg (in that order).
 PRESET=${PRESET:-qwen3-8b}
 SS=$RESULTS/scale-$PRESET
 SGS="$SG --preset $PRESET --wave"
@@ -226,6 +226,15 @@ mv "$SS/save.kept" "$SS/save" && mv "$SS/save.json.kept" "$SS/save.json"
 step sgs-compare2 python3 recipes/sglang/compare.py "$SS"/baseline.json "$SS"/save2.json
 step sgs-diff python3 -m foundry archive diff "$SS/save" "$SS/save2"
 step sgs-lint python3 -m foundry graph lint "$SS/save" --expect nccl-allreduce=0
+fi
+# TPOT: decode step times at bs 1, 8, 64, 256 from SGLang's decode log lines, plain vs the
+# fast LOAD (the start-up figure's builder)
+if wants scale-tpot; then
+TP=(--tpot 1,8,64,256 --set decode_log_interval=1 --set log_level=info)
+step sgs-tpot-plain $SG --preset $PRESET "${TP[@]}" --out "$SS/tpot-plain.json"
+step sgs-tpot-load python3 -m foundry run --mode load --warmup restore --builder native --instantiate background \
+    --archive "$SS/save" -- $SG --preset $PRESET "${TP[@]}" --out "$SS/tpot-load.json"
+step sgs-tpot python3 recipes/sglang/tpot.py "$RESULTS/sgs-tpot-plain.log" "$RESULTS/sgs-tpot-load.log"
 fi
 # negative control: decode.bs1 with its final norm's epsilon altered (on the logits path; with
 # dummy weights a layer's norm is not, see recipes/torch/negative_control.py); compare must exit 1

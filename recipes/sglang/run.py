@@ -20,7 +20,11 @@ full ones). 16 prompts given as input ids (lengths 1-64) in batches of 1, 2, 4, 
 32 greedy tokens each with their logprobs, through ``sglang.Engine`` (``--entry
 engine``) or an HTTP server (``--entry http``, ``python -m sglang.launch_server``).
 ``--wave`` then sends 256 prompts of 16 tokens at once, prompt i asking for i + 1 new
-tokens, so that the running batch walks down through every decode graph's size. The
+tokens, so that the running batch walks down through every decode graph's size.
+``--tpot 1,8,64,256`` then decodes, for each size, that many prompts of 16 tokens for
+128 new tokens at once, each size announced on stderr (``tpot batch N``) so that
+``recipes/sglang/tpot.py`` can read SGLang's decode log lines of that batch (run it
+with ``--set decode_log_interval=1 --set log_level=info``). The
 Foundry plugin's report (``FOUNDRY_SGLANG_REPORT``) is included when a session ran,
 and SGLang's own start-up timings (``Engine``'s, or parsed from the HTTP server's
 "Engine startup timings" line), the seconds until the server took requests and each
@@ -109,6 +113,17 @@ def parse_startup(line: str) -> dict | None:
     return timings
 
 
+def sizes(text: str) -> list[int]:
+    """``1,8,64,256``: positive batch sizes."""
+    try:
+        found = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of batch sizes: {text!r}") from None
+    if not found or min(found) < 1:
+        raise argparse.ArgumentTypeError(f"batch sizes must be positive: {text!r}")
+    return found
+
+
 def overrides(pairs: list[str], option: str) -> dict:
     """``KEY=VALUE`` pairs, each value read as JSON where it parses (``0.3``, ``[1, 2]``) and as text otherwise."""
     out = {}
@@ -131,7 +146,7 @@ class Served(NamedTuple):
     batch_s: list[float]  # each batch's seconds, from its request to its answer
 
 
-def run_engine(model: Path, server: dict, wave: bool) -> Served:
+def run_engine(model: Path, server: dict, wave: bool, tpot: list[int]) -> Served:
     import sglang as sgl
 
     engine = sgl.Engine(model_path=str(model), **server)
@@ -143,12 +158,15 @@ def run_engine(model: Path, server: dict, wave: bool) -> Served:
             return engine.generate(input_ids=ids, sampling_params=params or sampling(), return_logprob=True)
 
         outputs, batch_s = _batches(generate)
-        return Served(outputs, _wave(generate) if wave else None, startup, ready_at, batch_s)
+        served = Served(outputs, _wave(generate) if wave else None, startup, ready_at, batch_s)
+        if tpot:
+            _tpot(generate, tpot)
+        return served
     finally:
         engine.shutdown()
 
 
-def run_http(model: Path, port: int, server: dict, wave: bool) -> Served:
+def run_http(model: Path, port: int, server: dict, wave: bool, tpot: list[int]) -> Served:
     args = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--port", str(port)]
     for key, value in server.items():
         flag = "--" + key.replace("_", "-")
@@ -177,7 +195,10 @@ def run_http(model: Path, port: int, server: dict, wave: bool) -> Served:
                 return json.loads(response.read())
 
         outputs, batch_s = _batches(post)
-        return Served(outputs, _wave(post) if wave else None, startup[0] if startup else None, ready_at, batch_s)
+        served = Served(outputs, _wave(post) if wave else None, startup[0] if startup else None, ready_at, batch_s)
+        if tpot:
+            _tpot(post, tpot)
+        return served
     finally:
         process.terminate()
         process.wait(timeout=60)
@@ -223,6 +244,20 @@ def _batches(generate) -> tuple[list[dict], list[float]]:
     return outputs, batch_s
 
 
+TPOT_PROMPT, TPOT_TOKENS = 16, 128
+TPOT_MARK = "tpot batch"  # announces each TPOT batch on stderr, for recipes/sglang/tpot.py
+
+
+def _tpot(generate, sizes: list[int]) -> None:
+    """Each size's batch decoded alone, so SGLang's decode log lines of that batch show
+    the step time at that running batch size."""
+    for size in sizes:
+        print(f"{TPOT_MARK} {size}", file=sys.stderr, flush=True)
+        prompts = [[3 + (13 * i + 7 * j) % 1000 for j in range(TPOT_PROMPT)] for i in range(size)]
+        generate(prompts, sampling(TPOT_TOKENS))
+    print(f"{TPOT_MARK} end", file=sys.stderr, flush=True)
+
+
 def _wave(generate) -> list[dict]:
     """The 256 prompts in one request: prompt i stops after i + 1 tokens, so the running
     batch shrinks by one every step and passes every decode graph's size."""
@@ -240,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="model shape and server (see above)")
     parser.add_argument("--wave", action="store_true", help="also send the 256-prompt wave (see above)")
+    parser.add_argument("--tpot", type=sizes, default=[], metavar="SIZES",
+                        help="comma-separated batch sizes to decode alone, for recipes/sglang/tpot.py")  # fmt: skip
     parser.add_argument("--entry", choices=["engine", "http"], default="engine")
     parser.add_argument("--port", type=int, default=30917)
     parser.add_argument("--model-dir", type=Path, default=None,
@@ -263,8 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("FOUNDRY_SGLANG_REPORT", str(work / "foundry-report.json"))
     Path(os.environ["FOUNDRY_SGLANG_REPORT"] + ".replays").unlink(missing_ok=True)  # this run's alone
     started = time.time()
-    served = (run_engine(model, server, args.wave) if args.entry == "engine"
-              else run_http(model, args.port, server, args.wave))  # fmt: skip
+    served = (run_engine(model, server, args.wave, args.tpot) if args.entry == "engine"
+              else run_http(model, args.port, server, args.wave, args.tpot))  # fmt: skip
     report_path = Path(os.environ["FOUNDRY_SGLANG_REPORT"])
     record = {"entry": args.entry, "preset": args.preset, "server": server, "outputs": served.outputs,
               "wave": served.wave, "wall_s": time.time() - started,

@@ -1,0 +1,77 @@
+"""Decode step times (TPOT) by batch size, from SGLang's decode log lines.
+
+    python recipes/sglang/tpot.py REFERENCE.log [OTHER.log ...]
+
+Each log is the output of a ``recipes/sglang/run.py --tpot SIZES --set
+decode_log_interval=1 --set log_level=info`` run: every decode step logs
+``Decode batch, #running-req: N, ... cuda graph: True, gen throughput (token/s): T``,
+and the recipe announces each batch with ``tpot batch N``. A step's time is N / T
+(the tokens that step made over its throughput). For each announced size, the
+median over the steps whose running batch equals the size and that replayed a CUDA
+graph; then each log's ratio to the first. Exit 2 when a log holds fewer than 100
+such steps for a size (too few to judge).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import sys
+from pathlib import Path
+
+MARK = re.compile(r"^tpot batch (\d+|end)\s*$")
+DECODE = re.compile(r"Decode batch.*?#running-req:\s*(\d+),.*?graph:\s*(True|False),\s*"
+                    r"gen throughput \(token/s\):\s*([0-9.]+)")  # fmt: skip
+MIN_STEPS = 100
+
+
+def step_times(text: str) -> dict[int, list[float]]:
+    """Seconds per decode step, by announced batch size (graph replays at that size only)."""
+    steps: dict[int, list[float]] = {}
+    size = None
+    for line in text.splitlines():
+        mark = MARK.match(line.strip())
+        if mark:
+            size = None if mark[1] == "end" else int(mark[1])
+            if size is not None:
+                steps.setdefault(size, [])
+            continue
+        found = DECODE.search(line)
+        if size is None or found is None:
+            continue
+        running, graph, throughput = int(found[1]), found[2] == "True", float(found[3])
+        if running == size and graph and throughput > 0:
+            steps[size].append(running / throughput)
+    return steps
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        return 2
+    try:
+        logs = {path: step_times(Path(path).read_text(errors="replace")) for path in argv}
+    except OSError as err:
+        print(f"tpot.py: cannot read a log: {err}", file=sys.stderr)
+        return 2
+    reference = logs[argv[0]]
+    status = 0
+    print("batch  " + "  ".join(f"{Path(p).name:>24}" for p in argv) + "  (median ms per step, steps; ratio)")
+    for size in sorted(reference):
+        cells = []
+        for path in argv:
+            times = logs[path].get(size, [])
+            if len(times) < MIN_STEPS:
+                status = 2
+                cells.append(f"{'too few: ' + str(len(times)):>24}")
+                continue
+            median = statistics.median(times)
+            base = reference.get(size) or []
+            ratio = median / statistics.median(base) if len(base) >= MIN_STEPS else float("nan")
+            cells.append(f"{median * 1e3:9.3f} ({len(times):4d}) {ratio:6.3f}x")
+        print(f"{size:5d}  " + "  ".join(cells))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

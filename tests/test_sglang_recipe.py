@@ -1,0 +1,74 @@
+"""The SGLang recipe's readers, run as scripts: compare.py over the wave and the
+restored graphs' replays, tpot.py over SGLang's decode log lines (in the format
+SGLang 0.5.17's metrics reporter writes them)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "sglang"
+
+
+def run(script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(RECIPE / script), *args], capture_output=True, text=True, timeout=60)
+
+
+def report(tmp_path: Path, name: str, wave: list[list[int]] | None, foundry: dict | None = None) -> str:
+    outputs = [{"output_ids": [5, 6, 7], "logprobs": [-0.5, -0.25, -1.0]},
+               {"output_ids": [8, 9, 9], "logprobs": [-0.125, -2.0, -3.0]}]  # fmt: skip
+    waves = None if wave is None else [{"output_ids": ids, "logprobs": [-1.0] * len(ids)} for ids in wave]
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({"outputs": outputs, "wave": waves, "foundry": foundry}))
+    return str(path)
+
+
+def test_compare_names_the_first_differing_wave_prompt_and_step(tmp_path):
+    base = report(tmp_path, "base", [[1], [2, 3], [4, 5, 6]])
+    same = report(tmp_path, "same", [[1], [2, 3], [4, 5, 6]])
+    other = report(tmp_path, "other", [[1], [2, 3], [4, 7, 6]])
+    missing = report(tmp_path, "missing", None)
+    assert run("compare.py", base, same).returncode == 0
+    out = run("compare.py", base, other, missing)
+    assert out.returncode == 1
+    assert "wave prompt 2: output ids differ from step 1" in out.stdout
+    assert "0 wave prompt outputs, not 3" in out.stdout
+
+
+def test_compare_says_which_restored_graphs_were_never_replayed(tmp_path):
+    base = report(tmp_path, "base", None)
+    load = report(tmp_path, "load", None, {"mode": "load", "sglang_graphs": ["decode.bs2", "decode.bs1"],
+                                            "replayed": ["decode.bs1"]})  # fmt: skip
+    out = run("compare.py", base, load)
+    assert out.returncode == 0
+    assert "replayed 1 of 2 restored graphs; never: decode.bs2" in out.stdout
+
+
+def decode_line(running: int, throughput: float, graph: bool = True) -> str:
+    return (f"[2026-12-01 10:00:00] Decode batch, #running-req: {running}, #token: 4096, token usage: 0.06, "
+            f"cuda graph: {graph}, gen throughput (token/s): {throughput:.2f}, #queue-req: 0, ")  # fmt: skip
+
+
+def test_tpot_takes_the_median_step_at_each_announced_size(tmp_path):
+    lines = ["tpot batch 8", *(decode_line(8, 800.0 + (i % 3) * 100) for i in range(120)),
+             decode_line(7, 5.0), decode_line(8, 1.0, graph=False),  # the batch shrinking; an eager step
+             "tpot batch 64", *(decode_line(64, 3200.0) for _ in range(110)), "tpot batch end",
+             decode_line(64, 1.0)]  # fmt: skip
+    reference = tmp_path / "plain.log"
+    reference.write_text("\n".join(lines) + "\n")
+    slower = tmp_path / "load.log"
+    slower.write_text("\n".join(line.replace("3200.00", "3100.00") for line in lines) + "\n")
+    out = run("tpot.py", str(reference), str(slower))
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[0]: line for line in out.stdout.splitlines()[1:]}
+    assert rows["8"].count("8.889 ( 120)") == 2  # 8 tokens over the median 900 token/s
+    assert "20.000 ( 110)  1.000x" in rows["64"] and "20.645 ( 110)  1.032x" in rows["64"]
+
+
+def test_tpot_refuses_too_few_steps(tmp_path):
+    log = tmp_path / "short.log"
+    log.write_text("tpot batch 256\n" + "\n".join(decode_line(256, 9000.0) for _ in range(40)) + "\n")
+    out = run("tpot.py", str(log))
+    assert out.returncode == 2 and "too few: 40" in out.stdout
