@@ -1,0 +1,285 @@
+"""SGLang start-up, plain vs Foundry LOAD, on fresh and warm nodes (run on a GPU machine).
+
+    python bench/sglang_startup.py save    --work DIR [--preset qwen3-8b]
+    python bench/sglang_startup.py pairs   --work DIR --kind warm|fresh|import --pairs N [--discard]
+    python bench/sglang_startup.py summary --work DIR [RESULTS.jsonl ...]
+
+``save`` makes the archive LOADs restore (``DIR/archive``; the SGLang recipe's preset
+at SGLang's default decode graph set). ``pairs`` runs N pairs of plain SGLang and
+Foundry LOAD (``--warmup restore --builder native --instantiate background``),
+alternating, plain first, each run in a fresh process, and appends one JSON line per
+run to ``DIR/results.jsonl``; ``--discard`` runs one plain start first and keeps it
+out of the figures. A call may run a subset (one device call lasts at most ten
+minutes) and later calls append: ``summary`` merges every results file it is given
+(by default DIR's) and prints medians, spreads (min-max) and median paired
+differences (LOAD minus plain) of: seconds to ready, to the first answer, before
+the scheduler starts (ready minus ``scheduler_e2e``), ``scheduler_e2e``, SGLang's
+graph phase, and Foundry's share (the plugin's time on the scheduler's critical
+path, instantiation waits included).
+
+Kinds:
+
+- ``warm``: every run shares one set of JIT caches under DIR (filled by the
+  first run);
+- ``fresh``: every run gets a new empty ``HOME``, ``XDG_CACHE_HOME`` and ``TMPDIR``
+  with every JIT cache variable unset, so nothing compiled before is found. The
+  run lists the files it created outside those directories (there must be none:
+  ``outside``) and the compiler processes it saw (``compilers``: nvcc, ptxas,
+  cicc, gcc, ... polled every 20 ms);
+- ``import``: ``python3 -c 'import torch, sglang.srt.entrypoints.engine'``
+  plain and under ``foundry run --mode load``: Foundry's own start-up cost.
+
+Byte code is compiled once (``save`` runs ``compileall`` over the installed
+packages) so neither side pays it. Every LOAD's outputs are compared with the
+plain run before it (the 16 prompts x 32 tokens of ``recipes/sglang/run.py``):
+``identical`` in each result line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPE = ROOT / "recipes" / "sglang" / "run.py"
+FAST = ("--warmup", "restore", "--builder", "native", "--instantiate", "background")
+CACHE_VARIABLES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TVM_FFI_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE",
+                   "FLASHINFER_JIT_DIR", "CUDA_CACHE_PATH", "SGLANG_CACHE_DIR", "XDG_CACHE_HOME", "HF_HOME",
+                   "TORCH_EXTENSIONS_DIR", "PYTHONPYCACHEPREFIX")  # fmt: skip
+COMPILERS = {"nvcc", "ptxas", "cicc", "fatbinary", "nvlink", "gcc", "g++", "cc", "c++", "cc1", "cc1plus", "ld",
+             "ninja", "clang"}  # fmt: skip
+IMPORT = "import torch, sglang.srt.entrypoints.engine"
+# where a run could leave files outside its own directories; pseudo file systems and this benchmark's own left out
+SCAN_PRUNE = ("/proc", "/sys", "/dev", "/run")
+
+
+class CompilerWatch:
+    """Polls /proc for compiler processes while a run lasts."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> CompilerWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.02):
+            for entry in os.scandir("/proc"):
+                if not entry.name.isdigit():
+                    continue
+                try:
+                    name = Path(entry.path, "comm").read_text().strip()
+                except OSError:
+                    continue
+                if name in COMPILERS:
+                    self.seen.add(name)
+
+
+def files_created_since(marker: Path, keep_out: list[Path]) -> list[str]:
+    """Regular files on the root file system newer than ``marker``, outside ``keep_out``."""
+    prune = [*SCAN_PRUNE, *map(str, keep_out)]
+    expression = [p for path in prune for p in ("-path", path, "-prune", "-o")]
+    proc = subprocess.run(["find", "/", "-xdev", *expression, "-type", "f", "-newer", str(marker), "-print"],
+                          capture_output=True, text=True)  # fmt: skip
+    return sorted(line for line in proc.stdout.splitlines() if line)
+
+
+def fresh_environment(scratch: Path) -> dict[str, str]:
+    """A new empty HOME, XDG_CACHE_HOME and TMPDIR, every cache variable unset."""
+    env = {k: v for k, v in os.environ.items() if k not in CACHE_VARIABLES}
+    for name in ("home", "cache", "tmp"):
+        (scratch / name).mkdir(parents=True)
+    env.update(HOME=str(scratch / "home"), XDG_CACHE_HOME=str(scratch / "cache"), TMPDIR=str(scratch / "tmp"))
+    return env
+
+
+def warm_environment(work: Path) -> dict[str, str]:
+    """Every JIT cache under one directory of the benchmark's, shared by all warm runs."""
+    caches = work / "warm-caches"
+    env = {k: v for k, v in os.environ.items() if k not in CACHE_VARIABLES}
+    env.update(HOME=str(caches / "home"), XDG_CACHE_HOME=str(caches / "cache"))
+    (caches / "home").mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def recipe_command(args: argparse.Namespace, out: Path, side: str) -> list[str]:
+    recipe = [sys.executable, str(RECIPE), "--preset", args.preset, "--out", str(out),
+              "--model-dir", str(args.work / "model")]  # fmt: skip
+    if side == "plain":
+        return recipe
+    return [sys.executable, "-m", "foundry", "run", "--mode", "load", *FAST, "--archive", str(args.work / "archive"),
+            "--", *recipe]  # fmt: skip
+
+
+def import_command(args: argparse.Namespace, side: str) -> list[str]:
+    plain = [sys.executable, "-c", IMPORT]
+    if side == "plain":
+        return plain
+    return [sys.executable, "-m", "foundry", "run", "--mode", "load", "--archive", str(args.work / "archive"), "--",
+            *plain]  # fmt: skip
+
+
+def one_run(args: argparse.Namespace, kind: str, side: str, index: int) -> dict:
+    """One start, timed; for the recipe, its report's figures."""
+    scratch = Path(tempfile.mkdtemp(prefix=f"{kind}-{side}-{index}-", dir=args.work / "scratch"))
+    env = fresh_environment(scratch) if kind == "fresh" else warm_environment(args.work)
+    out = scratch / "report.json"
+    command = import_command(args, side) if kind == "import" else recipe_command(args, out, side)
+    marker = scratch / "marker"
+    marker.touch()
+    time.sleep(0.01)  # files made from now on are newer than the marker
+    with CompilerWatch() as watch:
+        begun = time.perf_counter()
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT)
+        wall = time.perf_counter() - begun
+    (scratch / "log.txt").write_text(proc.stdout + proc.stderr)
+    result = {"kind": kind, "side": side, "index": index, "rc": proc.returncode, "wall_s": wall,
+              "compilers": sorted(watch.seen), "log": str(scratch / "log.txt")}  # fmt: skip
+    if kind == "fresh":
+        result["outside"] = files_created_since(marker, [scratch, args.work])[:50]
+    if kind != "import" and proc.returncode == 0:
+        result.update(figures(json.loads(out.read_text())))
+    return result
+
+
+def figures(report: dict) -> dict:
+    """The recipe report's start-up figures, and its outputs for the comparison."""
+    startup = report.get("startup") or {}
+    foundry = report.get("foundry") or {}
+    e2e = startup.get("scheduler_e2e")
+    return {
+        "ready_s": report["ready_s"],
+        "first_answer_s": report["ready_s"] + report["batch_s"][0],
+        "before_scheduler_s": None if e2e is None else report["ready_s"] - e2e,
+        "scheduler_e2e_s": e2e,
+        "graph_phase_s": sum((startup.get("cuda_graph") or {}).values()) if startup else None,
+        "foundry_s": (foundry.get("sglang_seconds") or {}).get("foundry_s"),
+        "outputs": [o["output_ids"] for o in report["outputs"]],
+        "logprobs": [o["logprobs"] for o in report["outputs"]],
+    }
+
+
+def cmd_save(args: argparse.Namespace) -> int:
+    for site in {p for p in sys.path if p.endswith(("site-packages", "dist-packages")) or "sglang-site" in p}:
+        subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", site], capture_output=True)
+    if (args.work / "archive").exists():
+        print(f"{args.work / 'archive'} exists; keeping it")
+        return 0
+    env = warm_environment(args.work)
+    recipe = [sys.executable, str(RECIPE), "--preset", args.preset, "--out", str(args.work / "save.json"),
+              "--model-dir", str(args.work / "model")]  # fmt: skip
+    command = [sys.executable, "-m", "foundry", "run", "--mode", "save", "--archive", str(args.work / "archive"), "--",
+               *recipe]  # fmt: skip
+    return subprocess.run(command, env=env, cwd=ROOT).returncode
+
+
+def cmd_pairs(args: argparse.Namespace) -> int:
+    results = args.work / "results.jsonl"
+    done = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
+    start = 1 + max((r["index"] for r in done if r["kind"] == args.kind), default=0)
+    if args.discard:
+        record(results, {**one_run(args, args.kind, "plain", 0), "discarded": True})
+    status = 0
+    for index in range(start, start + args.pairs):
+        plain = one_run(args, args.kind, "plain", index)
+        record(results, plain)
+        load = one_run(args, args.kind, "load", index)
+        if "outputs" in plain and "outputs" in load:
+            load["identical"] = (plain["outputs"], plain["logprobs"]) == (load["outputs"], load["logprobs"])
+        record(results, load)
+        status |= plain["rc"] != 0 or load["rc"] != 0 or load.get("identical") is False
+    return 1 if status else 0
+
+
+def record(path: Path, result: dict) -> None:
+    slim = {k: v for k, v in result.items() if k not in ("outputs", "logprobs")}
+    print(json.dumps(slim), flush=True)
+    with path.open("a") as handle:
+        handle.write(json.dumps(result) + "\n")
+
+
+FIGURES = ("ready_s", "first_answer_s", "before_scheduler_s", "scheduler_e2e_s", "graph_phase_s", "foundry_s",
+           "wall_s")  # fmt: skip
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    paths = args.results or [args.work / "results.jsonl"]
+    missing = [str(p) for p in paths if not Path(p).is_file()]
+    if missing:
+        print(f"sglang_startup.py: no results file {missing[0]}", file=sys.stderr)
+        return 2
+    runs = [json.loads(line) for path in paths for line in Path(path).read_text().splitlines() if line.strip()]
+    runs = [r for r in runs if not r.get("discarded") and r["rc"] == 0]
+    print("kind    figure               plain median [min-max]     LOAD median [min-max]      paired LOAD-plain  n")
+    for kind in ("fresh", "warm", "import"):
+        pairs = paired(runs, kind)
+        if not pairs:
+            continue
+        for name in FIGURES:
+            plain = [p[name] for p, _ in pairs if p.get(name) is not None]
+            load = [q[name] for _, q in pairs if q.get(name) is not None]
+            diffs = [q[name] - p[name] for p, q in pairs if p.get(name) is not None and q.get(name) is not None]
+            if not load and not plain:
+                continue
+            print(f"{kind:7s} {name:20s} {spread(plain):26s} {spread(load):26s} "
+                  f"{statistics.median(diffs) if diffs else float('nan'):+9.2f} s  {len(pairs)}")  # fmt: skip
+        loads = [q for _, q in pairs]
+        print(f"{kind:7s} outputs identical in {sum(1 for q in loads if q.get('identical'))} of {len(loads)} LOADs; "
+              f"compilers seen: plain {sorted({c for p, _ in pairs for c in p['compilers']})}, "
+              f"LOAD {sorted({c for q in loads for c in q['compilers']})}; files outside: "
+              f"{sum(len(r.get('outside', [])) for p, q in pairs for r in (p, q))}")  # fmt: skip
+    return 0
+
+
+def paired(runs: list[dict], kind: str) -> list[tuple[dict, dict]]:
+    by_index: dict[int, dict[str, dict]] = {}
+    for r in runs:
+        if r["kind"] == kind:
+            by_index.setdefault(r["index"], {})[r["side"]] = r
+    return [(sides["plain"], sides["load"]) for _, sides in sorted(by_index.items()) if len(sides) == 2]
+
+
+def spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{statistics.median(values):7.2f} [{min(values):.2f}-{max(values):.2f}]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("save", "pairs", "summary"):
+        p = sub.add_parser(name)
+        p.add_argument("--work", type=Path, required=True, help="the benchmark's directory (archive, caches, results)")
+        p.add_argument("--preset", default="qwen3-8b", help="recipes/sglang/run.py --preset")
+    sub.choices["pairs"].add_argument("--kind", choices=["warm", "fresh", "import"], required=True)
+    sub.choices["pairs"].add_argument("--pairs", type=int, default=1)
+    sub.choices["pairs"].add_argument("--discard", action="store_true", help="one plain run first, not counted")
+    sub.choices["summary"].add_argument("results", nargs="*", type=Path)
+    args = parser.parse_args(argv)
+    args.work = args.work.resolve()
+    (args.work / "scratch").mkdir(parents=True, exist_ok=True)
+    if args.command == "save":
+        return cmd_save(args)
+    if args.command == "pairs":
+        return cmd_pairs(args)
+    return cmd_summary(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
