@@ -27,8 +27,8 @@ TABLE = 12 << 20  # bytes per table beyond the shape's rows: over 10 MiB, so tor
 
 
 def open_session(bytes_until: str):
-    from foundry.runtime.sessions.save import SaveSession
     from foundry.runtime.sessions.open import open_session as from_environment
+    from foundry.runtime.sessions.save import SaveSession
 
     if os.environ.get("FOUNDRY_MODE") == "save":
         return SaveSession(os.environ["FOUNDRY_ARCHIVE"], warmup_bytes_until=bytes_until,

@@ -320,11 +320,11 @@ def _capture_one(original: Any, backend: Any, shape_key: Any, forward_fn: Any, c
 
 
 def _note_replay(name: str) -> None:
-    """A restored graph's first replay, appended to ``FOUNDRY_SGLANG_REPORT`` + ``.replays``
+    """A restored graph's first replay, appended to the report's path + ``.replays``
     (SGLang replays after the report is written): the proof that the server ran it."""
-    out = os.environ.get("FOUNDRY_SGLANG_REPORT")
-    if out:
-        with open(out + ".replays", "a") as handle:
+    out = SGLANG_REPORT.read()
+    if out is not None:
+        with open(f"{out}.replays", "a") as handle:
             handle.write(name + "\n")
 
 
