@@ -65,8 +65,10 @@ class SchedulerState:
     graph_phase: bool = False  # the first shape's warm-up has begun
     recording_error: str | None = None  # SAVE: why torch's allocation history is not recorded
     finished: bool = False
-    # seconds in SGLang's eager warm-up forwards, and in capturing (SAVE) or restoring (LOAD)
-    seconds: dict[str, float] = field(default_factory=lambda: {"warmup_forwards_s": 0.0, "graphs_s": 0.0})
+    # seconds in SGLang's eager warm-up forwards, in capturing (SAVE) or restoring (LOAD), and in
+    # every Foundry call on the scheduler's path (session start, graphs, finish with its waits)
+    seconds: dict[str, float] = field(default_factory=lambda: {"warmup_forwards_s": 0.0, "graphs_s": 0.0,
+                                                               "foundry_s": 0.0})  # fmt: skip
 
 
 _state: SchedulerState | None = None
@@ -166,6 +168,7 @@ def _on_scheduler_start(*args: Any, **kwargs: Any) -> None:
     from foundry.runtime.sessions.open import load_options
     from foundry.runtime.sessions.save import SaveSession
 
+    begun = time.perf_counter()
     config = load_config()
     if config.mode == "off":
         return
@@ -190,6 +193,7 @@ def _on_scheduler_start(*args: Any, **kwargs: Any) -> None:
         check_server_args(session.archive.catalog.model, live)
     session.start()
     _state = SchedulerState(config, session, rank)
+    _state.seconds["foundry_s"] += time.perf_counter() - begun
     _say(f"scheduler (tp rank {rank}) active: mode {config.mode}, archive {config.archive}")
 
 
@@ -312,6 +316,7 @@ def _capture_one(original: Any, backend: Any, shape_key: Any, forward_fn: Any, c
     graph = _state.session.graph(name, forward_fn, shape_key=getattr(shape_key, "size", None), runner=runner)
     _state.seconds["warmup_forwards_s"] += warmed - started
     _state.seconds["graphs_s"] += time.perf_counter() - warmed
+    _state.seconds["foundry_s"] += time.perf_counter() - warmed
     backend._graphs[shape_key] = graph
     backend._outputs[shape_key] = graph.outputs
     _state.graphs.append(name)
@@ -371,6 +376,7 @@ def _on_graphs_done(result: Any, *args: Any, **kwargs: Any) -> None:
         raise FoundryError("a second model runner captured graphs; the plugin persists one per scheduler",
                            field="sglang.model_runners")  # fmt: skip
     _state.finished = True
+    begun = time.perf_counter()
     if _state.config.mode == "save" and _state.graph_phase:
         judged = _judge_warmup_skip(_state.session)
         _state.session.model[VERDICT] = judged
@@ -381,6 +387,7 @@ def _on_graphs_done(result: Any, *args: Any, **kwargs: Any) -> None:
     report["sglang_graphs"] = list(_state.graphs)
     report[VERDICT] = (_state.session.model if _state.config.mode == "save"
                        else _state.session.archive.catalog.model).get(VERDICT)  # fmt: skip
+    _state.seconds["foundry_s"] += time.perf_counter() - begun
     report["sglang_seconds"] = dict(_state.seconds)
     counters = report.get("counters", {})
     _say(f"scheduler (tp rank {_state.rank}) {_state.config.mode}: {len(_state.graphs)} graphs "
