@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import msgspec
 import pytest
@@ -244,3 +246,69 @@ def test_cli_json_error_is_machine_readable(archive_copy):
     assert result.exit_code == 2
     payload = json.loads(result.stderr.splitlines()[0])
     assert payload["ok"] is False and payload["error"]["field"] == "world_size"
+
+
+SWAPPED_IN = r"""
+import os, pathlib, sys
+from foundry.archive.files import read_bounded
+from foundry.errors import ArchiveError
+path, regular = pathlib.Path(sys.argv[1]), sys.argv[2]
+os.mkfifo(path)
+# the race, made certain: whatever the reader asks about the path by name sees the regular file
+# it checked a moment ago; only the FIFO is there when it opens it
+real_lstat, real_stat = os.lstat, os.stat
+os.lstat = lambda p, *a, **k: real_lstat(regular) if str(p) == str(path) else real_lstat(p, *a, **k)
+os.stat = lambda p, *a, **k: real_stat(regular) if str(p) == str(path) else real_stat(p, *a, **k)
+pathlib.Path.lstat = lambda self: os.lstat(self)
+try:
+    read_bounded(path, 1 << 20, what="graph")
+except ArchiveError as err:
+    print(err)
+"""
+
+
+def test_a_fifo_swapped_in_after_any_check_by_name_is_refused_unblocked(tmp_path):
+    """The reader checks what it opened, not the name it looked at before."""
+    regular = tmp_path / "regular"
+    regular.write_bytes(b"x")
+    proc = subprocess.run([sys.executable, "-c", SWAPPED_IN, str(tmp_path / "graph"), str(regular)],
+                          capture_output=True, text=True, timeout=20)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "not a regular file" in proc.stdout
+
+
+SWAPPING = r"""
+import os, sys, threading
+from pathlib import Path
+from foundry.archive.files import read_bounded
+from foundry.errors import ArchiveError
+root = Path(sys.argv[1])
+target, regular, fifo = root / "graph", root / "regular", root / "fifo"
+stop = threading.Event()
+def swap():  # the FIFO and a regular file take turns under the reader's name
+    while not stop.is_set():
+        regular.write_bytes(b"graph bytes")
+        os.replace(regular, target)
+        os.mkfifo(fifo)
+        os.replace(fifo, target)
+thread = threading.Thread(target=swap)
+thread.start()
+outcomes = {"read": 0, "refused": 0}
+for _ in range(1000):
+    try:
+        assert read_bounded(target, 1 << 20, what="graph") == b"graph bytes"
+        outcomes["read"] += 1
+    except ArchiveError as err:
+        assert "not a regular file" in str(err) or "missing" in str(err), err
+        outcomes["refused"] += 1
+stop.set()
+thread.join()
+print(outcomes["read"] + outcomes["refused"])
+"""
+
+
+def test_a_reader_racing_a_fifo_swap_never_blocks(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", SWAPPING, str(tmp_path)], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1000"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -72,32 +73,45 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def read_bounded(path: Path, limit: int, *, what: str) -> bytes:
-    """Read a regular file of at most ``limit`` bytes; refuse links, devices, FIFOs."""
+    """Read a regular file of at most ``limit`` bytes; refuse links, devices, FIFOs.
+
+    The checks are made on the open descriptor, not on the name: a name checked
+    first and opened after can be swapped in between (a FIFO would block the
+    reader forever). The file is opened without following a link and without
+    blocking, then examined with ``fstat``."""
+    fd = _open_regular(path, what=what)
     try:
-        info = path.lstat()
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ArchiveError(f"{what} is not a regular file", path=str(path))
+        if info.st_size > limit:
+            raise ArchiveError(
+                f"{what} is larger than the reader accepts",
+                path=str(path),
+                expected=f"<= {limit} bytes",
+                found=f"{info.st_size} bytes",
+            )
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(info.st_size + 1)
+    except OSError as err:
+        raise ArchiveError(f"{what} cannot be read: {err.strerror}", path=str(path)) from None
+    finally:
+        os.close(fd)
+    if len(data) > info.st_size:
+        raise ArchiveError(f"{what} grew while being read", path=str(path))
+    return data
+
+
+def _open_regular(path: Path, *, what: str) -> int:
+    """A read-only descriptor of ``path`` itself: never a link's target, never a blocking open."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise ArchiveError(f"{what} is missing", path=str(path)) from None
     except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise ArchiveError(f"{what} is a symbolic link; archives hold plain files only", path=str(path)) from None
         raise ArchiveError(f"{what} cannot be read: {err.strerror}", path=str(path)) from None
-    if stat.S_ISLNK(info.st_mode):
-        raise ArchiveError(f"{what} is a symbolic link; archives hold plain files only", path=str(path))
-    if not stat.S_ISREG(info.st_mode):
-        raise ArchiveError(f"{what} is not a regular file", path=str(path))
-    if info.st_size > limit:
-        raise ArchiveError(
-            f"{what} is larger than the reader accepts",
-            path=str(path),
-            expected=f"<= {limit} bytes",
-            found=f"{info.st_size} bytes",
-        )
-    try:
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
-    except OSError as err:
-        raise ArchiveError(f"{what} cannot be read: {err.strerror}", path=str(path)) from None
-    if len(data) > limit:
-        raise ArchiveError(f"{what} grew past the reader's limit while being read", path=str(path))
-    return data
 
 
 def contained_path(root: Path, relative: str, *, field: str, source: Path) -> Path:
