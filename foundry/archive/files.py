@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
+import socket
 import stat
 import tempfile
 from pathlib import Path, PurePosixPath
@@ -42,9 +44,14 @@ def encode_record(record: msgspec.Struct) -> bytes:
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so readers see the old file or the new one, never a part."""
+    """Write ``data`` to ``path`` so readers see the old file or the new one, never a part.
+
+    The temporary file is named after the writing host and process
+    (``.<name>.<host>.<pid>.<random>.tmp``), so a later write of the same file
+    removes what a killed writer left (:func:`remove_stale_temporaries`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    remove_stale_temporaries(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_HOST}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; archives are shared like other files
         with os.fdopen(fd, "wb") as out:
@@ -56,6 +63,39 @@ def atomic_write(path: Path, data: bytes) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+_HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64] or "host"
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<host>[A-Za-z0-9-]+)\.(?P<pid>[0-9]+)\.[^.]+\.tmp$")
+
+
+def remove_stale_temporaries(path: Path) -> list[Path]:
+    """Remove the temporary files of ``path`` that writers on this host left when they
+    were killed (their process is gone); another live writer's are kept. Returns them."""
+    removed = []
+    try:
+        entries = list(os.scandir(path.parent))
+    except FileNotFoundError:
+        return removed
+    for entry in entries:
+        found = _TEMPORARY.match(entry.name)
+        if found is None or found["name"] != path.name or found["host"] != _HOST or _alive(int(found["pid"])):
+            continue
+        Path(entry.path).unlink(missing_ok=True)
+        removed.append(Path(entry.path))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 def _umask() -> int:
