@@ -2,7 +2,10 @@
 
 Exit codes: 0 success (lint clean, diff identical); 1 findings (lint findings
 or failed expectations, archives that differ); 2 usage or archive errors.
-Every error is one line on stderr naming the file and field; never a traceback.
+Every error is one line on stderr naming the file and field; with ``--json``
+it is one JSON object on stdout instead (nothing else is written there). Never
+a traceback. Text from archives is shown as text, never as rich markup, with
+its control characters escaped (:mod:`foundry.text`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from foundry.archive.sample import SAMPLE_NAME, resolve_archive_arg
 from foundry.backends.registry import BackendRegistry
 from foundry.env import SAVE_ID
 from foundry.errors import FoundryError
+from foundry.text import plain, printable
 
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 70
 
@@ -33,7 +37,7 @@ ARCHIVE_HELP = f"an archive directory, or {SAMPLE_NAME} for the bundled sample"
 def _stdout() -> Console:
     """Rich console on stdout; 120 columns when piped (rich would assume 80)."""
     width = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120
-    return Console(soft_wrap=False, highlight=False, width=width)
+    return Console(soft_wrap=False, highlight=False, width=width, markup=False)  # archives' text is never markup
 
 
 def _emit_json(data: Any) -> None:
@@ -41,9 +45,11 @@ def _emit_json(data: Any) -> None:
 
 
 def _fail(message: str, code: int, as_json: bool, detail: dict | None = None) -> None:
+    """The one refusal: a JSON object on stdout with ``--json``, else one line on stderr."""
     if as_json:
-        click.echo(json.dumps({"ok": False, "error": detail or {"message": message}}, default=str), err=True)
-    click.echo(f"foundry: error: {message}", err=True)
+        click.echo(json.dumps({"ok": False, "error": detail or {"message": message}}, default=str))
+    else:
+        click.echo(f"foundry: error: {printable(message)}", err=True)
     sys.exit(code)
 
 
@@ -58,7 +64,8 @@ def guarded(fn: Callable[..., int | None]) -> Callable[..., None]:
         except FoundryError as err:
             _fail(str(err), EXIT_ERROR, as_json, err.to_dict())
         except OSError as err:
-            _fail(f"{err.filename or ''}: {err.strerror or err}", EXIT_ERROR, as_json)
+            _fail(f"{err.filename or ''}: {err.strerror or err}", EXIT_ERROR, as_json,
+                  {"error": type(err).__name__, "message": str(err.strerror or err), "path": err.filename})  # fmt: skip
         except (click.exceptions.Exit, click.ClickException, SystemExit, KeyboardInterrupt):
             raise
         except Exception as err:  # noqa: BLE001 - the last guard: one line, no traceback, a distinct code
@@ -153,7 +160,7 @@ def _relocation_check(a: Archive, b: Archive, as_json: bool) -> int:
         where = "the pair" if f.rank is None else f"rank {f.rank} {f.graph}"
         where += f" node {f.node}" if f.node is not None else ""
         detail = f" ({f.a} -> {f.b})" if f.a or f.b else ""
-        out.print(f"finding: {where}: {f.what}{detail}", markup=False)
+        out.print(f"finding: {printable(where)}: {printable(f.what)}{printable(detail)}")
     if len(report.findings) > 50:
         out.print(f"... and {len(report.findings) - 50} more findings")
     out.print("every change is a relocation" if not report.findings else f"{len(report.findings)} finding(s)")
@@ -212,9 +219,9 @@ def archive_verify(path: str, as_json: bool) -> int:
                     "plan_mismatches": by_field["plan"], "plans_unchecked": plans_unchecked})  # fmt: skip
     else:
         for m in mismatches:
-            where = f"rank {m['rank']} {m['graph']}"
+            where = f"rank {m['rank']} {printable(m['graph'])}"
             if m["field"] == "plan":
-                click.echo(f"{where}: launch plan {m['found']} differs from the graph packed again")
+                click.echo(f"{where}: launch plan {printable(m['found'])} differs from the graph packed again")
             else:
                 click.echo(f"{where}: fingerprint {m['found']} differs from recorded {m['expected']}")
         click.echo(f"{checked} graph(s) verified" + (f", {len(mismatches)} mismatch(es)" if mismatches else ", all ok"))
@@ -379,11 +386,12 @@ def backends_list(as_json: bool) -> int:
         table.add_column(col, overflow="fold")
     for row in rows:
         if row["status"] == "ok":
-            table.add_row(
-                str(row["name"]), "ok", ", ".join(row["kinds"]) or "-", ", ".join(row["implements"]), str(row["origin"])
-            )
+            table.add_row(plain(row["name"]), "ok", plain(", ".join(row["kinds"]) or "-"),
+                          ", ".join(row["implements"]), plain(row["origin"]))  # fmt: skip
         else:
-            table.add_row(str(row["name"]), "[red]broken[/red]", "-", "-", f"{row['origin']}: {row['reason']}")
+            table.add_row(
+                plain(row["name"]), plain("broken", "red"), "-", "-", plain(f"{row['origin']}: {row['reason']}")
+            )
     _stdout().print(table)
     return EXIT_OK
 

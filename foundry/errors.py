@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from foundry.text import printable
+
 
 class FoundryError(Exception):
     """Base of every error Foundry raises on purpose."""
@@ -44,7 +46,7 @@ class FoundryError(Exception):
         facts = [f"{k} {v!r}" for k, v in (("expected", self.expected), ("found", self.found)) if v is not None]
         if facts:
             text += f" ({', '.join(facts)})"
-        return text
+        return printable(text)  # names and fields come from archives: never a terminal's control codes
 
     def to_dict(self) -> dict[str, Any]:
         """The error as plain data, for ``--json`` output."""

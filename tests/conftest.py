@@ -79,3 +79,13 @@ def with_hook(hook_library, monkeypatch) -> Path:
     """Point the launcher at the hook built for this test run."""
     monkeypatch.setenv("FOUNDRY_HOOK_LIB", str(hook_library))
     return hook_library
+
+
+@pytest.fixture(scope="session")
+def cli():
+    """The real ``foundry`` command, run in a fresh child process per call (:mod:`tests.hostile`)."""
+    from .hostile import CommandServer
+
+    server = CommandServer()
+    yield server
+    server.close()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -30,7 +31,10 @@ from typing import Any
 
 import msgspec
 
-from .archive_tools import graph_file, reseal
+from foundry.archive.sample import sample_path
+from foundry.archive.schema import CATALOG_FILE
+
+from .archive_tools import edit_json, graph_file, reseal
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # what may not reach a terminal (\t and \n aside)
@@ -185,3 +189,35 @@ def edit_document(root: Path, name: str, edit: Callable[[dict[str, Any]], None],
 
 def first_kernel(document: dict[str, Any]) -> dict[str, Any]:
     return next(n for n in document["nodes"] if n["type"] == "kernel")
+
+
+#: Markup that breaks a rich console, a screen clear, a window-title OSC sequence and a
+#: right-to-left override: what a hostile archive puts in its names.
+HOSTILE = "[/][/bold]\x1b[2J\x1b]0;all ok\x07\u202e"
+
+
+def hostile_names(root: Path) -> Path:
+    """A copy of the sample at ``root`` where every kind of string the archive holds carries
+    :data:`HOSTILE`: catalog fields and model, a graph name and runner, kernel names, a
+    region name and graph metadata; re-sealed, so every command reads all of it."""
+    shutil.copytree(sample_path(), root)
+    renamed = "decode" + HOSTILE
+
+    def catalog(c: dict[str, Any]) -> None:
+        c["tool_version"] += HOSTILE
+        c["environment"]["gpu_name"] += HOSTILE
+        c["model"] = {"model": HOSTILE, HOSTILE: "x"}
+
+    def session(s: dict[str, Any]) -> None:
+        s["graphs"][0].update(name=renamed, runner=HOSTILE)
+
+    def document(d: dict[str, Any]) -> None:
+        first_kernel(d)["kernel"]["name"] += HOSTILE
+        d["regions"][0]["name"] += HOSTILE
+        d["meta"][HOSTILE] = HOSTILE
+
+    edit_document(root, "decode.bs2", document, seal=False)
+    edit_document(root, "decode.bs1", lambda d: (document(d), d.update(name=renamed)), seal=False)
+    edit_json(root / "rank0" / "session.json", session)
+    edit_json(root / CATALOG_FILE, catalog, root=root, graphs=True)
+    return root

@@ -244,8 +244,9 @@ def test_cli_json_error_is_machine_readable(archive_copy):
     edit_json(catalog(path), lambda c: c.update(world_size="one"))
     result = CliRunner().invoke(main, ["archive", "inspect", str(path), "--json"])
     assert result.exit_code == 2
-    payload = json.loads(result.stderr.splitlines()[0])
+    payload = json.loads(result.stdout)  # the one JSON object on stdout, where scripts read; nothing on stderr
     assert payload["ok"] is False and payload["error"]["field"] == "world_size"
+    assert result.stderr == ""
 
 
 SWAPPED_IN = r"""

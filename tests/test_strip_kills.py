@@ -1,4 +1,4 @@
-"""``foundry archive strip`` killed (foundry/archive/strip.py) is atomic: killed with SIGKILL at any point, it leaves the
+"""``foundry archive strip`` (foundry/archive/strip.py) is atomic: killed with SIGKILL at any point, it leaves the
 archive it started from (the same catalog bytes) or the finished strip, and
 ``foundry archive verify`` passes on what it left; a strip run again finishes the job
 and removes what killed writes left behind.
@@ -30,7 +30,6 @@ from foundry.archive.schema import CATALOG_FILE, ModuleState, WarmupBytes
 from foundry.archive.strip import strip
 
 from .conftest import FIXTURES
-from .hostile import CommandServer
 
 SAVE = FIXTURES / "saveload-a"  # a real SAVE on the H200 test machine: its graphs and region record
 WARMUP = bytes(range(256)) * 256  # 64 KiB the warm-up left in the region
@@ -65,13 +64,6 @@ def temporaries(root: Path) -> list[Path]:
 
 def files(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
-
-
-@pytest.fixture(scope="module")
-def server():
-    started = CommandServer()
-    yield started
-    started.close()
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +127,7 @@ def _fresh(states, tmp_path: Path, name: str) -> Path:
     return path
 
 
-def _check_left(server, states, path: Path) -> str:
+def _check_left(cli, states, path: Path) -> str:
     """What a killed strip left is the original or the strip, verify passes, and a second strip finishes it."""
     digest = catalog_digest(path)
     assert digest in (states["before"], states["after"]), "the catalog is neither the original nor the strip"
@@ -144,7 +136,7 @@ def _check_left(server, states, path: Path) -> str:
             files(path) - {p for p in files(path) if p.endswith((".tmp", "session.stripped.json"))}
             == states["files_before"]
         ), "a file of the original went missing before the commit"
-    verified = server.run("archive", "verify", path)
+    verified = cli.run("archive", "verify", path)
     assert verified.rc == 0 and "all ok" in verified.stdout, str(verified)
     strip(Archive.open(path))
     assert catalog_digest(path) == states["after"]
@@ -162,7 +154,7 @@ def test_the_stripped_archive_names_no_removed_file(states):
     assert states["files_after"] - states["files_before"] == {"rank0/session.stripped.json"}
 
 
-def test_a_strip_killed_after_each_file_operation_leaves_the_original_or_the_strip(server, states, tmp_path):
+def test_a_strip_killed_after_each_file_operation_leaves_the_original_or_the_strip(cli, states, tmp_path):
     counted = _fresh(states, tmp_path, "counted")
     assert _in_child(lambda: _killed_after(None, counted)) == 0
     operations = int((tmp_path / "counted.ops").read_text())
@@ -171,11 +163,11 @@ def test_a_strip_killed_after_each_file_operation_leaves_the_original_or_the_str
     for n in range(1, operations + 1):
         path = _fresh(states, tmp_path, f"killed-{n}")
         assert _in_child(lambda p=path, k=n: _killed_after(k, p)) == -signal.SIGKILL, n
-        seen.add(_check_left(server, states, path))
+        seen.add(_check_left(cli, states, path))
     assert seen == {"original", "stripped"}  # kills on both sides of the commit
 
 
-def test_a_strip_killed_at_50_random_moments_leaves_the_original_or_the_strip(server, states, tmp_path):
+def test_a_strip_killed_at_50_random_moments_leaves_the_original_or_the_strip(cli, states, tmp_path):
     timing = _fresh(states, tmp_path, "timing")
     started = time.perf_counter()
     assert _in_child(lambda: strip(Archive.open(timing))) == 0
@@ -186,7 +178,7 @@ def test_a_strip_killed_at_50_random_moments_leaves_the_original_or_the_strip(se
         delay = draw.uniform(0.0005, took * 1.2)
         status = _in_child(lambda p=path, d=delay: _killed_at(d, p))
         assert status in (0, -signal.SIGKILL), status
-        _check_left(server, states, path)
+        _check_left(cli, states, path)
 
 
 def test_a_write_removes_the_temporaries_killed_writers_left(tmp_path):

@@ -3,7 +3,8 @@ field-by-field view the diff screen lays side by side.
 
 Pointer words are shown by target (``region+0x..``), scalar bytes as hex, so
 what two archives disagree on is visible without raw addresses getting in the
-way (the same semantic view the fingerprint and the diff pass use).
+way (the same semantic view the fingerprint and the diff pass use). Names from
+the archive are text, never markup, with control characters escaped.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from foundry.graphir.operands import WORD, Operand, OperandSite
 from foundry.graphir.passes.diff import FieldChange
 from foundry.inspect.lint import Finding, Severity
 from foundry.inspect.render import human_bytes
+from foundry.text import plain, printable
 
 KEY_STYLE = "bold"
 SECTION_STYLE = "bold underline"
@@ -39,8 +41,8 @@ def hex_bytes(data: bytes, group: int = 4) -> str:
 def location(operand: Operand) -> Text:
     """Where an operand points, red when it points nowhere known."""
     if operand.resolved:
-        return Text(operand.location(), style=OPERAND_STYLE)
-    return Text(operand.location(), style=UNRESOLVED_STYLE)
+        return plain(operand.location(), style=OPERAND_STYLE)
+    return plain(operand.location(), style=UNRESOLVED_STYLE)
 
 
 def _attr_value(attr: LaunchAttribute) -> str:
@@ -103,7 +105,7 @@ def _grid(rows: Iterable[tuple[str, RenderableType]]) -> Table:
     table.add_column(style=KEY_STYLE, no_wrap=True)
     table.add_column(overflow="fold")
     for key, value in rows:
-        table.add_row(key, value)
+        table.add_row(key, value if isinstance(value, Text) else plain(value))
     return table
 
 
@@ -122,7 +124,9 @@ def describe_node(
     """Everything the archive records about one node, for the node pane."""
     operands = ir.operands.of(node.id)
     parts: list[RenderableType] = [
-        Text.assemble((f"node {node.id}", "bold"), " · ", (str(node.kind), "bold magenta"), f" · rank {rank} {ir.name}")
+        Text.assemble(
+            (f"node {node.id}", "bold"), " · ", (str(node.kind), "bold magenta"), f" · rank {rank} {printable(ir.name)}"
+        )
     ]
     if isinstance(node, KernelNode):
         parts.extend(_kernel_parts(node, operands, claim))
@@ -151,14 +155,14 @@ def describe_node(
         parts.append(_section(f"Lint findings ({len(findings)})"))
         for f in findings:
             style = "red" if f.severity is Severity.ERROR else "yellow"
-            parts.append(Text.assemble((f"{f.severity.value:8}", style), f"{f.rule}: {f.message}"))
+            parts.append(Text.assemble((f"{f.severity.value:8}", style), printable(f"{f.rule}: {f.message}")))
     return Group(*parts)
 
 
 def _kernel_parts(node: KernelNode, operands: tuple[Operand, ...], claim: KernelMatch | None) -> list:
     kernel, launch = node.kernel, node.launch
     identity = [
-        ("name", Text(kernel.short_name, style="bold green")),
+        ("name", plain(kernel.short_name, style="bold green")),
         ("mangled", kernel.name),
         ("demangled", kernel.demangled),
         ("image", kernel.image or Text("not recorded (inspect and diff only)", style="dim")),
@@ -167,7 +171,7 @@ def _kernel_parts(node: KernelNode, operands: tuple[Operand, ...], claim: Kernel
         extra = "".join(
             [f", needs {claim.requires}" if claim.requires else "", ", relocatable" if claim.relocatable else ""]
         )
-        identity.append(("backend", Text(f"{claim.backend}: {claim.kind}{extra}", style="bold cyan")))
+        identity.append(("backend", plain(f"{claim.backend}: {claim.kind}{extra}", style="bold cyan")))
     attributes = ", ".join(f"{a.name}={_attr_value(a)}" for a in launch.attributes) or "defaults"
     funcs = ", ".join(f"{a.name}={a.value}" for a in node.func_attrs) or "none"
     launch_rows = [
@@ -209,7 +213,7 @@ def _kernel_parts(node: KernelNode, operands: tuple[Operand, ...], claim: Kernel
         cells = [str(index), str(slot.offset), str(slot.size), hex_bytes(data), value]
         if roles:
             role = roles.get(index)
-            cells.append(role.role if role else "")
+            cells.append(plain(role.role) if role else "")
         params.add_row(*cells)
     pointers = sum(1 for o in operands if o.site is OperandSite.PARAM)
     undefined = sum(length for _, length in node.undefined)

@@ -27,6 +27,7 @@ from foundry.graphir.graph import GraphIR
 from foundry.graphir.nodes import KernelNode, MemcpyNode, MemsetNode, Node, UnsupportedNode
 from foundry.inspect.lint import Finding, LintReport
 from foundry.inspect.summary import ArchiveSummary
+from foundry.text import printable
 
 KERNEL_COLUMN = 34  # characters of the kernel name shown in the node table
 
@@ -47,7 +48,7 @@ class OpenedArchive:
         archive = Archive.open(path)
         is_sample = text == SAMPLE_NAME or path.resolve() == sample_path().resolve()
         label = f"{SAMPLE_NAME} ({path.name})" if is_sample else (path.resolve().name or str(path))
-        return cls(archive, label)
+        return cls(archive, printable(label))
 
 
 @dataclass
@@ -122,7 +123,7 @@ class Cell:
     __slots__ = ("justify", "style", "text")
 
     def __init__(self, text: str, style: str = "", justify: JustifyMethod | None = None) -> None:
-        self.text, self.style, self.justify = text, style, justify
+        self.text, self.style, self.justify = printable(text), style, justify  # archive names: escaped
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         yield Text(self.text, style=self.style, justify=self.justify, no_wrap=True, overflow="ellipsis")

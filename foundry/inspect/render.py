@@ -1,4 +1,7 @@
-"""Rendering reports for people (rich tables). ``--json`` output skips this module."""
+"""Rendering reports for people (rich tables). ``--json`` output skips this module.
+
+Every string from an archive is printed as text (the CLI's console parses no markup)
+with its control characters escaped (:func:`foundry.text.printable`)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from foundry.graphir.regions import RegionKind
 from foundry.inspect.archive_diff import ArchiveDiff
 from foundry.inspect.lint import LintReport, Severity
 from foundry.inspect.summary import ArchiveSummary
+from foundry.text import printable as p
 
 
 def human_bytes(n: int) -> str:
@@ -27,16 +31,16 @@ def human_bytes(n: int) -> str:
 def render_summary(console: Console, s: ArchiveSummary, *, top: int = 15) -> None:
     cat = s.catalog
     env = cat["environment"]
-    console.print(f"[bold]Archive[/bold] {s.path}")
-    console.print(f"  format {cat['format_version']}, written by Foundry {cat['tool_version']} at {cat['created']}")
-    console.print(
+    console.print(Text.assemble(("Archive", "bold"), f" {p(s.path)}"))
+    console.print(p(f"  format {cat['format_version']}, written by Foundry {cat['tool_version']} at {cat['created']}"))
+    console.print(p(
         f"  {env['gpu_name']} (compute {env['compute_capability']}), driver {env['driver_version']}, "
         f"CUDA {env['cuda_version']}, torch {env.get('torch_version') or '-'}"
-    )
+    ))  # fmt: skip
     modules = cat["modules"]
     console.print(f"  world size {cat['world_size']}; module images: {modules['state']} ({modules['images']})")
     if cat["model"]:
-        console.print("  model: " + ", ".join(f"{k}={v}" for k, v in sorted(cat["model"].items())))
+        console.print(p("  model: " + ", ".join(f"{k}={v}" for k, v in sorted(cat["model"].items()))))
 
     graphs = Table(title="Graphs", title_justify="left")
     for col in ("rank", "graph", "shape", "nodes", "kinds", "collectives", "unresolved", "fingerprint"):
@@ -46,13 +50,13 @@ def render_summary(console: Console, s: ArchiveSummary, *, top: int = 15) -> Non
         coll = ", ".join(f"{k} {n}" for k, n in sorted(g.collectives.items())) or "-"
         graphs.add_row(
             str(g.rank),
-            g.name,
+            p(g.name),
             "-" if g.shape_key is None else str(g.shape_key),
             str(g.nodes),
             kinds,
-            coll,
+            p(coll),
             Text(str(len(g.unresolved)), style="red" if g.unresolved else ""),
-            g.fingerprint.split(":")[-1][:12],
+            p(g.fingerprint.split(":")[-1][:12]),
         )
     console.print(graphs)
 
@@ -69,7 +73,7 @@ def render_summary(console: Console, s: ArchiveSummary, *, top: int = 15) -> Non
     kernels.add_column("variants", justify="right")
     kernels.add_column("kernel")
     for name, counts in ranked[:top]:
-        kernels.add_row(str(sum(counts)), str(len(counts)), name)
+        kernels.add_row(str(sum(counts)), str(len(counts)), p(name))
     console.print(kernels)
 
     collectives = s.collectives
@@ -78,7 +82,7 @@ def render_summary(console: Console, s: ArchiveSummary, *, top: int = 15) -> Non
         table.add_column("kind")
         table.add_column("count", justify="right")
         for kind, count in sorted(collectives.items()):
-            table.add_row(kind, str(count))
+            table.add_row(p(kind), str(count))
         console.print(table)
     else:
         console.print("Collectives: none")
@@ -88,7 +92,7 @@ def render_summary(console: Console, s: ArchiveSummary, *, top: int = 15) -> Non
         regions.add_column(col, justify="right" if col in ("size", "graphs", "operands") else "left")
     ordered = sorted(s.regions.items(), key=lambda kv: (kv[1]["kind"] == RegionKind.TENSOR, kv[0]))
     for name, row in ordered[:top]:
-        regions.add_row(name, row["kind"], human_bytes(row["size"]), str(row["graphs"]), str(row["operands"]))
+        regions.add_row(p(name), row["kind"], human_bytes(row["size"]), str(row["graphs"]), str(row["operands"]))
     if len(ordered) > top:
         regions.add_row(f"... {len(ordered) - top} more (--json lists all)", "", "", "", "")
     console.print(regions)
@@ -103,7 +107,7 @@ def render_summary(console: Console, s: ArchiveSummary, *, top: int = 15) -> Non
         table.add_column(col)
     for u in unresolved[:top]:
         where = f"param {u['param']}+{u['offset']}" if u["param"] >= 0 else u["site"]
-        table.add_row(str(u["rank"]), u["graph"], str(u["node"]), where, u["value"])
+        table.add_row(str(u["rank"]), p(u["graph"]), str(u["node"]), where, u["value"])
     console.print(table)
 
 
@@ -121,16 +125,16 @@ def _render_restore(console: Console, s: ArchiveSummary) -> None:
             f"{region['late_allocations']} late); warm-up bytes {warm}; {facts['images']} images"
         )
         if facts["globals_written"]:
-            console.print("  device globals the application set: " + ", ".join(facts["globals_written"]))
+            console.print("  device globals the application set: " + p(", ".join(facts["globals_written"])))
         if facts["globals_per_process"]:
             console.print("  device globals holding host addresses of the process (LOAD needs the application's "
-                          "own loaded copy): " + ", ".join(facts["globals_per_process"]))  # fmt: skip
+                          "own loaded copy): " + p(", ".join(facts["globals_per_process"])))  # fmt: skip
         if facts["globals_unknown"]:
-            console.print("  images whose globals are unknown: " + ", ".join(facts["globals_unknown"]))
+            console.print("  images whose globals are unknown: " + p(", ".join(facts["globals_unknown"])))
     rng = [g.name for g in s.graphs if g.rng]
     undefined = sum(g.undefined_bytes for g in s.graphs)
     if rng or undefined:
-        console.print(f"  graphs drawing random numbers: {', '.join(rng) or 'none'}; "
+        console.print(f"  graphs drawing random numbers: {p(', '.join(rng)) or 'none'}; "
                       f"undefined parameter bytes (ignored by fingerprints): {undefined}")  # fmt: skip
     planned = sum(g.plan for g in s.graphs)
     if s.restore:
@@ -143,10 +147,10 @@ def render_lint(console: Console, report: LintReport, *, strict: bool = False) -
         style = "red" if f.severity is Severity.ERROR else "yellow"
         where = f"rank {f.rank} {f.graph}" + (f" node {f.node}" if f.node is not None else "")
         console.print(
-            Text.assemble((f"{f.severity.value:7}", style), f" {f.rule}: {where}: {f.message}"), soft_wrap=True
+            Text.assemble((f"{f.severity.value:7}", style), p(f" {f.rule}: {where}: {f.message}")), soft_wrap=True
         )
     for e in report.expectations:
-        scope = f"rank {e.rank} {e.graph}" if e.graph is not None else "total"
+        scope = p(f"rank {e.rank} {e.graph}") if e.graph is not None else "total"
         mark = ("ok  ", "green") if e.ok else ("FAIL", "red")
         console.print(
             Text.assemble((mark[0], mark[1]), f" {e.kind}={e.expected} in {scope}: found {e.found}"), soft_wrap=True
@@ -168,23 +172,23 @@ def render_mark_differences(console: Console, g: GraphDiff, limit: int = 5) -> N
     """Which kernels' undefined bytes the two SAVEs marked differently."""
     if not g.marks_differ:  # the same bytes, recorded as other runs: nothing to name
         return
-    console.print(f"    rank {g.rank} {g.name}: {len(g.marks_differ)} node(s) marked differently",
+    console.print(f"    rank {g.rank} {p(g.name)}: {len(g.marks_differ)} node(s) marked differently",
                   markup=False, soft_wrap=True)  # fmt: skip
     for m in g.marks_differ[:limit]:
-        console.print(f"      node {m.node} {m.label}: {m.only_a} byte(s) undefined in A only, {m.only_b} in B only",
+        console.print(f"      node {m.node} {p(m.label)}: {m.only_a} byte(s) undefined in A only, {m.only_b} in B only",
                       markup=False, soft_wrap=True)  # fmt: skip
     if len(g.marks_differ) > limit:
         console.print(f"      ... and {len(g.marks_differ) - limit} more (--json lists every one)")
 
 
 def render_diff(console: Console, d: ArchiveDiff) -> None:
-    console.print(f"[bold]A[/bold] {d.a}\n[bold]B[/bold] {d.b}")
+    console.print(Text.assemble(("A", "bold"), f" {p(d.a)}\n", ("B", "bold"), f" {p(d.b)}"))
     if d.environment:
         table = Table(title="Environment and catalog", title_justify="left")
         for col in ("field", "A", "B"):
             table.add_column(col)
         for c in d.environment:
-            table.add_row(c.field, c.a, c.b)
+            table.add_row(p(c.field), p(c.a), p(c.b))
         console.print(table)
     counts = {s: sum(g.status is s for g in d.graphs) for s in Status}
     console.print("Graphs: " + ", ".join(f"{n} {s.value.replace('_', ' ')}" for s, n in counts.items()))
@@ -197,10 +201,12 @@ def render_diff(console: Console, d: ArchiveDiff) -> None:
     for g in d.graphs:
         if g.status is Status.SAME:
             continue
-        console.print(f"\n[bold]rank {g.rank} {g.name}[/bold]: {g.status.value.replace('_', ' ')}")
+        console.print(
+            Text.assemble("\n", (f"rank {g.rank} {p(g.name)}", "bold"), f": {g.status.value.replace('_', ' ')}")
+        )
         if g.status is not Status.CHANGED:
             continue
-        console.print(f"  fingerprint A {g.fingerprint_a}\n  fingerprint B {g.fingerprint_b}")
+        console.print(f"  fingerprint A {p(g.fingerprint_a)}\n  fingerprint B {p(g.fingerprint_b)}")
         if not (g.nodes or g.edges_only_a or g.edges_only_b):
             console.print(
                 "  no field differs, yet the graphs do not fingerprint alike (a recorded fingerprint "
@@ -209,22 +215,22 @@ def render_diff(console: Console, d: ArchiveDiff) -> None:
         for n in g.nodes:
             ids = f"A:{'-' if n.a is None else n.a} B:{'-' if n.b is None else n.b}"
             if n.status is Status.CHANGED:
-                console.print(f"  ~ {ids} {n.label}")
+                console.print(f"  ~ {ids} {p(n.label)}")
                 for c in n.changes:
-                    console.print(f"      {c.field}: [red]{c.a}[/red] -> [green]{c.b}[/green]")
+                    console.print(Text.assemble(f"      {p(c.field)}: ", (p(c.a), "red"), " -> ", (p(c.b), "green")))
             else:
                 sign, style = ("-", "red") if n.status is Status.ONLY_A else ("+", "green")
-                console.print(f"  [{style}]{sign} {ids} {n.label} (only in {'A' if sign == '-' else 'B'})[/{style}]")
+                console.print(Text(f"  {sign} {ids} {p(n.label)} (only in {'A' if sign == '-' else 'B'})", style=style))
         for src, dst in g.edges_only_a:
-            console.print(f"  [red]- edge A {src} -> {dst}[/red]")
+            console.print(Text(f"  - edge A {src} -> {dst}", style="red"))
         for src, dst in g.edges_only_b:
-            console.print(f"  [green]+ edge B {src} -> {dst}[/green]")
+            console.print(Text(f"  + edge B {src} -> {dst}", style="green"))
     rebuilt = d.rebuilt_kernels  # derived from every node change: read once
     if rebuilt:
         console.print(f"\n{len(rebuilt)} kernel(s) differ only in nvcc's per-compilation anonymous-namespace "
                       f"id: the same source built twice, as a JIT compiler does on each machine (SGLang's own "
                       f"kernels do). SAVE both archives with one build to compare them: "
-                      f"{', '.join(rebuilt)}", markup=False)  # fmt: skip
+                      f"{p(', '.join(rebuilt))}", markup=False)  # fmt: skip
     console.print("\n" + ("identical" if d.identical else "archives differ"))
 
 
@@ -256,7 +262,7 @@ def node_rows(ir: GraphIR) -> list[dict[str, object]]:
 
 
 def render_nodes(console: Console, ir: GraphIR) -> None:
-    table = Table(title=f"{ir.name}: {len(ir)} nodes, {ir.edge_count()} edges", title_justify="left")
+    table = Table(title=f"{p(ir.name)}: {len(ir)} nodes, {ir.edge_count()} edges", title_justify="left")
     for col in ("id", "kind", "kernel / detail", "grid", "block", "smem", "param B"):
         wide = col == "kernel / detail"
         table.add_column(
@@ -276,11 +282,11 @@ def render_nodes(console: Console, ir: GraphIR) -> None:
         table.add_row(
             str(row["id"]),
             str(row["kind"]),
-            str(row.get("kernel", "")),
+            p(row.get("kernel", "")),
             grid,
             block,
             str(row.get("shared_mem", "-")),
             str(row.get("params", "-")),
-            shown or "-",
+            p(shown) or "-",
         )
     console.print(table)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from foundry.text import plain
 from foundry.tui.describe import describe_node
 from foundry.tui.model import (
     LoadedGraph,
@@ -207,7 +208,7 @@ class BrowseScreen(Screen):
         self.wanted = (rank, entry.name)
         self.matches = []
         table = self.node_table
-        table.border_title = f"Nodes · rank {rank} {entry.name}"
+        table.border_title = plain(f"Nodes · rank {rank} {entry.name}")
         table.border_subtitle = "loading..."
         table.loading = True
         self._load(rank, entry)
@@ -462,7 +463,7 @@ class BrowseScreen(Screen):
     def on_browse_screen_exported(self, message: BrowseScreen.Exported) -> None:
         if message.error:
             self.status.say(message.error, style="red")
-            self.notify(message.error, severity="error")
+            self.notify(message.error, severity="error", markup=False)
         else:
             self.status.say(f"wrote {message.path}", style="green")
-            self.notify(f"wrote {message.path}", title="Export")
+            self.notify(f"wrote {message.path}", title="Export", markup=False)

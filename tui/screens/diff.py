@@ -26,6 +26,7 @@ from foundry.errors import FoundryError
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.passes.diff import GraphDiff, NodeDiff, Status
 from foundry.inspect.archive_diff import ArchiveDiff, diff_archives
+from foundry.text import plain
 
 
 class DiffScreen(Screen):
@@ -151,7 +152,7 @@ class DiffScreen(Screen):
         self.graph = graph
         table = self.query_one(NodeDiffTable)
         compare = self.query_one(NodeCompare)
-        table.border_title = f"Nodes that differ · rank {graph.rank} {graph.name}"
+        table.border_title = plain(f"Nodes that differ · rank {graph.rank} {graph.name}")
         if graph.status is Status.CHANGED:
             table.show(graph)
             edges = len(graph.edges_only_a) + len(graph.edges_only_b)

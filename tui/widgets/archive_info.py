@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from rich.table import Table
-from rich.text import Text
 from textual.widgets import Static
 
 from foundry.archive.schema import Catalog
+from foundry.text import plain
 
 
 def catalog_table(catalog: Catalog) -> Table:
@@ -14,16 +14,16 @@ def catalog_table(catalog: Catalog) -> Table:
     table = Table.grid(padding=(0, 1))
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
-    table.add_row("gpu", env.gpu_name)
-    table.add_row("sm", env.compute_capability)
-    table.add_row("cuda", env.cuda_version)
-    table.add_row("driver", env.driver_version)
-    table.add_row("torch", env.torch_version or "-")
+    table.add_row("gpu", plain(env.gpu_name))
+    table.add_row("sm", plain(env.compute_capability))
+    table.add_row("cuda", plain(env.cuda_version))
+    table.add_row("driver", plain(env.driver_version))
+    table.add_row("torch", plain(env.torch_version or "-"))
     table.add_row("world", str(catalog.world_size))
     table.add_row("modules", f"{catalog.modules.state.value} ({len(catalog.modules.blobs)})")
     model = catalog.model.get("model")
     if model:
-        table.add_row("model", Text(model, style="green"))
+        table.add_row("model", plain(model, style="green"))
     return table
 
 

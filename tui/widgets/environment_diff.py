@@ -7,6 +7,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from foundry.graphir.passes.diff import FieldChange
+from foundry.text import plain
 
 
 class EnvironmentDiff(Static):
@@ -26,5 +27,5 @@ class EnvironmentDiff(Static):
         table.add_column("A", overflow="fold", style="red")
         table.add_column("B", overflow="fold", style="green")
         for c in changes:
-            table.add_row(c.field.removeprefix("environment."), c.a, c.b)
+            table.add_row(plain(c.field.removeprefix("environment.")), plain(c.a), plain(c.b))
         self.update(table)

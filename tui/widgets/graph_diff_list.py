@@ -8,6 +8,7 @@ from textual.widgets import DataTable
 
 from foundry.graphir.passes.diff import GraphDiff, Status
 from foundry.inspect.archive_diff import ArchiveDiff
+from foundry.text import plain
 
 STATUS_TEXT = {
     Status.SAME: ("same", "dim"),
@@ -57,7 +58,7 @@ class GraphDiffList(DataTable):
         for g in self.graphs:
             nodes = str(len(g.nodes)) if g.status is Status.CHANGED else ""
             name = f"{g.rank}:{g.name}" if ranked else g.name
-            self.add_row(status_text(g.status), name, Text(nodes, justify="right"))
+            self.add_row(status_text(g.status), plain(name), Text(nodes, justify="right"))
 
     @property
     def current(self) -> GraphDiff | None:

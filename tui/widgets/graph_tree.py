@@ -13,6 +13,7 @@ from textual.widgets.tree import TreeNode
 from foundry.archive.reader import Archive
 from foundry.archive.schema import GraphEntry
 from foundry.errors import FoundryError
+from foundry.text import printable
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class GraphItem:
 
 
 def graph_label(entry: GraphEntry) -> Text:
-    return Text.assemble(entry.name, (f" {entry.nodes}", "dim"))
+    return Text.assemble(printable(entry.name), (f" {entry.nodes}", "dim"))
 
 
 class GraphTree(Tree[RankItem | GraphItem]):

@@ -19,6 +19,7 @@ from textual.widgets import Static
 
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.passes.diff import NodeDiff, Status
+from foundry.text import plain, printable
 
 A_STYLE = "bold red"
 B_STYLE = "bold green"
@@ -100,20 +101,22 @@ class NodeCompare(VerticalScroll, can_focus=True):
             if row.differs:
                 table.add_row(
                     Text("≠", style="bold yellow"),
-                    Text(row.label, style="bold yellow"),
-                    Text(row.a, style=A_STYLE),
-                    Text(row.b, style=B_STYLE),
+                    plain(row.label, style="bold yellow"),
+                    plain(row.a, style=A_STYLE),
+                    plain(row.b, style=B_STYLE),
                     style=DIFF_ROW,
                 )
             else:  # equal fields take one line each
-                table.add_row("", row.label, _one_line(row.a), _one_line(row.b))
-        parts: list[RenderableType] = [Text.assemble((node.label, "bold"), f"  A:{a_id}  B:{b_id}")]
+                table.add_row("", plain(row.label), _one_line(row.a), _one_line(row.b))
+        parts: list[RenderableType] = [Text.assemble((printable(node.label), "bold"), f"  A:{a_id}  B:{b_id}")]
         if node.changes:
             changes = Table.grid(padding=(0, 1))
             changes.add_column(style="bold yellow", no_wrap=True)
             changes.add_column(overflow="fold")
             for c in node.changes:
-                changes.add_row(c.field, Text.assemble((c.a, A_STYLE), " -> ", (c.b, B_STYLE)))
+                changes.add_row(
+                    plain(c.field), Text.assemble((printable(c.a), A_STYLE), " -> ", (printable(c.b), B_STYLE))
+                )
             parts.append(changes)
         elif node.status is not Status.CHANGED:
             parts.append(Text(f"only in {'A' if node.status is Status.ONLY_A else 'B'}", style="bold"))
@@ -122,4 +125,4 @@ class NodeCompare(VerticalScroll, can_focus=True):
 
 
 def _one_line(value: str) -> Text:
-    return Text(value, no_wrap=True, overflow="ellipsis", style="dim")
+    return Text(printable(value), no_wrap=True, overflow="ellipsis", style="dim")

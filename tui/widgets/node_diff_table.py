@@ -9,6 +9,7 @@ from textual.message import Message
 from textual.widgets import DataTable
 
 from foundry.graphir.passes.diff import GraphDiff, NodeDiff, Status
+from foundry.text import plain
 
 MARKS = {Status.CHANGED: ("~", "bold yellow"), Status.ONLY_A: ("-", "bold red"), Status.ONLY_B: ("+", "bold green")}
 
@@ -68,8 +69,8 @@ class NodeDiffTable(DataTable):
                 Text(mark, style=style),
                 Text("-" if node.a is None else str(node.a), justify="right"),
                 Text("-" if node.b is None else str(node.b), justify="right"),
-                node.label,
-                Text(changed_fields(node), style="yellow" if node.status is Status.CHANGED else style),
+                plain(node.label),
+                plain(changed_fields(node), style="yellow" if node.status is Status.CHANGED else style),
             )
         for side, edges, style in (("A", graph.edges_only_a, "red"), ("B", graph.edges_only_b, "green")):
             for src, dst in edges:

@@ -7,6 +7,8 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
+from foundry.text import printable
+
 
 class NodePane(VerticalScroll, can_focus=True):
     """Shows one node's description (:func:`foundry.tui.describe.describe_node`),
@@ -37,4 +39,4 @@ class NodePane(VerticalScroll, can_focus=True):
     def show_error(self, title: str, message: str) -> None:
         """A readable error in place of the node (never a traceback)."""
         self.node_id, self.error = None, message
-        self._set(Text.assemble((title, "bold red"), "\n\n", (message, "red")))
+        self._set(Text.assemble((printable(title), "bold red"), "\n\n", (printable(message), "red")))

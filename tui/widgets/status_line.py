@@ -5,6 +5,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from foundry.text import printable
+
 
 class StatusLine(Static):
     """The last outcome of a search, jump or export; ``text`` holds it as plain text."""
@@ -18,7 +20,7 @@ class StatusLine(Static):
         """Show ``text``; a ``hint`` may be replaced by a later hint, never an outcome by a hint."""
         self.text = text
         self.is_hint = hint
-        self.update(Text(text, style=style or ("dim" if hint else "")))
+        self.update(Text(printable(text), style=style or ("dim" if hint else "")))  # names from archives inside
 
     def hint(self, text: str) -> None:
         """Show ``text`` unless the line holds the outcome of something the user did."""

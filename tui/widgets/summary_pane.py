@@ -19,6 +19,7 @@ from foundry.graphir.regions import RegionKind
 from foundry.inspect.lint import LintReport, Severity
 from foundry.inspect.render import human_bytes
 from foundry.inspect.summary import ArchiveSummary
+from foundry.text import plain, printable
 
 MAX_FINDINGS = 500  # rows of the findings table; the rest is counted
 
@@ -51,14 +52,14 @@ def summary_renderables(summary: ArchiveSummary) -> list[RenderableType]:
         ("kernel", "left"),
     )
     for short, counts in ranked:
-        kernels.add_row(str(sum(counts)), str(len(counts)), short)
+        kernels.add_row(str(sum(counts)), str(len(counts)), plain(short))
     parts.append(kernels)
 
     collectives = summary.collectives
     if collectives:
         table = _table("Collectives by kind", ("kind", "left"), ("count", "right"))
         for kind, count in sorted(collectives.items()):
-            table.add_row(Text(kind, style="cyan"), str(count))
+            table.add_row(plain(kind, style="cyan"), str(count))
         parts.append(table)
     else:
         parts.append(Text.assemble(("Collectives by kind", "bold"), ": none"))
@@ -73,7 +74,7 @@ def summary_renderables(summary: ArchiveSummary) -> list[RenderableType]:
     )
     ordered = sorted(summary.regions.items(), key=lambda kv: (kv[1]["kind"] == RegionKind.TENSOR, kv[0]))
     for name, row in ordered:
-        regions.add_row(name, row["kind"], human_bytes(row["size"]), str(row["graphs"]), str(row["operands"]))
+        regions.add_row(plain(name), row["kind"], human_bytes(row["size"]), str(row["graphs"]), str(row["operands"]))
     parts.append(regions)
 
     unresolved = summary.unresolved
@@ -81,7 +82,9 @@ def summary_renderables(summary: ArchiveSummary) -> list[RenderableType]:
         table = _table(f"Unresolved pointers ({len(unresolved)})", *[(c, "left") for c in ("graph", "node", "where")])
         for u in unresolved[:MAX_FINDINGS]:
             where = f"param {u['param']}+{u['offset']}" if u["param"] >= 0 else u["site"]
-            table.add_row(f"rank {u['rank']} {u['graph']}", str(u["node"]), Text(f"{where} = {u['value']}", "red"))
+            table.add_row(
+                plain(f"rank {u['rank']} {u['graph']}"), str(u["node"]), Text(f"{where} = {u['value']}", "red")
+            )
         parts.append(table)
     else:
         parts.append(Text.assemble(("Unresolved pointers", "bold"), ": none"))
@@ -106,7 +109,7 @@ def lint_renderables(report: LintReport) -> list[RenderableType]:
     for f in report.findings[:MAX_FINDINGS]:
         style = "red" if f.severity is Severity.ERROR else "yellow"
         where = f"rank {f.rank} {f.graph}" + (f" node {f.node}" if f.node is not None else "")
-        table.add_row(Text(f.severity.value, style=style), f.rule, where, f.message)
+        table.add_row(Text(f.severity.value, style=style), plain(f.rule), plain(where), plain(f.message))
     parts: list[RenderableType] = [head, table]
     if len(report.findings) > MAX_FINDINGS:
         parts.append(Text(f"... {len(report.findings) - MAX_FINDINGS} more findings", style="dim"))
@@ -137,7 +140,7 @@ class SummaryPane(VerticalScroll, can_focus=True):
         elif "lint" not in self.errors:
             parts.append(Text("Lint: running...", style="dim"))
         for what, error in self.errors.items():
-            parts.append(Text.assemble((f"{what.capitalize()} unavailable: ", "bold red"), (error, "red")))
+            parts.append(Text.assemble((f"{what.capitalize()} unavailable: ", "bold red"), (printable(error), "red")))
         self.shown = Group(*parts)
         self.query_one("#summary-body", Static).update(self.shown)
 

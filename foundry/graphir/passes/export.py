@@ -2,7 +2,9 @@
 
 Both carry the same flat view: scalar attributes only (strings and ints), so
 ``networkx.read_graphml`` gives back exactly :func:`flat_view`. Addresses are
-hex strings: they do not fit GraphML's signed 64-bit ``long``.
+hex strings: they do not fit GraphML's signed 64-bit ``long``. Names from the
+archive have their control characters escaped: XML cannot hold them, and an
+export written to a terminal must not drive it.
 """
 
 from __future__ import annotations
@@ -14,18 +16,19 @@ import networkx as nx
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.nodes import KernelNode, MemcpyNode, MemsetNode
 from foundry.graphir.passes.diff import node_label
+from foundry.text import printable
 
 FORMATS = ("graphml", "dot")
 
 
 def _node_attrs(ir: GraphIR, node_id: int) -> dict[str, str | int]:
     node = ir.node(node_id)
-    attrs: dict[str, str | int] = {"kind": str(node.kind), "label": node_label(node)}
+    attrs: dict[str, str | int] = {"kind": str(node.kind), "label": printable(node_label(node))}
     if isinstance(node, KernelNode):
         attrs.update(
-            kernel=node.kernel.name,
-            demangled=node.kernel.demangled,
-            image=node.kernel.image or "",
+            kernel=printable(node.kernel.name),
+            demangled=printable(node.kernel.demangled),
+            image=printable(node.kernel.image or ""),
             grid=",".join(map(str, node.launch.grid)),
             block=",".join(map(str, node.launch.block)),
             shared_mem=node.launch.shared_mem,
@@ -37,13 +40,15 @@ def _node_attrs(ir: GraphIR, node_id: int) -> dict[str, str | int]:
         attrs.update(dst=hex(node.dst), value=node.value, element_size=node.element_size, width=node.width)
     operands = ir.operands.of(node_id)
     if operands:
-        attrs["operands"] = ";".join(f"{o.site.value}[{o.param}]+{o.offset}={o.location()}" for o in operands)
+        attrs["operands"] = printable(
+            ";".join(f"{o.site.value}[{o.param}]+{o.offset}={o.location()}" for o in operands)
+        )
     return attrs
 
 
 def flat_view(ir: GraphIR) -> nx.DiGraph:
     """The graph with scalar attributes only, as exported."""
-    flat = nx.DiGraph(name=ir.name)
+    flat = nx.DiGraph(name=printable(ir.name))
     for node in ir.nodes():
         flat.add_node(node.id, **_node_attrs(ir, node.id))
     for edge in ir.edges():
@@ -65,7 +70,7 @@ def _dot_quote(value: object) -> str:
 def to_dot(ir: GraphIR) -> str:
     """Graphviz DOT: one box per node labelled ``id: kernel``; programmatic edges dashed."""
     flat = flat_view(ir)
-    lines = [f"digraph {_dot_quote(ir.name)} {{", "  node [shape=box, fontname=monospace];"]
+    lines = [f"digraph {_dot_quote(printable(ir.name))} {{", "  node [shape=box, fontname=monospace];"]
     for node_id, attrs in flat.nodes(data=True):
         label = f"{node_id}: {attrs['label']}"
         extra = ", ".join(f"{k}={_dot_quote(v)}" for k, v in attrs.items() if k not in ("label", "params"))

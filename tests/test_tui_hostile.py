@@ -1,0 +1,74 @@
+"""``foundry-tui`` on hostile archives (Pilot): names holding markup and terminal escapes are
+shown as text in every pane, and a damaged archive is an error in the pane, never a crash."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from foundry.archive.sample import sample_path
+from foundry.tui.screens.browse import BrowseScreen
+from foundry.tui.screens.diff import DiffScreen
+from foundry.tui.widgets.environment_diff import EnvironmentDiff
+from foundry.tui.widgets.graph_tree import GraphTree
+from foundry.tui.widgets.node_compare import NodeCompare
+from foundry.tui.widgets.node_diff_table import NodeDiffTable
+from foundry.tui.widgets.node_pane import NodePane
+from foundry.tui.widgets.node_table import NodeTable
+from foundry.tui.widgets.status_line import StatusLine
+from foundry.tui.widgets.summary_pane import SummaryPane
+
+from .hostile import CONTROL, hostile_names
+from .test_tui import SIZE, app_for, pilot_test, plain, press, settle
+
+MARKUP = "[/][/bold]"
+ESCAPED = "\\x1b[2J\\x1b]0;all ok\\x07\\u202e"
+
+
+def shows_as_text(text: str) -> None:
+    assert not CONTROL.search(text.replace("\n", "")), repr(text[:400])
+    assert MARKUP in text and ESCAPED in text, text[:2000]
+
+
+@pilot_test
+async def test_browse_shows_hostile_names_as_text(tmp_path):
+    app = app_for(hostile_names(tmp_path / "hostile"))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = app.screen
+        assert isinstance(screen, BrowseScreen)
+        tree = screen.query_one(GraphTree)
+        shows_as_text(str(tree.root.children[0].children[0].label))
+        table = screen.query_one(NodeTable)
+        assert table.row_count == 155
+        shows_as_text(Text.from_markup(table.border_title).plain)  # the title reads back as markup
+        await press(pilot, "enter", "enter")  # into the nodes; node 0 (its kernel renamed) in the pane
+        pane = screen.query_one(NodePane)
+        assert pane.node_id == 0 and pane.error is None
+        shows_as_text(plain(pane.shown))
+        await press(pilot, "s")
+        summary = screen.query_one(SummaryPane)
+        assert summary.summary is not None and summary.lint is not None
+        shows_as_text(plain(summary.shown))
+        await press(pilot, "/", *"bold", "enter")
+        assert "match 1 of" in screen.query_one(StatusLine).text
+        await press(pilot, "escape", "escape", "down")  # the next graph, its kernel renamed too
+        assert table.graph.entry.name == "decode.bs2"
+        assert isinstance(app.screen, BrowseScreen)
+
+
+@pilot_test
+async def test_diff_shows_hostile_names_as_text(tmp_path):
+    app = app_for(hostile_names(tmp_path / "hostile"), sample_path())
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = app.screen
+        assert isinstance(screen, DiffScreen) and screen.diff is not None
+        environment = screen.query_one(EnvironmentDiff)
+        assert environment.changes
+        shows_as_text(plain(environment.content))
+        nodes = screen.query_one(NodeDiffTable)
+        while "decode.bs2" not in Text.from_markup(nodes.border_title or "").plain:  # its kernel was renamed
+            await press(pilot, "n")
+        assert nodes.row_count >= 1
+        shows_as_text(plain(screen.query_one(NodeCompare).shown))
+        shows_as_text(plain(nodes.get_row_at(0)[3], width=2000))
