@@ -19,7 +19,8 @@ from foundry.archive.sample import sample_path
 from foundry.archive.schema import CATALOG_FILE
 
 from .archive_tools import edit_json
-from .hostile import CONTROL, HOSTILE, assert_clean_output, assert_refused, hostile_names
+from .conftest import FIXTURES
+from .hostile import CONTROL, HOSTILE, assert_clean_output, assert_refused, edit_document, first_kernel, hostile_names
 
 SAMPLE = sample_path()
 RENAMED = "decode" + HOSTILE
@@ -89,3 +90,84 @@ def test_the_error_line_escapes_what_the_archive_wrote(cli, tmp_path):
     edit_json(path / "rank0" / "session.json", lambda s: s["graphs"][0].update(file=f"../{HOSTILE}"), root=path)
     line = assert_refused(cli.run("archive", "inspect", path), match="stay inside the archive")
     assert not CONTROL.search(line) and "[/][/bold]" in line
+
+
+# -- 3: non-finite and out-of-range numbers ---------------------------------------------------------
+
+
+def _window(base_ptr: object = 0x7F0000001000, hit_ratio: object = 0.5) -> list:
+    return ["access_policy_window", {"base_ptr": base_ptr, "num_bytes": 4096, "hit_ratio": hit_ratio, "hit_prop": 1,
+                                     "miss_prop": 0}]  # fmt: skip
+
+
+def _with_window(window: list):
+    """Node 0 gets an access policy window, and the operand manifest its pointer (as lowering records it)."""
+
+    def edit(d: dict) -> None:
+        first_kernel(d)["launch"]["attributes"].append(window)
+        columns = d["operands"]
+        for name, value in (("node", 0), ("site", "attr.access_policy_window"), ("param", -1), ("offset", 0),
+                            ("value", 0x7F0000001000), ("region", -1), ("region_offset", 0)):  # fmt: skip
+            columns[name].insert(0, value)
+
+    return edit
+
+
+def _memset_of_3_byte_elements(d: dict) -> None:
+    d["nodes"][1] = {"type": "memset", "id": 1, "dst": 4096, "value": 0, "element_size": 3, "width": 8}
+
+
+def _unknown_attribute(d: dict) -> None:
+    first_kernel(d)["launch"]["attributes"].append(["launch_completion_event", 1])
+
+
+NUMBERS = {
+    "nan address": (_with_window(_window(base_ptr=float("nan"))), r"access_policy_window"),
+    "infinite hit ratio": (_with_window(_window(hit_ratio=float("inf"))), r"access_policy_window"),
+    "float address": (_with_window(_window(base_ptr=1.5e12)), r"access_policy_window"),
+    "negative operand": (lambda d: d["operands"]["value"].__setitem__(0, -8), r"operands\.value"),
+    "region past 2^63": (lambda d: d["regions"][0].update(base=1 << 63), r"regions\[0\]\.base"),
+    "grid of 0": (lambda d: first_kernel(d)["launch"].update(grid=[0, 1, 1]), r"launch\.grid"),
+    "memset of 3-byte elements": (_memset_of_3_byte_elements, r"element_size"),
+    "edge port 300": (lambda d: d["edges"][0].__setitem__(2, [300, 0, 0]), r"edges\[0\]"),
+    "unknown attribute": (_unknown_attribute, "unknown launch attribute"),
+}
+READERS = [
+    ["archive", "inspect"],
+    ["archive", "verify"],
+    ["graph", "lint"],
+    ["graph", "show", "{path}", "decode.bs1"],
+    ["graph", "export", "{path}", "decode.bs1", "--format", "graphml"],
+]
+
+
+def _argv(command: list[str], path: Path) -> list[str]:
+    return [a.format(path=path) for a in command] if "{path}" in command else [*command, str(path)]
+
+
+@pytest.mark.parametrize("case", sorted(NUMBERS))
+def test_non_finite_and_out_of_range_numbers_are_refused_by_field(cli, tmp_path, case):
+    edit, field = NUMBERS[case]
+    path = copy(tmp_path)
+    edit_document(path, "decode.bs1", edit)
+    for command in READERS:
+        assert_refused(cli.run(*_argv(command, path)), match=field)
+    assert_refused(cli.run("archive", "verify", path, "--json"), match=field)
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda s: s["region"].update(base=-4096), "region.base"),
+        (lambda s: s["region"].update(final_offset=1.5), "region.final_offset"),
+        (lambda s: s["region"].update(size=1 << 70), "region.size"),
+        (lambda s: s["region"]["trace"][0].__setitem__(4, "later"), r"region.trace\[0\]"),
+        (lambda s: s["graphs"][0].update(shape_key=1 << 64), r"graphs\[0\].shape_key"),
+        (lambda s: s["backends"].append({"backend": "vmm", "version": 1 << 40, "record": {}}), r"backends\[0\]"),
+    ],
+)  # fmt: skip
+def test_out_of_range_session_numbers_are_refused_by_field(cli, tmp_path, edit, field):
+    path = copy(tmp_path, FIXTURES / "saveload-a")
+    edit_json(path / "rank0" / "session.json", edit, root=path)
+    for command in (["archive", "inspect"], ["archive", "verify"], ["graph", "lint"]):
+        assert_refused(cli.run(*command, path), match=field)

@@ -3,6 +3,8 @@ shown as text in every pane, and a damaged archive is an error in the pane, neve
 
 from __future__ import annotations
 
+import shutil
+
 from rich.text import Text
 
 from foundry.archive.sample import sample_path
@@ -17,7 +19,8 @@ from foundry.tui.widgets.node_table import NodeTable
 from foundry.tui.widgets.status_line import StatusLine
 from foundry.tui.widgets.summary_pane import SummaryPane
 
-from .hostile import CONTROL, hostile_names
+from .hostile import CONTROL, edit_document, hostile_names
+from .test_hostile import _window, _with_window
 from .test_tui import SIZE, app_for, pilot_test, plain, press, settle
 
 MARKUP = "[/][/bold]"
@@ -72,3 +75,20 @@ async def test_diff_shows_hostile_names_as_text(tmp_path):
         assert nodes.row_count >= 1
         shows_as_text(plain(screen.query_one(NodeCompare).shown))
         shows_as_text(plain(nodes.get_row_at(0)[3], width=2000))
+
+
+@pilot_test
+async def test_a_nan_launch_attribute_is_an_error_in_the_pane(tmp_path):
+    root = tmp_path / "nan"
+    shutil.copytree(sample_path(), root)
+    edit_document(root, "decode.bs1", _with_window(_window(base_ptr=float("nan"))))
+    app = app_for(root)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await press(pilot, "enter", "enter")
+        screen = app.screen
+        pane = screen.query_one(NodePane)
+        assert pane.error is not None and "access_policy_window" in pane.error, pane.error
+        assert "Cannot read graph 'decode.bs1' of rank 0" in plain(pane.shown)
+        await press(pilot, "escape", "down")  # back in the tree: the other graphs still open
+        assert screen.query_one(NodeTable).graph.entry.name == "decode.bs2"

@@ -8,10 +8,13 @@ by its version, not by the first field this version does not know.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
 import msgspec
 
 from foundry.archive.outputs import OutputValue
+from foundry.graphir.kernel import FuncAttributeName
+from foundry.graphir.limits import I32, I64, U32, U64
 
 ARCHIVE_FORMAT = "foundry-archive"
 SESSION_FORMAT = "foundry-session"
@@ -39,7 +42,7 @@ class Environment(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class RankEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    rank: int
+    rank: U32
     session: str
     sha256: str
 
@@ -52,7 +55,7 @@ class ModuleState(StrEnum):
 
 class ModuleBlob(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     sha256: str
-    size: int
+    size: U64
     format: str = "unknown"  # cubin, fatbin, ptx, unknown
 
 
@@ -78,11 +81,11 @@ class Catalog(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class AllocationRecord(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
     """One region allocation: call order, offset, mapped size, bytes asked for, phase."""
 
-    order: int
-    offset: int
-    size: int
-    request: int
-    phase: str  # warmup, capture, late
+    order: U64
+    offset: U64
+    size: U64
+    request: U64
+    phase: Literal["warmup", "capture", "late"]
 
 
 class WarmupBytes(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -91,22 +94,22 @@ class WarmupBytes(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     file: str
     sha256: str
-    offset: int  # region offset of the first byte (the cursor when the warm-up began)
-    size: int
-    allocations: int  # allocations made before the warm-up began
-    generator_offset: int  # the default generator's philox offset when the first capture began
+    offset: U64  # region offset of the first byte (the cursor when the warm-up began)
+    size: U64
+    allocations: U64  # allocations made before the warm-up began
+    generator_offset: U64  # the default generator's philox offset when the first capture began
 
 
 class RegionRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The deterministic region of one rank as the native hook left it."""
 
-    base: int
-    size: int
-    final_offset: int
-    allocations: int
+    base: U64
+    size: U64
+    final_offset: U64
+    allocations: U64
     trace_sha256: str
-    warmup_allocations: int = 0  # allocations before the first capture: what a LOAD repeats
-    warmup_offset: int = 0  # the cursor when the first capture began
+    warmup_allocations: U64 = 0  # allocations before the first capture: what a LOAD repeats
+    warmup_offset: U64 = 0  # the cursor when the first capture began
     trace: tuple[AllocationRecord, ...] = ()
     warmup_bytes: WarmupBytes | None = None
 
@@ -149,9 +152,9 @@ class RngRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A graph that draws philox random numbers: where its seed and offset cells
     are and how far one replay advances the generator's offset."""
 
-    seed_offset: int  # region offsets of the int64 cells
-    offset_offset: int
-    increment: int
+    seed_offset: U64  # region offsets of the int64 cells
+    offset_offset: U64
+    increment: U64
 
 
 class PlanKernel(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
@@ -160,7 +163,7 @@ class PlanKernel(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fi
 
     image: str
     name: str
-    attrs: tuple[tuple[str, int], ...] = ()
+    attrs: tuple[tuple[FuncAttributeName, I32], ...] = ()
 
 
 class LaunchPlan(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -171,7 +174,7 @@ class LaunchPlan(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     file: str
     sha256: str
-    size: int
+    size: U64
     kernels: tuple[PlanKernel, ...]
 
 
@@ -181,10 +184,10 @@ class GraphEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: str
     file: str
     sha256: str
-    size: int
+    size: U64
     fingerprint: str
-    nodes: int
-    shape_key: int | None = None
+    nodes: U32
+    shape_key: I64 | None = None
     runner: str | None = None
     outputs: OutputValue | None = None
     topology: str | None = None  # graphs with the same key share a LOAD template
@@ -192,14 +195,14 @@ class GraphEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     plan: LaunchPlan | None = None
 
 
-StateValue = str | int | float | bool | None | list[str | int]
+StateValue = str | I64 | float | bool | None | list[str | I64]
 
 
 class BackendState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A backend's versioned record of its communicator state at SAVE."""
 
     backend: str
-    version: int
+    version: I32
     record: dict[str, StateValue]
 
 
@@ -208,7 +211,7 @@ class Session(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     format: str
     format_version: int
-    rank: int
+    rank: U32
     graphs: tuple[GraphEntry, ...]
     region: RegionRecord | None = None
     backends: tuple[BackendState, ...] = ()

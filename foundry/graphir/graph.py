@@ -18,6 +18,7 @@ import msgspec
 
 from foundry.errors import IRError
 from foundry.graphir.kernel import KernelIdentity
+from foundry.graphir.limits import I64, U8, U32
 from foundry.graphir.nodes import KernelNode, MemcpyNode, MemsetNode, Node
 from foundry.graphir.operands import WORD, Operand, OperandManifest, OperandSite
 from foundry.graphir.regions import UNRESOLVED, Region
@@ -36,20 +37,20 @@ EDGE_PROGRAMMATIC = 1
 class EdgeData(msgspec.Struct, frozen=True, gc=False, array_like=True, forbid_unknown_fields=True):
     """``CUgraphEdgeData``: ports and dependency type, kept as captured."""
 
-    from_port: int = 0
-    to_port: int = 0
-    type: int = EDGE_DEFAULT
+    from_port: U8 = 0
+    to_port: U8 = 0
+    type: U8 = EDGE_DEFAULT
 
 
 class Edge(msgspec.Struct, frozen=True, gc=False, array_like=True, forbid_unknown_fields=True):
     """A dependency ``src -> dst`` (``dst`` runs after ``src``)."""
 
-    src: int
-    dst: int
+    src: U32
+    dst: U32
     data: EdgeData = EdgeData()
 
 
-MetaValue = str | int
+MetaValue = str | I64
 
 
 class GraphIR:

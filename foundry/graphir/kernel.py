@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import msgspec
 
 from foundry.errors import IRError
 from foundry.graphir.demangle import demangle
+from foundry.graphir.limits import DIM, I32, SHA256, U32, is_fraction, is_int, is_uint
 
 
 class KernelIdentity(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
@@ -23,7 +24,7 @@ class KernelIdentity(msgspec.Struct, frozen=True, gc=False, forbid_unknown_field
     """
 
     name: str
-    image: str | None = None
+    image: SHA256 | None = None
 
     @property
     def demangled(self) -> str:
@@ -140,8 +141,8 @@ class ParamLayout(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=T
     tuples of ints decode far faster than one record per parameter.
     """
 
-    offsets: tuple[int, ...] = ()
-    sizes: tuple[int, ...] = ()
+    offsets: tuple[U32, ...] = ()
+    sizes: tuple[U32, ...] = ()
 
     @classmethod
     def of(cls, slots: list[ParamSlot] | tuple[ParamSlot, ...]) -> ParamLayout:
@@ -182,26 +183,71 @@ AttributeValue = int | float | tuple[int, ...] | dict[str, int | float]
 
 
 class LaunchAttribute(msgspec.Struct, frozen=True, gc=False, array_like=True, forbid_unknown_fields=True):
-    """A kernel node attribute that differs from its default (``CUlaunchAttributeID``)."""
+    """A kernel node attribute that differs from its default (``CUlaunchAttributeID``).
+    Only the attributes lowering records exist, each with the shape and range of its
+    driver field (:data:`ATTRIBUTES`): a NaN address or an unknown name is refused when
+    the graph is decoded."""
 
     name: str
     value: AttributeValue
+
+    def __post_init__(self) -> None:
+        check = ATTRIBUTES.get(self.name)
+        if check is None:
+            raise ValueError(f"unknown launch attribute {self.name!r}")
+        if not check(self.value):
+            raise ValueError(f"launch attribute {self.name!r} has a value out of its range: {self.value!r}")
+
+
+def _access_policy_window(value: AttributeValue) -> bool:
+    return (
+        isinstance(value, dict)
+        and value.keys() == {"base_ptr", "num_bytes", "hit_ratio", "hit_prop", "miss_prop"}
+        and is_uint(value["base_ptr"], 63)  # as U64 fields: below 2**63
+        and is_uint(value["num_bytes"], 63)
+        and is_fraction(value["hit_ratio"])
+        and value["hit_prop"] in (0, 1, 2)  # CUaccessProperty
+        and value["miss_prop"] in (0, 1, 2)
+        and not any(type(value[k]) is bool for k in ("hit_prop", "miss_prop"))
+    )
+
+
+def _uints(count: int, bits: int):
+    return lambda v: isinstance(v, tuple) and len(v) == count and all(is_uint(x, bits) for x in v)
+
+
+#: Every launch attribute lowering records, and whether a value fits its driver field.
+ATTRIBUTES = {
+    "access_policy_window": _access_policy_window,
+    "cooperative": lambda v: v in (0, 1) and type(v) is int,
+    "cluster_dim": _uints(3, 32),
+    "cluster_scheduling_policy": lambda v: is_uint(v, 32),
+    "priority": lambda v: is_int(v, 32),
+    "mem_sync_domain_map": _uints(2, 8),
+    "mem_sync_domain": lambda v: is_uint(v, 32),
+    "preferred_shared_memory_carveout": lambda v: is_uint(v, 32),
+    "device_updatable": lambda v: v in (0, 1) and type(v) is int,
+}
+
+
+#: The function attributes a LOAD re-applies (``CUfunction_attribute``).
+FuncAttributeName = Literal["max_dynamic_shared_size_bytes", "preferred_shared_memory_carveout"]
 
 
 class FuncAttribute(msgspec.Struct, frozen=True, gc=False, array_like=True, forbid_unknown_fields=True):
     """A function attribute a LOAD must re-apply before instantiation
     (dynamic shared memory above 48 KiB, carveout, cluster requirements)."""
 
-    name: str
-    value: int
+    name: FuncAttributeName
+    value: I32
 
 
 class LaunchConfig(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
     """Grid, block, dynamic shared memory and non-default node attributes."""
 
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    shared_mem: int = 0
+    grid: tuple[DIM, DIM, DIM]
+    block: tuple[DIM, DIM, DIM]
+    shared_mem: U32 = 0
     attributes: tuple[LaunchAttribute, ...] = ()
 
     def describe(self) -> str:

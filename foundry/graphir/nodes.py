@@ -7,12 +7,16 @@ which of them are pointers and where they point (``operands.py``).
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import msgspec
 
 from foundry.graphir.kernel import FuncAttribute, KernelIdentity, LaunchConfig, ParamLayout
 from foundry.graphir.kinds import NodeKind
+from foundry.graphir.limits import U32, U64
+
+#: How a copy's source or destination is addressed (``CUmemorytype``).
+MemoryType = Literal["host", "device", "array", "unified"]
 
 
 class KernelNode(msgspec.Struct, frozen=True, gc=False, tag="kernel", forbid_unknown_fields=True):
@@ -27,17 +31,17 @@ class KernelNode(msgspec.Struct, frozen=True, gc=False, tag="kernel", forbid_unk
     shorter buffer again.
     """
 
-    id: int
+    id: U32
     kernel: KernelIdentity
     launch: LaunchConfig
     layout: ParamLayout
     params: bytes
-    arg_mode: str = "params"
+    arg_mode: Literal["params", "extra"] = "params"
     func_attrs: tuple[FuncAttribute, ...] = ()
     # (offset, length) runs of ``params`` the launcher left uninitialised: they
     # differed between two captures of the same step (see foundry.graphir.passes.definedness)
-    undefined: tuple[tuple[int, int], ...] = ()
-    packed_size: int | msgspec.UnsetType = msgspec.UNSET  # unset (not written) unless shorter
+    undefined: tuple[tuple[U32, U32], ...] = ()
+    packed_size: U32 | msgspec.UnsetType = msgspec.UNSET  # unset (not written) unless shorter
 
     kind: ClassVar[NodeKind] = NodeKind.KERNEL
 
@@ -61,18 +65,18 @@ class MemcpyNode(msgspec.Struct, frozen=True, gc=False, tag="memcpy", forbid_unk
     x (bytes), y, z offsets; ``extent`` is width in bytes, height, depth.
     """
 
-    id: int
-    src_type: str
-    dst_type: str
-    src: int
-    dst: int
-    extent: tuple[int, int, int]
-    src_pos: tuple[int, int, int] = (0, 0, 0)
-    dst_pos: tuple[int, int, int] = (0, 0, 0)
-    src_pitch: int = 0
-    src_height: int = 0
-    dst_pitch: int = 0
-    dst_height: int = 0
+    id: U32
+    src_type: MemoryType
+    dst_type: MemoryType
+    src: U64
+    dst: U64
+    extent: tuple[U64, U64, U64]
+    src_pos: tuple[U64, U64, U64] = (0, 0, 0)
+    dst_pos: tuple[U64, U64, U64] = (0, 0, 0)
+    src_pitch: U64 = 0
+    src_height: U64 = 0
+    dst_pitch: U64 = 0
+    dst_height: U64 = 0
 
     kind: ClassVar[NodeKind] = NodeKind.MEMCPY
 
@@ -80,13 +84,13 @@ class MemcpyNode(msgspec.Struct, frozen=True, gc=False, tag="memcpy", forbid_unk
 class MemsetNode(msgspec.Struct, frozen=True, gc=False, tag="memset", forbid_unknown_fields=True):
     """A 2D memset of 1, 2 or 4-byte elements (``CUDA_MEMSET_NODE_PARAMS``)."""
 
-    id: int
-    dst: int
-    value: int
-    element_size: int
-    width: int
-    height: int = 1
-    pitch: int = 0
+    id: U32
+    dst: U64
+    value: U32
+    element_size: Literal[1, 2, 4]
+    width: U64
+    height: U64 = 1
+    pitch: U64 = 0
 
     kind: ClassVar[NodeKind] = NodeKind.MEMSET
 
@@ -95,8 +99,8 @@ class EventRecordNode(msgspec.Struct, frozen=True, gc=False, tag="event_record",
     """Records an event. ``event`` numbers the graph's events by first use, so the
     record and the waits on one event share a number across processes."""
 
-    id: int
-    event: int
+    id: U32
+    event: U32
 
     kind: ClassVar[NodeKind] = NodeKind.EVENT_RECORD
 
@@ -104,8 +108,8 @@ class EventRecordNode(msgspec.Struct, frozen=True, gc=False, tag="event_record",
 class EventWaitNode(msgspec.Struct, frozen=True, gc=False, tag="event_wait", forbid_unknown_fields=True):
     """Waits on an event (numbered as in :class:`EventRecordNode`)."""
 
-    id: int
-    event: int
+    id: U32
+    event: U32
 
     kind: ClassVar[NodeKind] = NodeKind.EVENT_WAIT
 
@@ -113,7 +117,7 @@ class EventWaitNode(msgspec.Struct, frozen=True, gc=False, tag="event_wait", for
 class EmptyNode(msgspec.Struct, frozen=True, gc=False, tag="empty", forbid_unknown_fields=True):
     """A node that only orders its neighbours."""
 
-    id: int
+    id: U32
 
     kind: ClassVar[NodeKind] = NodeKind.EMPTY
 
@@ -122,7 +126,7 @@ class UnsupportedNode(msgspec.Struct, frozen=True, gc=False, tag="unsupported", 
     """A node Foundry lowers but cannot restore (host callbacks, child graphs,
     memory alloc/free, conditionals, ...). Kept so lint can name it."""
 
-    id: int
+    id: U32
     node_type: NodeKind
     detail: str = ""
 

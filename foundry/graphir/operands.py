@@ -18,8 +18,11 @@ import operator
 from collections.abc import Iterable, Iterator
 from enum import StrEnum
 
+from typing import Annotated
+
 import msgspec
 
+from foundry.graphir.limits import U32, U64
 from foundry.graphir.regions import UNRESOLVED
 
 WORD = 8  # bytes of a device pointer
@@ -71,13 +74,13 @@ class OperandColumns(msgspec.Struct, gc=False, forbid_unknown_fields=True):
     """The manifest as stored: parallel columns; ``region`` indexes the graph's
     region list (sorted by name), -1 meaning unresolved."""
 
-    node: list[int] = []
+    node: list[U32] = []
     site: list[OperandSite] = []
-    param: list[int] = []
-    offset: list[int] = []
-    value: list[int] = []
-    region: list[int] = []
-    region_offset: list[int] = []
+    param: list[Annotated[int, msgspec.Meta(ge=-1, lt=1 << 31)]] = []  # -1: not a parameter
+    offset: list[U32] = []
+    value: list[U64] = []
+    region: list[Annotated[int, msgspec.Meta(ge=-1, lt=1 << 31)]] = []  # -1: unresolved
+    region_offset: list[U64] = []
 
     def __len__(self) -> int:
         return len(self.node)

@@ -17,6 +17,7 @@ from enum import StrEnum
 import msgspec
 
 from foundry.errors import IRError
+from foundry.graphir.limits import SIZE, U64
 
 #: The region of a word known to be a pointer that lies in no known allocation.
 UNRESOLVED = "unresolved"
@@ -36,8 +37,8 @@ class Region(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
 
     name: str
     kind: RegionKind
-    base: int
-    size: int
+    base: U64
+    size: SIZE
 
     @property
     def end(self) -> int:
