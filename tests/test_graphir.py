@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+
 import msgspec
 import networkx as nx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from foundry.archive import Archive
 from foundry.errors import IRError
@@ -13,7 +17,7 @@ from foundry.graphir.fingerprint import fingerprint
 from foundry.graphir.graph import EDGE_KEY, NODE_KEY, Edge, EdgeData, GraphIR
 from foundry.graphir.kernel import KernelIdentity, LaunchConfig, ParamLayout, ParamSlot, template_args
 from foundry.graphir.kinds import NodeKind
-from foundry.graphir.nodes import EmptyNode, KernelNode, MemsetNode
+from foundry.graphir.nodes import EmptyNode, KernelNode, MemsetNode, merged_ranges, ranges_minus, ranges_size
 from foundry.graphir.operands import Operand, OperandSite
 from foundry.graphir.regions import UNRESOLVED, Region, RegionKind
 
@@ -188,3 +192,18 @@ def test_demangled_and_short_names():
     assert template_args(one_shot.demangled) == ["c10::BFloat16", "16", "-1"]
     triton = KernelIdentity("triton_per_fused_add_gelu_mul_sum_0")
     assert triton.demangled == triton.short_name == "triton_per_fused_add_gelu_mul_sum_0"
+
+
+@settings(max_examples=200, derandomize=True, deadline=None)
+@given(
+    a=st.lists(st.tuples(st.integers(0, 300), st.integers(0, 40)), max_size=12),
+    b=st.lists(st.tuples(st.integers(0, 300), st.integers(0, 40)), max_size=12),
+)
+def test_byte_ranges_count_what_byte_sets_would(a, b):
+    """Undefined bytes are compared as ranges; these are the sets they stand for."""
+    runs_a, runs_b = merged_ranges((o, o + n) for o, n in a), merged_ranges((o, o + n) for o, n in b)
+    set_a = {i for o, n in a for i in range(o, o + n)}
+    set_b = {i for o, n in b for i in range(o, o + n)}
+    assert ranges_size(runs_a) == len(set_a)
+    assert ranges_minus(runs_a, runs_b) == len(set_a - set_b) and ranges_minus(runs_b, runs_a) == len(set_b - set_a)
+    assert all(x[1] < y[0] for x, y in itertools.pairwise(runs_a))  # sorted, disjoint, not touching

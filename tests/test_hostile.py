@@ -10,7 +10,9 @@ codes; a command that reads the archive must show its strings as text.
 from __future__ import annotations
 
 import json
+import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -171,3 +173,115 @@ def test_out_of_range_session_numbers_are_refused_by_field(cli, tmp_path, edit, 
     edit_json(path / "rank0" / "session.json", edit, root=path)
     for command in (["archive", "inspect"], ["archive", "verify"], ["graph", "lint"]):
         assert_refused(cli.run(*command, path), match=field)
+
+
+# -- 4, 12: undefined runs and structure LOAD could not honour ----------------------------------------
+
+
+def _undefined(runs: list) -> Callable[[dict], None]:
+    return lambda d: first_kernel(d).update(undefined=runs)
+
+
+def _first_memset_or_memcpy(d: dict, kind: str) -> dict:
+    return next(n for n in d["nodes"] if n["type"] == kind)
+
+
+def _cross_regions(d: dict) -> None:
+    """Move a region so it starts inside another and ends beyond it (the sample nests weights in allocations)."""
+    regions = sorted(d["regions"], key=lambda r: r["base"])
+    a, b = regions[0], regions[1]
+    b["base"] = a["base"] + a["size"] // 2
+    b["size"] = a["size"]
+
+
+STRUCTURE = {
+    "negative undefined offset": (_undefined([[-5, 10]]), r"undefined"),
+    "undefined run of 2^40 bytes": (_undefined([[0, 1 << 40]]), r"undefined"),
+    "undefined run of 2^30 bytes": (_undefined([[0, 1 << 30]]), r"undefined bytes must be ordered runs inside"),
+    "undefined run past the buffer": (_undefined([[660, 16]]), r"undefined bytes must be ordered runs inside"),
+    "undefined runs out of order": (_undefined([[16, 4], [8, 4]]), r"undefined bytes must be ordered runs inside"),
+    "empty undefined run": (_undefined([[8, 0]]), r"undefined bytes must be ordered runs inside"),
+    "self-loop": (lambda d: d["edges"].append([5, 5, [0, 0, 0]]), r"depend on itself"),
+    "cycle": (lambda d: d["edges"].append([3, 1, [0, 0, 0]]), r"form a cycle"),
+    "region of size 0": (lambda d: d["regions"][0].update(size=0), r"regions\[0\]\.size"),
+    "negative region": (lambda d: d["regions"][0].update(base=-4096), r"regions\[0\]\.base"),
+    "crossing regions": (_cross_regions, r"overlaps region .* without nesting"),
+    "params shorter than the layout": (
+        lambda d: first_kernel(d).update(params=first_kernel(d)["params"][:-8]),
+        "parameter bytes do not match the layout",
+    ),
+    "overlapping parameters": (
+        lambda d: first_kernel(d)["layout"]["offsets"].__setitem__(1, 100),
+        "overlaps parameter",
+    ),
+}
+MEMSETS = {
+    "memset of no elements": (lambda n: n.update(width=0), "at least one element"),
+    "memset pitch shorter than a row": (lambda n: n.update(height=4, pitch=2), "pitch is shorter than a row"),
+    "memset past the address space": (lambda n: n.update(dst=(1 << 63) - 8, height=1 << 62, pitch=64), "past the end"),
+}
+MEMCPYS = {
+    "memcpy of no bytes": (lambda n: n.update(extent=[0, 1, 1]), "extent must be at least one byte"),
+    "memcpy pitch shorter than a row": (
+        lambda n: n.update(extent=[8192, 2, 1], src_pitch=16, dst_pitch=8192),
+        "src pitch is shorter than a row",
+    ),
+    "memcpy slice taller than its height": (
+        lambda n: n.update(extent=[64, 2, 2], src_pitch=64, dst_pitch=64, src_height=2, dst_height=1),
+        "dst height is shorter than a slice",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STRUCTURE))
+def test_structure_load_could_not_honour_is_refused_by_every_reader(cli, tmp_path, case):
+    edit, message = STRUCTURE[case]
+    path = copy(tmp_path)
+    edit_document(path, "decode.bs1", edit)
+    for command in READERS:
+        outcome = cli.run(*_argv(command, path))
+        assert_refused(outcome, match=message)
+        assert outcome.maxrss_kib < 300 << 10, f"{outcome.maxrss_kib} KiB to refuse it"
+    assert_refused(cli.run("archive", "verify", path, "--json"), match=message)
+
+
+@pytest.mark.parametrize("case", sorted(MEMSETS) + sorted(MEMCPYS))
+def test_malformed_copies_and_sets_are_refused_by_every_reader(cli, tmp_path, case):
+    edit, message = {**MEMSETS, **MEMCPYS}[case]
+    source = FIXTURES / "symm-mem-ws1"  # a real graph with a memcpy; its memset made from the first kernel
+    path = copy(tmp_path, source)
+    name = "symm.allreduce"
+
+    def tamper(d: dict) -> None:
+        if case in MEMSETS:
+            d["nodes"][0] = {"type": "memset", "id": 0, "dst": 1 << 40, "value": 0, "element_size": 4, "width": 16}
+            d["operands"] = {k: [v for v, n in zip(col, d["operands"]["node"], strict=True) if n != 0]
+                             for k, col in d["operands"].items()}  # fmt: skip
+            edit(d["nodes"][0])
+        else:
+            edit(_first_memset_or_memcpy(d, "memcpy"))
+
+    edit_document(path, name, tamper)
+    for command in READERS:
+        assert_refused(cli.run(*(a.replace("decode.bs1", name) for a in _argv(command, path))), match=message)
+
+
+def test_an_operand_outside_its_region_is_named_with_both_values(cli, tmp_path):
+    path = copy(tmp_path)
+
+    def beyond(d: dict) -> None:
+        columns, regions = d["operands"], d["regions"]
+        i = next(i for i, r in enumerate(columns["region"]) if r >= 0)
+        region = regions[columns["region"][i]]
+        columns["region_offset"][i] = region["size"] + 0x200
+        columns["value"][i] = region["base"] + region["size"] + 0x200
+        node = d["nodes"][columns["node"][i]]
+        offset = columns["offset"][i]
+        node["params"] = (
+            node["params"][:offset] + columns["value"][i].to_bytes(8, "little") + node["params"][offset + 8 :]
+        )
+
+    edit_document(path, "decode.bs1", beyond)
+    text = assert_refused(cli.run("archive", "verify", path), match="outside its region")
+    expected, found = re.search(r"expected '(.*?)', found '(.*?)'", text).groups()
+    assert expected != found, text

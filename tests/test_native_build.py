@@ -72,6 +72,41 @@ def test_malformed_descriptions_are_refused_with_a_reason(lib):
     assert "larger than the description" in reasons["node count"]
 
 
+def test_self_loops_and_cycles_are_refused_naming_a_node(lib):
+    """A plan's edges must form a DAG, as the IR's must (the C reader is LOAD's last check)."""
+    from foundry.archive.schema import LaunchPlan
+    from foundry.runtime.launch_plan import check_plan
+
+    ir = Archive.open(FIXTURES / "saveload-a").graph(0, "sample.bs8")  # a chain 0 -> 1 -> ... -> 7
+    desc = pack(ir, NumberedFunctions(), attribute_bytes=fake_attribute)
+    assert check_packed(lib, desc) == (8, 7)
+    loop = desc[:-12] + struct.pack("<IIBBBB", 3, 3, 0, 0, 0, 0)
+    cycle = desc[:-12] + struct.pack("<IIBBBB", 6, 0, 0, 0, 0, 0)  # 6 -> 7 becomes 6 -> 0: 0..6 go round
+    with pytest.raises(IRError, match="3 -> 3 makes node 3 depend on itself"):
+        check_packed(lib, loop)
+    with pytest.raises(IRError, match=r"the edges form a cycle through node [0-6]"):
+        check_packed(lib, cycle)
+    plan = LaunchPlan("plans/sample.bs8.fgb", "0" * 64, len(cycle), ())
+    policy = lambda name, value, operands: (5, bytes(64))  # noqa: E731 - CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_...
+    indexed = pack(ir, _Index(), attribute_bytes=policy)[:-12] + struct.pack("<IIBBBB", 6, 0, 0, 0, 0, 0)
+    with pytest.raises(IRError, match="launch plan refused: the edges form a cycle"):
+        check_plan(lib, indexed, msgspec.structs.replace(plan, kernels=_Index.table(ir)))
+
+
+class _Index:
+    """Kernel funcs as indices into a plan's function table, as SAVE packs them."""
+
+    @staticmethod
+    def table(ir):
+        from foundry.archive.schema import PlanKernel
+
+        names = sorted({n.kernel.name for n in ir.kernels()})
+        return tuple(PlanKernel("0" * 64, name) for name in names)
+
+    def function(self, kernel) -> int:
+        return 0
+
+
 def test_a_parameter_outside_its_buffer_is_refused(lib):
     kernel = struct.pack("<IQ3I3III", 1, 0x1000, 1, 1, 1, 32, 1, 1, 0, 0)
     params = struct.pack("<III", 1, 0, 16) + struct.pack("<I", 8) + bytes(8) + struct.pack("<I", 0)

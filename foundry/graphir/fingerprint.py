@@ -28,8 +28,10 @@ def scalar_bytes(node: KernelNode, operands: tuple[Operand, ...],
     """The parameter buffer with every pointer word and undefined byte zeroed
     (``also_undefined``: more ``(offset, length)`` runs, e.g. another SAVE's marks)."""
     buf = bytearray(node.params)
-    for offset, length in (*node.undefined, *also_undefined):
-        buf[offset : offset + length] = bytes(length)
+    for offset, length in (*node.undefined, *also_undefined):  # another SAVE's runs may reach past this buffer
+        end = min(offset + length, len(buf))
+        if offset < end:
+            buf[offset:end] = bytes(end - offset)
     for operand in operands:
         if operand.site is OperandSite.PARAM:
             buf[operand.offset : operand.offset + WORD] = bytes(WORD)

@@ -22,6 +22,7 @@ from foundry.graphir.limits import I64, U8, U32
 from foundry.graphir.nodes import KernelNode, MemcpyNode, MemsetNode, Node
 from foundry.graphir.operands import WORD, Operand, OperandManifest, OperandSite
 from foundry.graphir.regions import UNRESOLVED, Region
+from foundry.graphir.structure import check_acyclic, check_node, check_regions
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -173,27 +174,29 @@ class GraphIR:
 
     def check(self) -> None:
         """Raise :class:`IRError` naming the node and the invariant it breaks:
-        structure, kernel layouts, and every operand against the node's bytes
-        and its region."""
+        structure (:meth:`check_structure`), and every operand against the node's
+        bytes and its region."""
         self.check_structure()
-        for node in self._nodes.values():
-            if isinstance(node, KernelNode):
-                _check_kernel(node)
         self._check_operands()
 
     def check_structure(self) -> None:
-        """The cheap half of :meth:`check`: ids, edges, and that every operand
-        names an existing node and region. Enough for every offline pass to run
-        safely; :meth:`check` adds the byte-level checks LOAD relies on."""
+        """The cheap half of :meth:`check`: ids, every node's own fields (layouts,
+        undefined runs, copies and sets: :mod:`foundry.graphir.structure`), regions
+        that nest or are disjoint, an acyclic set of edges, and every operand naming
+        an existing node and region. Enough for every offline pass to run safely;
+        :meth:`check` adds the byte-level checks LOAD relies on."""
         count = len(self._nodes)
         if any(i not in self._nodes for i in range(count)):
             raise IRError(f"node ids must be 0..{count - 1} in capture order")
         for node_id, node in self._nodes.items():
             if node.id != node_id:
                 raise IRError("node record holds another id", node=node_id, found=node.id)
+            check_node(node)
+        check_regions(self.regions.values())
         for (src, dst), data in self._edges.items():
             if data.type not in (EDGE_DEFAULT, EDGE_PROGRAMMATIC):
                 raise IRError(f"edge {src} -> {dst} has unknown type {data.type}", node=dst)
+        check_acyclic(self._edges, count)
         problem = self.operands.check_structure(count, self.regions)
         if problem:
             raise IRError(problem, field="operands")
@@ -221,33 +224,16 @@ class GraphIR:
             if region_name == UNRESOLVED:
                 continue
             region = regions[region_name]
-            if value - region.base != region_offset or not 0 <= region_offset <= region.size:
+            if value - region.base != region_offset:
                 raise IRError(
                     f"operand offset in {region.name} does not match its value",
                     node=node_id,
                     expected=hex(value - region.base),
                     found=hex(region_offset),
                 )
-
-
-def _check_kernel(node: KernelNode) -> None:
-    try:
-        node.layout.check()
-    except IRError as err:
-        raise IRError(err.message, node=node.id, kernel=node.kernel.name) from None
-    if len(node.params) != node.layout.size:
-        raise IRError(
-            "parameter bytes do not match the layout",
-            node=node.id,
-            kernel=node.kernel.name,
-            expected=node.layout.size,
-            found=len(node.params),
-        )
-    if node.packed_size is not msgspec.UNSET and not (
-        node.arg_mode == "extra" and 0 < node.packed_size < node.layout.size
-    ):
-        raise IRError("a shorter packed buffer needs arg mode 'extra' and fewer bytes than the layout", node=node.id,
-                      kernel=node.kernel.name, expected=f"< {node.layout.size}", found=node.packed_size)  # fmt: skip
+            if region_offset > region.size:
+                raise IRError(f"operand points outside its region {region.name}", node=node_id,
+                              expected=f"<= {hex(region.size)}", found=hex(region_offset))  # fmt: skip
 
 
 def _param_word(node: KernelNode, param: int, offset: int) -> int | None:

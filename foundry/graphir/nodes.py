@@ -7,6 +7,7 @@ which of them are pointers and where they point (``operands.py``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import ClassVar, Literal
 
 import msgspec
@@ -50,8 +51,13 @@ class KernelNode(msgspec.Struct, frozen=True, gc=False, tag="kernel", forbid_unk
         return self.packed_size or len(self.params)
 
     def undefined_offsets(self) -> set[int]:
-        """Every byte offset of ``params`` inside an ``undefined`` run."""
+        """Every byte offset of ``params`` inside an ``undefined`` run (SAVE merges its own
+        captures' marks with these; readers of archives use :meth:`undefined_ranges`)."""
         return {i for offset, length in self.undefined for i in range(offset, offset + length)}
+
+    def undefined_ranges(self) -> list[tuple[int, int]]:
+        """The ``undefined`` runs as sorted, merged ``[start, end)`` byte ranges."""
+        return merged_ranges((offset, offset + length) for offset, length in self.undefined)
 
     def param_bytes(self, index: int) -> bytes:
         slot = self.layout.slots[index]
@@ -133,6 +139,36 @@ class UnsupportedNode(msgspec.Struct, frozen=True, gc=False, tag="unsupported", 
     @property
     def kind(self) -> NodeKind:
         return self.node_type
+
+
+def merged_ranges(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``[start, end)`` ranges sorted and merged where they touch or overlap: byte sets kept
+    as ranges, so their size never depends on how many bytes they hold."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(r for r in ranges if r[0] < r[1]):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def ranges_size(ranges: Iterable[tuple[int, int]]) -> int:
+    """How many bytes merged ranges hold."""
+    return sum(end - start for start, end in ranges)
+
+
+def ranges_minus(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
+    """How many bytes of merged ranges ``a`` lie outside merged ranges ``b`` (one pass over both)."""
+    inside, j = 0, 0
+    for start, end in a:
+        while j < len(b) and b[j][1] <= start:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < end:
+            inside += min(end, b[k][1]) - max(start, b[k][0])
+            k += 1
+    return ranges_size(a) - inside
 
 
 Node = KernelNode | MemcpyNode | MemsetNode | EventRecordNode | EventWaitNode | EmptyNode | UnsupportedNode

@@ -17,7 +17,6 @@ import itertools
 import operator
 from collections.abc import Iterable, Iterator
 from enum import StrEnum
-
 from typing import Annotated
 
 import msgspec

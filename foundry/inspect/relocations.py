@@ -14,6 +14,7 @@ a packed address) or an operand that is really scalar data.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 import msgspec
@@ -21,7 +22,7 @@ import msgspec
 from foundry.archive.reader import Archive
 from foundry.graphir.fingerprint import topology_key
 from foundry.graphir.graph import GraphIR
-from foundry.graphir.nodes import KernelNode, MemcpyNode, MemsetNode
+from foundry.graphir.nodes import KernelNode, MemcpyNode, MemsetNode, merged_ranges
 from foundry.graphir.operands import WORD, Operand, OperandSite
 from foundry.graphir.regions import UNRESOLVED
 
@@ -124,10 +125,10 @@ def check_graph_pair(a: GraphIR, b: GraphIR, report: RelocationReport, rank: int
             else:
                 report.operands_fixed += 1
         if isinstance(na, KernelNode) and isinstance(nb, KernelNode):
-            covered = {i for (site, off) in ((k[1], k[2]) for k in ops_a) if site == OperandSite.PARAM
-                       for i in range(off, off + WORD)} | na.undefined_offsets() | nb.undefined_offsets()  # fmt: skip
+            covered = merged_ranges([(k[2], k[2] + WORD) for k in ops_a if k[1] == OperandSite.PARAM]
+                                    + na.undefined_ranges() + nb.undefined_ranges())  # fmt: skip
             for i, (x, y) in enumerate(zip(na.params, nb.params, strict=False)):
-                if x != y and i not in covered:
+                if x != y and not _inside(covered, i):
                     word = i // WORD * WORD
                     find(na.id, f"parameter byte {i} changed but is no operand (a pointer the manifest missed?)",
                          na.params[word : word + WORD].hex(), nb.params[word : word + WORD].hex())  # fmt: skip
@@ -145,6 +146,12 @@ def check_graph_pair(a: GraphIR, b: GraphIR, report: RelocationReport, rank: int
                 va, vb = getattr(na, field_name), getattr(nb, field_name)
                 if va != vb and site not in sites:
                     find(na.id, f"{site.value} address changed but is no operand", hex(va), hex(vb))
+
+
+def _inside(ranges: list[tuple[int, int]], offset: int) -> bool:
+    """Whether ``offset`` lies in one of the merged ``[start, end)`` ranges."""
+    at = bisect.bisect_right(ranges, (offset, 1 << 64)) - 1
+    return at >= 0 and offset < ranges[at][1]
 
 
 def _without_addresses(node) -> dict:

@@ -17,6 +17,7 @@
  *     3 memset   u64 dst, u32 value, u32 element_size, u64 width, u64 height, u64 pitch
  *     4 empty
  *   edge     u32 src, u32 dst, u8 from_port, u8 to_port, u8 type, u8 pad
+ *            (the edges must form a DAG: a self-loop or a cycle is refused, naming a node on it)
  *
  * A kernel's func is a CUfunction handle, or, for a description built with a
  * function table (an archive's launch plan, made at SAVE), an index into it.
@@ -271,6 +272,57 @@ static CUresult add_node(reader_t *r, build_t *b, uint32_t index) {
     }
 }
 
+/* Whether the edges (12-byte records, endpoints already checked below `nodes`) form a DAG:
+ * Kahn's algorithm over a compressed adjacency list. A self-loop or a cycle is refused
+ * here, with a node on it named, rather than by the driver at instantiation (or never). */
+static int acyclic(reader_t *r, const unsigned char *raw, uint32_t nodes, uint32_t edges) {
+    uint32_t *incoming = calloc(nodes ? nodes : 1, sizeof *incoming);
+    uint32_t *start = calloc((size_t)nodes + 1, sizeof *start), *next = calloc(edges, sizeof *next);
+    uint32_t *ready = calloc(nodes ? nodes : 1, sizeof *ready), *fill = calloc(nodes ? nodes : 1, sizeof *fill);
+    int ok = incoming && start && next && ready && fill;
+    if (!ok) fail(r, "out of host memory checking %u edges", edges);
+    for (uint32_t i = 0; ok && i < edges; i++) {
+        uint32_t src, dst;
+        memcpy(&src, raw + 12 * i, 4);
+        memcpy(&dst, raw + 12 * i + 4, 4);
+        if (src == dst) {
+            fail(r, "edge %u: %u -> %u makes node %u depend on itself", i, src, dst, src);
+            ok = 0;
+        } else {
+            incoming[dst]++;
+            start[src + 1]++;
+        }
+    }
+    for (uint32_t n = 0; ok && n < nodes; n++) start[n + 1] += start[n];
+    for (uint32_t i = 0; ok && i < edges; i++) {
+        uint32_t src, dst;
+        memcpy(&src, raw + 12 * i, 4);
+        memcpy(&dst, raw + 12 * i + 4, 4);
+        next[start[src] + fill[src]++] = dst;
+    }
+    uint32_t top = 0, done = 0;
+    for (uint32_t n = 0; ok && n < nodes; n++)
+        if (incoming[n] == 0) ready[top++] = n;
+    while (ok && top) {
+        uint32_t n = ready[--top];
+        done++;
+        for (uint32_t k = start[n]; k < start[n + 1]; k++)
+            if (--incoming[next[k]] == 0) ready[top++] = next[k];
+    }
+    if (ok && done < nodes) {
+        uint32_t stuck = 0;
+        while (incoming[stuck] == 0) stuck++;
+        fail(r, "the edges form a cycle through node %u", stuck);
+        ok = 0;
+    }
+    free(incoming);
+    free(start);
+    free(next);
+    free(ready);
+    free(fill);
+    return ok;
+}
+
 static CUresult add_edges(reader_t *r, build_t *b, uint32_t nodes, uint32_t edges) {
     const unsigned char *raw = take(r, (size_t)edges * 12);
     if (raw == NULL || edges == 0) return r->failed ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
@@ -291,6 +343,7 @@ static CUresult add_edges(reader_t *r, build_t *b, uint32_t nodes, uint32_t edge
         data[i].to_port = raw[12 * i + 9];
         data[i].type = raw[12 * i + 10];
     }
+    if (rc == CUDA_SUCCESS && !acyclic(r, raw, nodes, edges)) rc = CUDA_ERROR_INVALID_VALUE;
     if (rc == CUDA_SUCCESS && b->graph) {
         rc = DRIVER(cuGraphAddDependencies_v2)(b->graph, from, to, data, edges);
         if (rc != CUDA_SUCCESS) fail(r, "adding %u edges: driver status %d", edges, (int)rc);

@@ -25,7 +25,7 @@ import msgspec
 
 from foundry.graphir.fingerprint import operand_target, scalar_bytes
 from foundry.graphir.graph import GraphIR
-from foundry.graphir.nodes import KernelNode, Node
+from foundry.graphir.nodes import KernelNode, Node, ranges_minus
 from foundry.graphir.operands import Operand
 
 REBUILT = "kernel.rebuilt"  # the subject of a kernel name that another build of its source gives
@@ -226,7 +226,7 @@ def mark_differences(a: GraphIR, b: GraphIR) -> list[MarkDiff]:
         other = b.node(node.id)
         if not isinstance(other, KernelNode):
             continue
-        mine, theirs = node.undefined_offsets(), other.undefined_offsets()
+        mine, theirs = node.undefined_ranges(), other.undefined_ranges()
         if mine != theirs:
-            out.append(MarkDiff(node.id, node_label(node), len(mine - theirs), len(theirs - mine)))
+            out.append(MarkDiff(node.id, node_label(node), ranges_minus(mine, theirs), ranges_minus(theirs, mine)))
     return out
