@@ -31,10 +31,12 @@ from typing import Any
 
 import msgspec
 
+from foundry.archive import Archive, ArchiveWriter
 from foundry.archive.sample import sample_path
-from foundry.archive.schema import CATALOG_FILE
+from foundry.archive.schema import CATALOG_FILE, WarmupBytes
 
 from .archive_tools import edit_json, graph_file, reseal
+from .conftest import FIXTURES
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # what may not reach a terminal (\t and \n aside)
@@ -220,4 +222,27 @@ def hostile_names(root: Path) -> Path:
     edit_document(root, "decode.bs1", lambda d: (document(d), d.update(name=renamed)), seal=False)
     edit_json(root / "rank0" / "session.json", session)
     edit_json(root / CATALOG_FILE, catalog, root=root, graphs=True)
+    return root
+
+
+WARMUP = bytes(range(256)) * 256  # 64 KiB the warm-up left in the region
+
+
+def saved_archive(root: Path) -> Path:
+    """A SAVE as the hook writes it, at ``root``: the graphs and region record of a real H200
+    SAVE (``tests/fixtures/saveload-a``), three module images (state complete) and the
+    warm-up bytes (``rank0/warmup.bin``)."""
+    source = Archive.open(FIXTURES / "saveload-a")
+    writer = ArchiveWriter(root, environment=source.catalog.environment, model={"model": "tiny-qwen3"})
+    for i in range(3):
+        writer.add_module(b"\x7fELF" + bytes([i]) * 4096, format="cubin")
+    rank = writer.rank(0)
+    for entry in source.entries(0):
+        rank.add_graph(source.graph(0, entry), shape_key=entry.shape_key, runner=entry.runner)
+    digest = rank.add_file("warmup.bin", WARMUP)
+    region = source.session(0).region
+    warm = WarmupBytes("warmup.bin", digest, region.warmup_offset - len(WARMUP), len(WARMUP), 3, 0)
+    rank.set_region(msgspec.structs.replace(region, warmup_bytes=warm))
+    rank.seal()
+    writer.commit()
     return root

@@ -20,9 +20,17 @@ import pytest
 from foundry.archive.sample import sample_path
 from foundry.archive.schema import CATALOG_FILE
 
-from .archive_tools import edit_json
+from .archive_tools import edit_json, graph_file
 from .conftest import FIXTURES
-from .hostile import CONTROL, HOSTILE, assert_clean_output, assert_refused, edit_document, first_kernel, hostile_names
+from .hostile import (
+    CONTROL,
+    HOSTILE,
+    assert_clean_output,
+    assert_refused,
+    edit_document,
+    first_kernel,
+    hostile_names,
+)
 
 SAMPLE = sample_path()
 RENAMED = "decode" + HOSTILE
@@ -285,3 +293,41 @@ def test_an_operand_outside_its_region_is_named_with_both_values(cli, tmp_path):
     text = assert_refused(cli.run("archive", "verify", path), match="outside its region")
     expected, found = re.search(r"expected '(.*?)', found '(.*?)'", text).groups()
     assert expected != found, text
+
+
+# -- 6: a declared size is compared with the file's before anything is read ---------------------------
+
+
+PLANNED = FIXTURES / "sglang-decode"  # SGLang's decode graphs as SAVEd on the H200 test machine, with launch plans
+
+
+def test_a_plan_declared_at_2_62_bytes_is_refused_unread(cli, tmp_path):
+    path = copy(tmp_path, PLANNED)
+    edit_json(path / "rank0" / "session.json", lambda s: s["graphs"][0]["plan"].update(size=1 << 62), root=path)
+    outcome = cli.run("archive", "verify", path)
+    assert_refused(outcome, match="launch plan is larger than the reader accepts")
+    assert outcome.maxrss_kib < 300 << 10
+
+
+def test_a_plan_file_larger_than_a_graph_may_be_is_refused_unread(cli, tmp_path):
+    path = copy(tmp_path, PLANNED)
+    plan = path / "rank0" / "plans" / "decode.bs8.fgb"
+    with open(plan, "r+b") as f:
+        f.truncate(3 << 30)  # sparse: 3 GiB claimed, its record updated to match
+    edit_json(path / "rank0" / "session.json", lambda s: s["graphs"][0]["plan"].update(size=3 << 30), root=path)
+    outcome = cli.run("archive", "verify", path)
+    assert_refused(outcome, match="launch plan is larger than the reader accepts")
+    assert outcome.maxrss_kib < 300 << 10
+
+
+def test_a_graph_whose_entry_declares_another_size_is_refused_unread(cli, tmp_path):
+    path = copy(tmp_path)
+    edit_json(path / "rank0" / "session.json", lambda s: s["graphs"][0].update(size=1 << 40), root=path)
+    for command in READERS:
+        assert_refused(cli.run(*_argv(command, path)), match="(size differs|larger than the reader accepts)")
+    path = copy(tmp_path, name="grown")
+    with open(graph_file(path, "decode.bs1"), "r+b") as f:
+        f.truncate(1536 << 20)  # sparse: 1.5 GiB under a session entry that records the real size
+    outcome = cli.run("archive", "inspect", path)
+    assert_refused(outcome, match="(size differs|larger than the reader accepts)")
+    assert outcome.maxrss_kib < 300 << 10, f"{outcome.maxrss_kib} KiB: the file was read before its size was compared"

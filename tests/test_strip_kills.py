@@ -21,37 +21,14 @@ import tempfile
 import time
 from pathlib import Path
 
-import msgspec
 import pytest
 
-from foundry.archive import Archive, ArchiveWriter
+from foundry.archive import Archive
 from foundry.archive.files import atomic_write
-from foundry.archive.schema import CATALOG_FILE, ModuleState, WarmupBytes
+from foundry.archive.schema import CATALOG_FILE, ModuleState
 from foundry.archive.strip import strip
 
-from .conftest import FIXTURES
-
-SAVE = FIXTURES / "saveload-a"  # a real SAVE on the H200 test machine: its graphs and region record
-WARMUP = bytes(range(256)) * 256  # 64 KiB the warm-up left in the region
-
-
-def make_archive(root: Path) -> Path:
-    """A SAVE as the hook writes it: the fixture's graphs and region, three module images
-    (complete) and the warm-up bytes."""
-    source = Archive.open(SAVE)
-    writer = ArchiveWriter(root, environment=source.catalog.environment, model={"model": "tiny-qwen3"})
-    for i in range(3):
-        writer.add_module(b"\x7fELF" + bytes([i]) * 4096, format="cubin")
-    rank = writer.rank(0)
-    for entry in source.entries(0):
-        rank.add_graph(source.graph(0, entry), shape_key=entry.shape_key, runner=entry.runner)
-    digest = rank.add_file("warmup.bin", WARMUP)
-    region = source.session(0).region
-    warm = WarmupBytes("warmup.bin", digest, region.warmup_offset - len(WARMUP), len(WARMUP), 3, 0)
-    rank.set_region(msgspec.structs.replace(region, warmup_bytes=warm))
-    rank.seal()
-    writer.commit()
-    return root
+from .hostile import saved_archive
 
 
 def catalog_digest(root: Path) -> str:
@@ -70,7 +47,7 @@ def files(root: Path) -> set[str]:
 def states(tmp_path_factory) -> dict[str, object]:
     """The archive before and after a whole strip: catalog digests and file sets."""
     base = tmp_path_factory.mktemp("strip")
-    original = make_archive(base / "original")
+    original = saved_archive(base / "original")
     done = base / "done"
     os.system(f"cp -a {original} {done}")  # byte-identical copy, as the kill tests start from
     strip(Archive.open(done))

@@ -20,12 +20,14 @@ GiB = 1 << 30
 
 
 class Limits(msgspec.Struct, frozen=True):
-    """Largest file a reader accepts, per kind; larger ones are refused unread."""
+    """Largest file a reader accepts, per kind; larger ones are refused unread. Launch
+    plans are held to the graph limit (a plan is its graph packed)."""
 
     catalog: int = 16 * MiB
     session: int = 64 * MiB
     graph: int = 2 * GiB
     module: int = 2 * GiB
+    warmup: int = 256 * GiB  # region bytes: read by LOAD only, hashed in pieces by verify
 
 
 DEFAULT_LIMITS = Limits()
@@ -112,8 +114,9 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def read_bounded(path: Path, limit: int, *, what: str) -> bytes:
+def read_bounded(path: Path, limit: int, *, what: str, size: int | None = None) -> bytes:
     """Read a regular file of at most ``limit`` bytes; refuse links, devices, FIFOs.
+    With ``size`` (what the archive records), a file of another size is refused unread.
 
     The checks are made on the open descriptor, not on the name: a name checked
     first and opened after can be swapped in between (a FIFO would block the
@@ -121,25 +124,50 @@ def read_bounded(path: Path, limit: int, *, what: str) -> bytes:
     blocking, then examined with ``fstat``."""
     fd = _open_regular(path, what=what)
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ArchiveError(f"{what} is not a regular file", path=str(path))
-        if info.st_size > limit:
-            raise ArchiveError(
-                f"{what} is larger than the reader accepts",
-                path=str(path),
-                expected=f"<= {limit} bytes",
-                found=f"{info.st_size} bytes",
-            )
+        length = _checked_size(fd, path, limit, what=what, size=size)
         with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(info.st_size + 1)
+            data = f.read(length + 1)
     except OSError as err:
         raise ArchiveError(f"{what} cannot be read: {err.strerror}", path=str(path)) from None
     finally:
         os.close(fd)
-    if len(data) > info.st_size:
-        raise ArchiveError(f"{what} grew while being read", path=str(path))
+    if len(data) != length:
+        raise ArchiveError(f"{what} changed size while being read", path=str(path), expected=length, found=len(data))
     return data
+
+
+def hash_bounded(path: Path, limit: int, *, what: str, size: int | None = None) -> str:
+    """The sha256 of a file checked as :func:`read_bounded` checks it, read in 1 MiB
+    pieces: memory does not grow with the file (module images, warm-up bytes)."""
+    fd = _open_regular(path, what=what)
+    digest = hashlib.sha256()
+    try:
+        length = _checked_size(fd, path, limit, what=what, size=size)
+        read = 0
+        while chunk := os.read(fd, MiB):
+            read += len(chunk)
+            digest.update(chunk)
+    except OSError as err:
+        raise ArchiveError(f"{what} cannot be read: {err.strerror}", path=str(path)) from None
+    finally:
+        os.close(fd)
+    if read != length:
+        raise ArchiveError(f"{what} changed size while being read", path=str(path), expected=length, found=read)
+    return digest.hexdigest()
+
+
+def _checked_size(fd: int, path: Path, limit: int, *, what: str, size: int | None) -> int:
+    """The size of the regular file open at ``fd``: within ``limit``, and ``size`` when one is recorded."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise ArchiveError(f"{what} is not a regular file", path=str(path))
+    if max(info.st_size, size or 0) > limit:
+        raise ArchiveError(f"{what} is larger than the reader accepts", path=str(path), field="size",
+                           expected=f"<= {limit} bytes", found=f"{max(info.st_size, size or 0)} bytes")  # fmt: skip
+    if size is not None and info.st_size != size:
+        raise ArchiveError(f"{what} is not the size its record says", path=str(path), field="size", expected=size,
+                           found=info.st_size)  # fmt: skip
+    return info.st_size
 
 
 def _open_regular(path: Path, *, what: str) -> int:

@@ -12,12 +12,13 @@ from typing import TypeVar
 
 import msgspec
 
-from foundry.archive.files import DEFAULT_LIMITS, Limits, contained_path, read_bounded, sha256_hex
+from foundry.archive.files import DEFAULT_LIMITS, Limits, contained_path, hash_bounded, read_bounded, sha256_hex
 from foundry.archive.outputs import check_output
 from foundry.archive.schema import (
     ARCHIVE_FORMAT,
     CATALOG_FILE,
     FORMAT_VERSION,
+    PLAN_SUFFIX,
     SESSION_FORMAT,
     SESSION_VERSION,
     Catalog,
@@ -202,6 +203,7 @@ class Archive:
                 raise ArchiveError("negative size or node count", path=str(path), field=field)
             if graph.outputs is not None:
                 check_output(graph.outputs, path=str(path), field=f"{field}.outputs")
+
         backends = [b.backend for b in session.backends]
         if len(set(backends)) != len(backends):
             raise ArchiveError("a backend has two state records", path=str(path), field="backends")
@@ -247,15 +249,13 @@ class Archive:
 
     def graph_bytes(self, rank: int, entry: GraphEntry) -> bytes:
         path = self.graph_path(rank, entry)
-        data = read_bounded(path, self.limits.graph, what=f"graph {entry.name!r}")
-        if len(data) != entry.size:
-            raise ArchiveError(
-                "graph file size differs from its session entry",
-                path=str(path),
-                field="size",
-                expected=entry.size,
-                found=len(data),
-            )
+        try:
+            data = read_bounded(path, self.limits.graph, what=f"graph {entry.name!r}", size=entry.size)
+        except ArchiveError as err:
+            if err.field == "size" and err.expected == entry.size:  # compared before reading
+                raise ArchiveError("graph file size differs from its session entry", path=str(path), field="size",
+                                   expected=entry.size, found=err.found) from None  # fmt: skip
+            raise
         found = sha256_hex(data)
         if found != entry.sha256:
             raise ArchiveError(
@@ -313,17 +313,39 @@ class Archive:
             )
         return data
 
+    def check_module(self, sha256: str, size: int | None = None) -> None:
+        """Check a module image against its sha256 (and recorded size) without holding it."""
+        path = contained_path(self.root, f"modules/{sha256}.bin", field="modules", source=self.root / CATALOG_FILE)
+        found = hash_bounded(path, self.limits.module, what=f"module image {sha256[:12]}", size=size)
+        if found != sha256:
+            raise ArchiveError("module image does not match its sha256", path=str(path), expected=sha256, found=found)
+
     def module_present(self, sha256: str) -> bool:
         return (self.root / "modules" / f"{sha256}.bin").is_file()
 
     # -- rank blobs ---------------------------------------------------------------
 
     def rank_blob(self, rank: int, relative: str, *, sha256: str, size: int, what: str) -> bytes:
-        """A rank-level file (e.g. the warm-up bytes) of exactly ``size`` bytes with this sha256."""
-        session_path = self.session_path(rank)
-        path = contained_path(session_path.parent, relative, field=what, source=session_path)
-        data = read_bounded(path, size, what=what)
-        if len(data) != size or sha256_hex(data) != sha256:
-            raise ArchiveError(f"{what} does not match its record", path=str(path), expected=sha256,
+        """A rank-level file (the warm-up bytes, a launch plan) of exactly ``size`` bytes with
+        this sha256; the file's real size is compared with ``size`` before anything is read."""
+        path = self._rank_file(rank, relative, what)
+        data = read_bounded(path, self._rank_limit(relative), what=what, size=size)
+        if sha256_hex(data) != sha256:
+            raise ArchiveError(f"{what} does not match its record", path=str(path), field="sha256", expected=sha256,
                                found=sha256_hex(data))  # fmt: skip
         return data
+
+    def check_rank_blob(self, rank: int, relative: str, *, sha256: str, size: int, what: str) -> None:
+        """Check a rank-level file as :meth:`rank_blob` does, reading it in pieces (memory stays flat)."""
+        path = self._rank_file(rank, relative, what)
+        found = hash_bounded(path, self._rank_limit(relative), what=what, size=size)
+        if found != sha256:
+            raise ArchiveError(f"{what} does not match its record", path=str(path), field="sha256", expected=sha256,
+                               found=found)  # fmt: skip
+
+    def _rank_file(self, rank: int, relative: str, what: str) -> Path:
+        session_path = self.session_path(rank)
+        return contained_path(session_path.parent, relative, field=what, source=session_path)
+
+    def _rank_limit(self, relative: str) -> int:
+        return self.limits.graph if relative.endswith(PLAN_SUFFIX) else self.limits.warmup
