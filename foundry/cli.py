@@ -190,7 +190,8 @@ def archive_strip(path: Path, keep_warmup: bool, as_json: bool) -> int:
 @guarded
 def archive_verify(path: str, as_json: bool) -> int:
     """Read every file, check every hash, re-check every graph and recompute its
-    fingerprint and launch plan."""
+    fingerprint and launch plan; module images and warm-up bytes must match their records."""
+    from foundry.archive.verify import check_files
     from foundry.graphir.fingerprint import fingerprint
 
     arch = open_archive(path)
@@ -210,13 +211,12 @@ def archive_verify(path: str, as_json: bool) -> int:
         elif entry.plan is not None and not _plan_matches(arch, r, entry, ir):
             mismatches.append({"rank": r, "graph": entry.name, "field": "plan", "expected": "the graph packed again",
                                "found": entry.plan.file})  # fmt: skip
-    for blob in arch.catalog.modules.blobs:
-        if arch.catalog.modules.state.value == "complete":
-            arch.module(blob.sha256)
+    files = check_files(arch)
     if as_json:
         by_field = {field: [m for m in mismatches if m["field"] == field] for field in ("fingerprint", "plan")}
         _emit_json({"ok": not mismatches, "graphs": checked, "fingerprint_mismatches": by_field["fingerprint"],
-                    "plan_mismatches": by_field["plan"], "plans_unchecked": plans_unchecked})  # fmt: skip
+                    "plan_mismatches": by_field["plan"], "plans_unchecked": plans_unchecked,
+                    "modules": files.modules, "warmup_files": files.warmup})  # fmt: skip
     else:
         for m in mismatches:
             where = f"rank {m['rank']} {printable(m['graph'])}"
@@ -224,7 +224,14 @@ def archive_verify(path: str, as_json: bool) -> int:
                 click.echo(f"{where}: launch plan {printable(m['found'])} differs from the graph packed again")
             else:
                 click.echo(f"{where}: fingerprint {m['found']} differs from recorded {m['expected']}")
-        click.echo(f"{checked} graph(s) verified" + (f", {len(mismatches)} mismatch(es)" if mismatches else ", all ok"))
+        kept = (
+            f" ({files.modules} module image(s), {files.warmup} warm-up file(s) matched)"
+            if files.modules + files.warmup
+            else ""
+        )
+        click.echo(
+            f"{checked} graph(s) verified{kept}" + (f", {len(mismatches)} mismatch(es)" if mismatches else ", all ok")
+        )
         if plans_unchecked:
             click.echo(f"{plans_unchecked} launch plan(s) not compared: packing needs cuda-bindings "
                        "(pip install 'foundry[gpu]')")  # fmt: skip

@@ -30,6 +30,7 @@ from .hostile import (
     edit_document,
     first_kernel,
     hostile_names,
+    saved_archive,
 )
 
 SAMPLE = sample_path()
@@ -331,3 +332,51 @@ def test_a_graph_whose_entry_declares_another_size_is_refused_unread(cli, tmp_pa
     outcome = cli.run("archive", "inspect", path)
     assert_refused(outcome, match="(size differs|larger than the reader accepts)")
     assert outcome.maxrss_kib < 300 << 10, f"{outcome.maxrss_kib} KiB: the file was read before its size was compared"
+
+
+# -- 8: verify checks the warm-up bytes ---------------------------------------------------------------
+
+
+def _warm(path: Path) -> Path:
+    return path / "rank0" / "warmup.bin"
+
+
+WARMUP_CASES = {
+    "altered": (lambda p: _warm(p).write_bytes(b"\xff" + _warm(p).read_bytes()[1:]), "does not match its record"),
+    "longer": (lambda p: _warm(p).write_bytes(_warm(p).read_bytes() + b"x"), "not the size its record says"),
+    "missing": (lambda p: _warm(p).unlink(), "warm-up bytes is missing"),
+    "a link": (lambda p: (_warm(p).unlink(), _warm(p).symlink_to("session.json")), "symbolic link"),
+    "a link out": (lambda p: (_warm(p).unlink(), _warm(p).symlink_to("/etc/passwd")), "path leaves the archive"),
+    "a directory": (lambda p: (_warm(p).unlink(), _warm(p).mkdir()), "not a regular file"),
+}
+
+
+def test_warm_up_bytes_declared_at_2_62_bytes_are_refused_unread(cli, tmp_path):
+    path = saved_archive(tmp_path / "saved")
+    edit_json(path / "rank0" / "session.json", lambda s: s["region"]["warmup_bytes"].update(size=1 << 62), root=path)
+    outcome = cli.run("archive", "verify", path)
+    assert_refused(outcome, match="warm-up bytes")
+    assert outcome.maxrss_kib < 300 << 10
+
+
+def test_the_saved_archive_verifies(cli, tmp_path):
+    outcome = cli.run("archive", "verify", saved_archive(tmp_path / "saved"), "--json")
+    assert outcome.rc == 0 and json.loads(outcome.stdout)["warmup_files"] == 1, str(outcome)
+
+
+@pytest.mark.parametrize("case", sorted(WARMUP_CASES))
+def test_verify_checks_the_warm_up_bytes(cli, tmp_path, case):
+    tamper, message = WARMUP_CASES[case]
+    path = saved_archive(tmp_path / "saved")
+    tamper(path)
+    assert_refused(cli.run("archive", "verify", path), match=message)
+    assert_refused(cli.run("archive", "verify", path, "--json"), match=message)
+
+
+@pytest.mark.parametrize("hostile_path", ["../../etc/passwd", "/etc/passwd", "../session.json"])
+def test_a_warm_up_path_leaving_the_rank_is_refused_by_every_reader(cli, tmp_path, hostile_path):
+    path = saved_archive(tmp_path / "saved")
+    edit_json(path / "rank0" / "session.json", lambda s: s["region"]["warmup_bytes"].update(file=hostile_path),
+              root=path)  # fmt: skip
+    for command in (["archive", "inspect"], ["archive", "verify"], ["graph", "lint"]):
+        assert_refused(cli.run(*command, path), match=r"region\.warmup_bytes\.file")

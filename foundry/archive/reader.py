@@ -203,7 +203,13 @@ class Archive:
                 raise ArchiveError("negative size or node count", path=str(path), field=field)
             if graph.outputs is not None:
                 check_output(graph.outputs, path=str(path), field=f"{field}.outputs")
-
+            if graph.plan is not None:
+                _check_sha(graph.plan.sha256, path=path, field=f"{field}.plan.sha256")
+                contained_path(rank_dir, graph.plan.file, field=f"{field}.plan.file", source=path)
+        warm = session.region.warmup_bytes if session.region is not None else None
+        if warm is not None:
+            _check_sha(warm.sha256, path=path, field="region.warmup_bytes.sha256")
+            contained_path(rank_dir, warm.file, field="region.warmup_bytes.file", source=path)
         backends = [b.backend for b in session.backends]
         if len(set(backends)) != len(backends):
             raise ArchiveError("a backend has two state records", path=str(path), field="backends")
