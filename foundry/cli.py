@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import struct
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -249,12 +250,18 @@ def _have_driver_structures() -> bool:
 
 
 def _plan_matches(arch: Any, rank: int, entry: Any, ir: Any) -> bool:
-    """Whether the entry's launch plan is exactly what packing its graph gives."""
+    """Whether the entry's launch plan is exactly what packing its graph gives (the plan file's
+    size and sha256 checked first, against the session's record)."""
     from foundry.runtime.graphs.launch_plan import make_plan
 
     plan = entry.plan
     data = arch.rank_blob(rank, plan.file, sha256=plan.sha256, size=plan.size, what="launch plan")
-    return make_plan(ir) == (data, plan.kernels)
+    try:
+        packed = make_plan(ir)
+    except (struct.error, KeyError, ValueError, TypeError, OverflowError) as err:  # the IR was checked: say where
+        raise FoundryError(f"the graph cannot be packed again: {type(err).__name__}: {err}",
+                           path=str(arch.graph_path(rank, entry)), field="plan") from None  # fmt: skip
+    return packed == (data, plan.kernels)
 
 
 # -- graph --------------------------------------------------------------------------

@@ -296,10 +296,47 @@ def test_an_operand_outside_its_region_is_named_with_both_values(cli, tmp_path):
     assert expected != found, text
 
 
-# -- 6: a declared size is compared with the file's before anything is read ---------------------------
-
+# -- 5: verify packs launch plans only from checked values ------------------------------------------
 
 PLANNED = FIXTURES / "sglang-decode"  # SGLang's decode graphs as SAVEd on the H200 test machine, with launch plans
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda d: first_kernel(d)["launch"].update(grid=[1 << 40, 1, 1]), r"launch\.grid"),
+        (lambda d: first_kernel(d)["launch"].update(shared_mem=-1), r"launch\.shared_mem"),
+        (lambda d: d["edges"][0].__setitem__(2, [300, 0, 0]), r"edges\[0\]"),
+        (
+            lambda d: first_kernel(d)["launch"]["attributes"].append(["programmatic_event", 1]),
+            "unknown launch attribute",
+        ),
+        (lambda d: first_kernel(d)["func_attrs"].append(["bogus", 1]), r"func_attrs\[0\]"),
+    ],
+)
+def test_verify_refuses_plan_inputs_out_of_range_before_packing(cli, tmp_path, edit, field):
+    path = copy(tmp_path, PLANNED)
+    edit_document(path, "decode.bs1", edit)
+    assert_refused(cli.run("archive", "verify", path), match=field)
+    assert_refused(cli.run("archive", "verify", path, "--json"), match=field)
+
+
+def test_verify_refuses_an_unknown_function_attribute_in_a_plan_table(cli, tmp_path):
+    path = copy(tmp_path, PLANNED)
+    edit_json(path / "rank0" / "session.json", lambda s: s["graphs"][0]["plan"]["kernels"][0][2].append(["bogus", 1]),
+              root=path)  # fmt: skip
+    assert_refused(cli.run("archive", "verify", path), match=r"plan\.kernels\[0\]")
+
+
+def test_verify_still_compares_plans(cli, tmp_path):
+    path = copy(tmp_path, PLANNED)
+    assert cli.run("archive", "verify", path).rc == 0
+    edit_json(path / "rank0" / "session.json", lambda s: s["graphs"][0]["plan"]["kernels"].reverse(), root=path)
+    outcome = cli.run("archive", "verify", path, "--json")
+    assert outcome.rc == 1 and json.loads(outcome.stdout)["plan_mismatches"][0]["graph"] == "decode.bs8"
+
+
+# -- 6: a declared size is compared with the file's before anything is read ---------------------------
 
 
 def test_a_plan_declared_at_2_62_bytes_is_refused_unread(cli, tmp_path):
