@@ -10,6 +10,7 @@ codes; a command that reads the archive must show its strings as text.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from collections.abc import Callable
@@ -20,7 +21,7 @@ import pytest
 from foundry.archive.sample import sample_path
 from foundry.archive.schema import CATALOG_FILE
 
-from .archive_tools import edit_json, graph_file
+from .archive_tools import edit_json, graph_file, reseal
 from .conftest import FIXTURES
 from .hostile import (
     CONTROL,
@@ -149,6 +150,8 @@ READERS = [
     ["graph", "lint"],
     ["graph", "show", "{path}", "decode.bs1"],
     ["graph", "export", "{path}", "decode.bs1", "--format", "graphml"],
+    ["archive", "diff", "{path}", str(SAMPLE)],
+    ["archive", "diff", str(SAMPLE), "{path}"],
 ]
 
 
@@ -417,3 +420,47 @@ def test_a_warm_up_path_leaving_the_rank_is_refused_by_every_reader(cli, tmp_pat
               root=path)  # fmt: skip
     for command in (["archive", "inspect"], ["archive", "verify"], ["graph", "lint"]):
         assert_refused(cli.run(*command, path), match=r"region\.warmup_bytes\.file")
+
+
+# -- 7: archive diff reads and checks what it compares -------------------------------------------------
+
+
+def _fifo(path: Path) -> None:
+    target = graph_file(path, "decode.bs2")
+    target.unlink()
+    os.mkfifo(target)
+
+
+DIFF_CASES = {
+    "missing graph": (lambda p: graph_file(p, "decode.bs2").unlink(), "graph 'decode.bs2' is missing"),
+    "fifo": (_fifo, "not a regular file"),
+    "garbage, re-sealed": (lambda p: (graph_file(p, "decode.bs2").write_bytes(b"\x93garbage"), reseal(p)),
+                           "decode.bs2.msgpack"),
+    "session unreadable": (lambda p: (p / "rank0" / "session.json").write_text("{}"), "session does not match"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(DIFF_CASES))
+def test_diff_refuses_an_archive_it_cannot_read_naming_the_part(cli, tmp_path, case):
+    damage, where = DIFF_CASES[case]
+    path = copy(tmp_path)
+    damage(path)
+    for argv in (["archive", "diff", path, SAMPLE], ["archive", "diff", SAMPLE, path], ["archive", "diff", path, path]):
+        assert_refused(cli.run(*argv), match=where)
+        assert_refused(cli.run(*argv, "--json"), match=where)
+
+
+def test_diff_sees_a_graph_changed_under_a_stale_fingerprint(cli, tmp_path):
+    path = copy(tmp_path)
+
+    def change(d: dict) -> None:
+        first_kernel(d)["launch"]["grid"][0] += 1
+
+    edit_document(path, "decode.bs2", change, seal=False)
+    reseal(path, fingerprints=False)  # sizes and sha256s as a SAVE would write them; the old fingerprint kept
+    outcome = cli.run("archive", "diff", SAMPLE, path, "--json")
+    assert outcome.rc == 1, str(outcome)
+    graphs = {g["graph"]: g for g in json.loads(outcome.stdout)["graphs"]}
+    assert graphs["decode.bs2"]["status"] == "changed" and not json.loads(outcome.stdout)["identical"]
+    assert [c["field"] for n in graphs["decode.bs2"]["nodes"] for c in n["changes"]] == ["grid"]
+    assert cli.run("archive", "diff", SAMPLE, SAMPLE).rc == 0  # the same archive twice is still identical

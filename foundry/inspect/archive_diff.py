@@ -102,25 +102,32 @@ def _same_under_both_marks(a: GraphIR, b: GraphIR) -> bool:
 
 
 def diff_archives(a: Archive, b: Archive) -> ArchiveDiff:
-    """Environment, graph set, fingerprints and node-level differences of two archives."""
+    """Environment, graph set, fingerprints and node-level differences of two archives.
+
+    Every graph of either archive is read and checked as LOAD reads it (size, sha256,
+    typed decoding, the deep check), so a graph that is missing, unreadable or damaged
+    is an ArchiveError naming its file, never a graph taken as the same. Two graphs
+    are the same only when their recorded fingerprints agree and are their graphs'
+    own (recomputed); a stale record gets the node-by-node comparison."""
     result = ArchiveDiff(str(a.root), str(b.root), _environment_changes(a, b))
     for rank in sorted(set(a.ranks) | set(b.ranks)):
         entries_a = {e.name: e for e in a.entries(rank)} if rank in a.ranks else {}
         entries_b = {e.name: e for e in b.entries(rank)} if rank in b.ranks else {}
         for name in sorted(entries_a.keys() | entries_b.keys()):
             ea, eb = entries_a.get(name), entries_b.get(name)
-            if eb is None:
-                result.graphs.append(GraphDiff(rank, name, Status.ONLY_A, ea.fingerprint))
-            elif ea is None:
-                result.graphs.append(GraphDiff(rank, name, Status.ONLY_B, None, eb.fingerprint))
-            elif ea.fingerprint == eb.fingerprint:
+            ga = a.graph(rank, ea) if ea is not None else None  # read and checked, one pair at a time
+            gb = b.graph(rank, eb) if eb is not None else None
+            if ea is None or eb is None or ga is None or gb is None:
+                status = Status.ONLY_A if eb is None else Status.ONLY_B
+                result.graphs.append(GraphDiff(rank, name, status, ea and ea.fingerprint, eb and eb.fingerprint))
+                continue
+            honest = fingerprint(ga) == ea.fingerprint and fingerprint(gb) == eb.fingerprint
+            if ea.fingerprint == eb.fingerprint and honest:
                 result.graphs.append(GraphDiff(rank, name, Status.SAME, ea.fingerprint, eb.fingerprint))
             else:
-                ga, gb = a.graph(rank, ea), b.graph(rank, eb)
                 graph = diff_graphs(ga, gb, rank=rank)
                 graph.fingerprint_a, graph.fingerprint_b = ea.fingerprint, eb.fingerprint
                 if graph.status is Status.SAME:  # no field differs: honest records that agree over both marks
-                    honest = fingerprint(ga) == ea.fingerprint and fingerprint(gb) == eb.fingerprint
                     graph.undefined_only = honest and _same_under_both_marks(ga, gb)
                     graph.status = Status.SAME if graph.undefined_only else Status.CHANGED
                     if graph.undefined_only:
