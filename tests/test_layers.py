@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: The rooms, lowest first: a module may import its own room and the rooms below it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("foundry", "foundry.errors", "foundry.env")),
+    ("base", ("foundry", "foundry.errors", "foundry.env", "foundry.text")),
     ("graphir", ("foundry.graphir",)),
     ("archive", ("foundry.archive",)),
     ("backends", ("foundry.backends",)),
@@ -118,12 +118,13 @@ def test_no_room_imports_a_room_above_it():
 
 
 def test_graphir_imports_nothing_of_foundry_but_itself_and_errors():
+    """Errors and the text they print (foundry.text, which errors itself uses) are the base room's."""
     outside = {
         f"{name} imports {target}"
         for name, imported in IMPORTS.items()
         if name.startswith("foundry.graphir")
         for target in imported
-        if not (target.startswith("foundry.graphir") or target == "foundry.errors")
+        if not (target.startswith("foundry.graphir") or target in ("foundry.errors", "foundry.text"))
     }
     assert outside == set()
 
@@ -171,5 +172,5 @@ def test_the_architecture_page_names_every_module():
     files = [*(ROOT / "foundry").rglob("*.py"), *(ROOT / "tui").rglob("*.py"), *(ROOT / "native").rglob("*.[ch]")]
     missing = sorted(str(p.relative_to(ROOT)) for p in files if f"`{p.relative_to(ROOT)}`" not in page)
     assert missing == []
-    assert "base (foundry, errors, env) < " + " < ".join(name for name, _ in LAYERS[1:]) in page
+    assert "base (foundry, errors, env, text) < " + " < ".join(name for name, _ in LAYERS[1:]) in page
     assert "inside runtime/: " in page and " < ".join(p.rpartition(".")[2] for p in RUNTIME_LAYERS[:-1]) in page

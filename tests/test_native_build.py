@@ -75,7 +75,7 @@ def test_malformed_descriptions_are_refused_with_a_reason(lib):
 def test_self_loops_and_cycles_are_refused_naming_a_node(lib):
     """A plan's edges must form a DAG, as the IR's must (the C reader is LOAD's last check)."""
     from foundry.archive.schema import LaunchPlan
-    from foundry.runtime.launch_plan import check_plan
+    from foundry.runtime.graphs.launch_plan import check_plan
 
     ir = Archive.open(FIXTURES / "saveload-a").graph(0, "sample.bs8")  # a chain 0 -> 1 -> ... -> 7
     desc = pack(ir, NumberedFunctions(), attribute_bytes=fake_attribute)

@@ -14,11 +14,13 @@ KINDS = {kind.value for kind in RegionKind}
 
 #: Words spelled like a region kind that mean something else where they appear.
 NOT_REGION_KINDS = {
+    ("foundry/archive/files.py", "host"): "the fallback for this machine's name in a temporary file's name",
     ("foundry/archive/outputs.py", "tensor"): "the tag of an output tensor's record",
     ("foundry/backends/deepep_abi.py", "tensor"): "the memory a DeepEP pointer parameter names",
     ("foundry/graphir/build.py", "host"): "a CUmemorytype of a memcpy",
     ("foundry/graphir/lower.py", "host"): "a CUmemorytype of a memcpy",
     ("foundry/graphir/kinds.py", "host"): "the host-function node kind",
+    ("foundry/graphir/nodes.py", "host"): "a memcpy's memory type",
     ("foundry/inspect/summary.py", "rng"): "a graph's philox cells, a key of the JSON summary",
     ("foundry/integrations/sglang/plugin.py", "backend"): "an attribute of SGLang's graph configuration",
     ("foundry/integrations/sglang/warmup_skip.py", "alloc"): "an action of torch's allocator history",

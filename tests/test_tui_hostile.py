@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import shutil
 
-from rich.text import Text
-
-from foundry.archive.sample import sample_path
 from foundry.tui.screens.browse import BrowseScreen
 from foundry.tui.screens.diff import DiffScreen
 from foundry.tui.widgets.environment_diff import EnvironmentDiff
@@ -18,6 +15,9 @@ from foundry.tui.widgets.node_pane import NodePane
 from foundry.tui.widgets.node_table import NodeTable
 from foundry.tui.widgets.status_line import StatusLine
 from foundry.tui.widgets.summary_pane import SummaryPane
+from rich.text import Text
+
+from foundry.archive.sample import sample_path
 
 from .hostile import CONTROL, edit_document, hostile_names
 from .test_hostile import _window, _with_window

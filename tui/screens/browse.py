@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from foundry.text import plain
 from foundry.tui.describe import describe_node
 from foundry.tui.model import (
     LoadedGraph,
@@ -47,6 +46,7 @@ from foundry.errors import FoundryError
 from foundry.graphir.passes.export import export
 from foundry.inspect.lint import LintReport, lint
 from foundry.inspect.summary import ArchiveSummary, summarize
+from foundry.text import plain
 
 JUMPS = {"collectives": "collective", "unresolved": "unresolved operand"}
 
