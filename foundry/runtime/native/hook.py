@@ -167,16 +167,34 @@ def _allocation(a: _Alloc) -> Allocation:
     return Allocation(a.order, a.offset, a.size, a.request, bool(a.freed), bool(a.reserve), phase)
 
 
+_HERE = Path(__file__).resolve()
+PACKAGE_LIBRARY = _HERE.parents[2] / "_native" / LIBRARY  # where an installed package has it
+NATIVE_SOURCES = _HERE.parents[3] / "native"  # a source checkout's (an editable install's) native/
+
+
 def library_path() -> Path | None:
     """Where the built hook is: ``FOUNDRY_HOOK_LIB``, the package, or the source tree's build."""
     given = HOOK_LIB.read()
     candidates = [None if given is None else str(given)]
-    here = Path(__file__).resolve()
-    candidates += [str(here.parents[2] / "_native" / LIBRARY), str(here.parents[3] / "native" / "build" / LIBRARY)]
+    candidates += [str(PACKAGE_LIBRARY), str(NATIVE_SOURCES / "build" / LIBRARY)]
     for candidate in candidates:
         if candidate and Path(candidate).is_file():
             return Path(candidate)
     return None
+
+
+def build_hint() -> str:
+    """Exactly what to run to get the hook for this installation of Foundry."""
+    if (NATIVE_SOURCES / "Makefile").is_file():  # a source checkout: the lookup searches its native/build
+        return f"run `make -C {NATIVE_SOURCES}` (needs cuda.h, from CUDA_HOME or /usr/local/cuda, and a C compiler)"
+    return (f"reinstall Foundry where cuda.h (CUDA_HOME) and a C compiler are (pip install --force-reinstall "
+            f"--no-deps SOURCE-DIR-OR-WHEEL), or point {HOOK_LIB.name} at a built {LIBRARY}")  # fmt: skip
+
+
+def hook_status() -> str:
+    """One phrase for ``foundry --version``: where the hook is, or that it is not built and what to run."""
+    path = library_path()
+    return f"native hook: {path}" if path is not None else f"native hook: not built; {build_hint()}"
 
 
 class Hook:
