@@ -188,6 +188,10 @@ SGLANG_CONFIG = Variable("FOUNDRY_SGLANG_CONFIG", Kind.PATH, None, frozenset({_G
                          "without `foundry run`: the SGLang plugin's TOML configuration")
 SGLANG_REPORT = Variable("FOUNDRY_SGLANG_REPORT", Kind.PATH, None, frozenset({_G}),
                          "where the SGLang plugin writes its session's report (JSON)")
+SESSION_MARKER = Variable("FOUNDRY_SESSION_MARKER", Kind.PATH, None, frozenset({_S}),
+                          "a file every SAVE or LOAD session writes when the program opens it, so `foundry run` "
+                          "can tell a program that never opened one (a LOAD without a session fails)",
+                          Written.PER_RUN)
 # fmt: on
 
 #: Every variable, by the :class:`RunEnvironment` field that holds its value.
@@ -215,6 +219,7 @@ VARIABLES: dict[str, Variable] = {
     "hook_lib": HOOK_LIB,
     "sglang_config": SGLANG_CONFIG,
     "sglang_report": SGLANG_REPORT,
+    "session_marker": SESSION_MARKER,
 }
 
 
@@ -247,6 +252,7 @@ class RunEnvironment:
     hook_lib: Path | None = HOOK_LIB.default
     sglang_config: Path | None = SGLANG_CONFIG.default
     sglang_report: Path | None = SGLANG_REPORT.default
+    session_marker: Path | None = SESSION_MARKER.default
 
     def __post_init__(self) -> None:
         for field, variable in VARIABLES.items():

@@ -93,3 +93,7 @@ class CaptureError(FoundryError):
 
 class DriftError(FoundryError):
     """The live process differs from what the archive recorded; LOAD refuses before any replay."""
+
+
+class NoGpuError(FoundryError):
+    """SAVE or LOAD was asked for where torch has no CUDA GPU (or no CUDA, or is not installed)."""

@@ -88,6 +88,7 @@ def _values() -> st.SearchStrategy[RunEnvironment]:
         save_first_run=paths, layout_pad=st.integers(0, 9000), region_base=numbers, region_size=numbers,
         region_threads=st.sampled_from(THREAD_POLICIES), hook_echo=st.booleans(), hook_symbols=st.booleans(),
         load_captures=st.booleans(), import_base=numbers, hook_lib=paths, sglang_config=paths, sglang_report=paths,
+        session_marker=paths,
     )  # fmt: skip
 
 
@@ -343,6 +344,7 @@ THROUGH_THE_CONTRACT = {
     (Reader.SGLANG, "FOUNDRY_SGLANG_REPORT"): ("foundry/integrations/sglang/plugin.py", "SGLANG_REPORT"),
     (Reader.SGLANG, "FOUNDRY_SGLANG_CONFIG"): ("foundry/integrations/sglang/config.py", "SGLANG_CONFIG"),
     (Reader.SESSION, "FOUNDRY_SAVE_ID"): ("foundry/runtime/sessions/save.py", "SAVE_ID"),
+    (Reader.SESSION, "FOUNDRY_SESSION_MARKER"): ("foundry/runtime/sessions/marker.py", "SESSION_MARKER"),
 }
 
 

@@ -23,7 +23,9 @@ three unperturbed runs of one SAVE agreed on and another SAVE's runs did not.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -35,7 +37,9 @@ from foundry.archive.schema import CATALOG_FILE
 from foundry.env import RunEnvironment
 from foundry.errors import DriftError, FoundryError, HookError
 from foundry.runtime.launch import rank_runs
-from foundry.runtime.native.hook import LIBRARY, library_path
+from foundry.runtime.launch.precheck import check_load
+from foundry.runtime.native.hook import LIBRARY, build_hint, library_path
+from foundry.runtime.sessions.marker import read_marker
 from foundry.runtime.sessions.validate import check_relocation
 
 
@@ -60,6 +64,7 @@ class RunConfig:
     region_threads: str = "owner"  # which threads may allocate in the region: owner or any
     save_id: str | None = None  # SAVE of several ranks: FOUNDRY_SAVE_ID for this run (default: inherited)
     heap_fill: int = 0  # SAVE runs after the first: MALLOC_PERTURB_, the byte glibc fills heap blocks with
+    session_marker: Path | None = None  # the file the program's session writes when opened (the first run's)
 
 
 ADDR_NO_RANDOMIZE = 0x0040000
@@ -90,8 +95,7 @@ def environment(config: RunConfig, base_env: dict[str, str] | None = None) -> di
     env = dict(os.environ if base_env is None else base_env)
     lib = library_path()
     if lib is None:
-        raise HookError(f"the native hook ({LIBRARY}) is not built: install the package where CUDA headers exist, "
-                        "or run `make -C native`")  # fmt: skip
+        raise HookError(f"the native hook ({LIBRARY}) is not built: {build_hint()}")
     base, size, relocate = config.region_base, config.region_size, False
     if config.mode == "load":
         base, size, relocate = _load_region(config)
@@ -141,6 +145,7 @@ def _run_environment(config: RunConfig, base: int | None, size: int | None, relo
         region_size=size,
         region_threads=config.region_threads,
         hook_echo=True,  # the hook's refusals reach stderr, also in processes no session reads
+        session_marker=config.session_marker,
     )
 
 
@@ -183,12 +188,22 @@ def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Calla
     launcher does so together. Returns the exit code."""
     if config.mode == "save" and (config.archive / CATALOG_FILE).exists() and not config.overwrite:
         raise FoundryError("already holds an archive (pass --overwrite to replace it)", path=str(config.archive))
+    if config.mode == "load":  # refused now, in one line, not from inside the program after its start-up
+        check_load(config.archive, config.rank, command)
     ranks = config.mode == "save" and config.world_size > 1
     if ranks:  # refused now, not after the program ran
         check_save_id(config.archive, rank_runs.save_id())
         rank_runs.check_run_ids(save_runs)
-    # one rank of several: stopped when another rank's SAVE fails (it would wait for a peer that is gone)
-    code = _start(command, config, rank_runs.failed(config.archive).exists if ranks else None)
+    with tempfile.TemporaryDirectory(prefix="foundry-run-") as scratch:
+        marked = dataclasses.replace(config, session_marker=Path(scratch) / "session.json")
+        # one rank of several: stopped when another rank's SAVE fails (it would wait for a peer that is gone)
+        code = _start(command, marked, rank_runs.failed(config.archive).exists if ranks else None)
+        opened = read_marker(marked.session_marker)
+    if code == 0 and opened is None and config.mode == "load":
+        raise FoundryError("the program exited 0 but never opened a LOAD session: nothing was restored (does it "
+                           "call foundry.runtime.open_session()?)", found=" ".join(command)[:200])  # fmt: skip
+    if opened is not None and opened.get("refused"):  # the session said why in one line; nothing to add
+        return code
     if ranks and code != 0:
         rank_runs.note_failure(config.archive)
         log(f"foundry: rank {config.rank}'s SAVE ended with {code}; the other ranks' launchers stop theirs")
@@ -204,8 +219,11 @@ def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Calla
     if written.is_file() and config.world_size > 1 and read_part(written).save_id != rank_runs.save_id():
         raise FoundryError("the program finished, but its rank's part belongs to an earlier SAVE",
                            path=str(written))  # fmt: skip
+    if not written.is_file() and opened is None:
+        raise FoundryError("the program exited 0 but never opened a SAVE session: it wrote no archive (does it "
+                           "call foundry.runtime.open_session()?)", path=str(config.archive))  # fmt: skip
     if not written.is_file():
-        raise FoundryError("the program finished but wrote no archive (does it open a session and call finish()?)",
+        raise FoundryError("the program opened a SAVE session but wrote no archive (does it call finish()?)",
                            path=str(config.archive))  # fmt: skip
     for run_index in range(2, save_runs + 1):
         if config.world_size == 1:
@@ -227,7 +245,8 @@ def _later_run(config: RunConfig, run_index: int, save_id: str | None = None) ->
     pad = LAYOUT_PAD * (run_index - 1) + 24 * run_index
     fill = HEAP_FILLS[(run_index - 2) % len(HEAP_FILLS)]
     return RunConfig(**{**config.__dict__, "archive": extra, "overwrite": True, "layout_pad": pad,
-                        "first_run": config.archive, "save_id": save_id, "heap_fill": fill})  # fmt: skip
+                        "first_run": config.archive, "save_id": save_id, "heap_fill": fill,
+                        "session_marker": None})  # fmt: skip
 
 
 def _save_again(config: RunConfig, command: list[str], run_index: int, save_runs: int,

@@ -25,12 +25,44 @@ The program runs the same code in every mode; the session decides what
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from foundry.errors import HookError
+from foundry.env import launched
+from foundry.errors import HookError, NoGpuError
 from foundry.runtime.native.hook import Hook
+from foundry.runtime.sessions.marker import note_session
+
+
+def require_cuda() -> None:
+    """Refuse SAVE/LOAD where torch cannot reach a CUDA GPU, naming which part is missing
+    (torch, a CUDA build of it, a GPU), before anything of the program's touches CUDA."""
+    try:
+        import torch
+    except ImportError:
+        raise NoGpuError("SAVE/LOAD needs a CUDA GPU and torch with CUDA; torch is not installed here") from None
+    if torch.version.cuda is None:
+        raise NoGpuError(f"SAVE/LOAD needs a CUDA GPU; torch {torch.__version__} here is a CPU-only build")
+    if not torch.cuda.is_available():
+        raise NoGpuError(f"SAVE/LOAD needs a CUDA GPU; torch {torch.__version__} (CUDA {torch.version.cuda}) "
+                         "sees none here")  # fmt: skip
+
+
+def start_checked(mode: str) -> None:
+    """What every SAVE and LOAD session's ``start()`` does first: refuse where torch has no
+    CUDA GPU. Started by `foundry run`, that is one line on stderr and exit status 2 (the
+    program's own traceback would bury it), noted for the launcher; otherwise
+    :class:`NoGpuError`."""
+    try:
+        require_cuda()
+    except NoGpuError as err:
+        note_session(mode, refused=str(err))
+        if launched():
+            print(f"foundry: error: {err}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        raise
 
 
 def init_cuda(device: int) -> None:
@@ -97,6 +129,8 @@ class Session:
     mode = "off"
 
     def __init__(self, *, device: int = 0) -> None:
+        if self.mode != "off":  # `foundry run` learns that the program opened its session
+            note_session(self.mode)
         self.device = device
         self.pool: Any = None
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from foundry.archive.schema import Environment
 
 
-def _driver_version() -> str:
+def driver_version() -> str:
     """The kernel driver's version (e.g. 580.159.04), from NVML or /proc."""
     try:
         import pynvml
@@ -46,7 +46,7 @@ def current_environment(device: int | None = None) -> Environment:
     return Environment(
         gpu_name=torch.cuda.get_device_name(index),
         compute_capability=f"{major}.{minor}",
-        driver_version=_driver_version(),
+        driver_version=driver_version(),
         cuda_version=str(torch.version.cuda),
         torch_version=str(torch.__version__),
         cuda_bindings_version=_version_of("cuda-bindings"),

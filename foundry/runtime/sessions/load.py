@@ -21,10 +21,10 @@ from foundry.env import BUILDERS, INSTANTIATE_MODES, WARMUP_MODES
 from foundry.errors import DriftError, FoundryError, HookError
 from foundry.graphir.graph import GraphIR
 from foundry.runtime.native.hook import Hook
-from foundry.runtime.sessions.base import RestoredGraph, Session, check_active, init_cuda
+from foundry.runtime.sessions.base import RestoredGraph, Session, check_active, init_cuda, start_checked
 from foundry.runtime.sessions.load_region import RegionRestore
 from foundry.runtime.sessions.load_relocation import Relocation
-from foundry.runtime.sessions.validate import check_claims, check_relocation
+from foundry.runtime.sessions.validate import check_claims, check_relocation, required_backends
 
 
 class LoadSession(Session):
@@ -98,20 +98,13 @@ class LoadSession(Session):
         from foundry.backends.registry import BackendRegistry
 
         self.registry = BackendRegistry.discover()
-        backends = []
-        for state in self.record.backends:
-            backend = self.registry.require(state.backend)
-            missing = [step for step in ("validate", "relocate") if step not in backend.implements()]
-            if missing:
-                raise DriftError(f"backend {state.backend!r} cannot {' or '.join(missing)} yet; this archive "
-                                 "needs it", field=f"backends.{state.backend}")  # fmt: skip
-            backends.append((backend, state))
-        return backends
+        return required_backends(self.record, self.registry)
 
     def start(self) -> None:
         from foundry.runtime.sessions.environment import current_environment
         from foundry.runtime.sessions.validate import check_environment, check_modules, check_region
 
+        start_checked(self.mode)
         self.hook = Hook.attach()
         if self.hook.region().mode != "load":
             raise HookError("the hook is not in load mode (start the program with `foundry run --mode load`)")

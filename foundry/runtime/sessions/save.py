@@ -19,7 +19,14 @@ from foundry.graphir.graph import GraphIR
 from foundry.graphir.regions import Region, RegionKind
 from foundry.runtime.graphs.launch_plan import make_plan
 from foundry.runtime.native.hook import Hook
-from foundry.runtime.sessions.base import CapturedGraph, Session, anchor_generator, check_active, init_cuda
+from foundry.runtime.sessions.base import (
+    CapturedGraph,
+    Session,
+    anchor_generator,
+    check_active,
+    init_cuda,
+    start_checked,
+)
 from foundry.runtime.sessions.placement import late_allocations
 
 WARMUP_FILE = "warmup.bin"
@@ -71,6 +78,7 @@ class SaveSession(Session):
         from foundry.archive.schema import CATALOG_FILE
         from foundry.runtime.sessions.environment import current_environment
 
+        start_checked(self.mode)
         if (self.path / CATALOG_FILE).exists() and not self.overwrite:  # refuse before any work
             raise FoundryError("already holds an archive (pass --overwrite to replace it)", path=str(self.path))
         self.hook = Hook.attach()

@@ -19,6 +19,9 @@ from foundry.graphir.operands import OperandSite
 from foundry.graphir.regions import RegionKind
 
 if TYPE_CHECKING:
+    from foundry.archive.schema import BackendState
+    from foundry.archive.schema import Session as SessionRecord
+    from foundry.backends.base import Backend
     from foundry.backends.registry import BackendRegistry
 
 # fields a LOAD must match; the GPU by model and capability, never by UUID
@@ -130,6 +133,20 @@ def check_claim(kernel: KernelIdentity, registry: BackendRegistry, recorded: Ite
         node=node,
         kernel=kernel.name if node is None else None,
     )
+
+
+def required_backends(record: SessionRecord, registry: BackendRegistry) -> list[tuple[Backend, BackendState]]:
+    """Every backend whose state the archive records, installed and able to validate and
+    relocate; refused by name otherwise (before any GPU work)."""
+    backends = []
+    for state in record.backends:
+        backend = registry.require(state.backend)
+        missing = [step for step in ("validate", "relocate") if step not in backend.implements()]
+        if missing:
+            raise DriftError(f"backend {state.backend!r} cannot {' or '.join(missing)} yet; this archive "
+                             "needs it", field=f"backends.{state.backend}")  # fmt: skip
+        backends.append((backend, state))
+    return backends
 
 
 def check_claims(graphs: Iterable[GraphIR], registry: BackendRegistry, recorded: Iterable[str]) -> None:

@@ -1,0 +1,113 @@
+"""What ``foundry run --mode load`` checks before it starts the program.
+
+A LOAD that fails inside the program fails after the program has spent its
+start-up (imports, weights) and as the program's own traceback. Whatever can be
+known without a GPU is checked here first, and refused in one line: the archive
+opens (catalog and the rank's session, their format versions and hashes), it is
+complete (module images recorded and present, every file the session lists
+present at its recorded size), it holds a region record, the backends it needs
+are installed and able to restore it, and the environment agrees where it can
+be read without CUDA (the driver's version where the system shows it; torch's
+version when the program runs in the launcher's own Python environment). The
+LOAD itself checks all of it again, hashes included, and the rest on the GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from foundry.archive.named import open_named
+from foundry.archive.reader import Archive
+from foundry.archive.schema import ModuleState
+from foundry.errors import ArchiveError, DriftError
+
+ENV_FIELD = "environment.{}"
+WHY_NOT_COMPLETE = {
+    ModuleState.STRIPPED: "were stripped (foundry archive strip)",
+    ModuleState.ABSENT: "were not recorded (it was not saved with the hook)",
+}
+
+
+def check_load(archive_path: Path, rank: int, command: list[str]) -> Archive:
+    """Refuse (:class:`ArchiveError`, :class:`DriftError`) a LOAD of ``rank`` that cannot work;
+    the opened archive otherwise."""
+    archive = open_named(archive_path)
+    if rank not in archive.ranks:
+        raise ArchiveError(f"archive has no rank {rank} (--rank)", path=str(archive.root), field="ranks",
+                           expected=archive.ranks, found=rank)  # fmt: skip
+    session = archive.session(rank)
+    if session.region is None:
+        raise DriftError("the archive has no region record (it was not saved with the hook)", field="region")
+    _check_modules(archive)
+    _check_files(archive, rank)
+    from foundry.backends.registry import BackendRegistry
+    from foundry.runtime.sessions.validate import required_backends
+
+    required_backends(session, BackendRegistry.discover())
+    _check_environment(archive, command)
+    return archive
+
+
+def _check_modules(archive: Archive) -> None:
+    modules = archive.catalog.modules
+    if modules.state is not ModuleState.COMPLETE:
+        why = WHY_NOT_COMPLETE.get(modules.state, modules.state.value)
+        raise DriftError(f"the archive's module images {why}: it inspects, lints and diffs, but a LOAD needs them all",
+                         path=str(archive.root), field="modules.state", expected=ModuleState.COMPLETE.value,
+                         found=modules.state.value)  # fmt: skip
+    for blob in modules.blobs:
+        _check_size(archive.root / "modules" / f"{blob.sha256}.bin", blob.size, f"module image {blob.sha256[:12]}")
+
+
+def _check_files(archive: Archive, rank: int) -> None:
+    """Every file the rank's session lists is there, at its recorded size."""
+    session = archive.session(rank)
+    for entry in session.graphs:
+        _check_size(archive.graph_path(rank, entry), entry.size, f"graph {entry.name!r}")
+        if entry.plan is not None:
+            _check_size(archive.session_path(rank).parent / entry.plan.file, entry.plan.size,
+                        f"launch plan of {entry.name!r}")  # fmt: skip
+    warm = session.region.warmup_bytes if session.region is not None else None
+    if warm is not None:
+        _check_size(archive.session_path(rank).parent / warm.file, warm.size, "warm-up bytes")
+
+
+def _check_size(path: Path, size: int, what: str) -> None:
+    try:
+        found = os.stat(path).st_size
+    except FileNotFoundError:
+        raise ArchiveError(f"the archive is incomplete: {what} is missing", path=str(path)) from None
+    if found != size:
+        raise ArchiveError(f"the archive is incomplete or damaged: {what} has another size than recorded",
+                           path=str(path), field="size", expected=size, found=found)  # fmt: skip
+
+
+def _check_environment(archive: Archive, command: list[str]) -> None:
+    """The fields a LOAD compares that can be read here without CUDA."""
+    from foundry.runtime.sessions.environment import driver_version
+
+    recorded = archive.catalog.environment
+    live = driver_version()
+    if live != "unknown" and live != recorded.driver_version:
+        raise DriftError("the archive was saved with another NVIDIA driver", field=ENV_FIELD.format("driver_version"),
+                         expected=recorded.driver_version, found=live)  # fmt: skip
+    if recorded.torch_version and _runs_here(command):
+        try:
+            torch = metadata.version("torch")
+        except metadata.PackageNotFoundError:
+            torch = None
+        if torch is not None and torch != recorded.torch_version:
+            raise DriftError("the archive was saved with another torch (the one installed with Foundry here)",
+                             field=ENV_FIELD.format("torch_version"), expected=recorded.torch_version,
+                             found=torch)  # fmt: skip
+
+
+def _runs_here(command: list[str]) -> bool:
+    """Whether the program runs in the launcher's Python environment (its interpreter from the
+    same directory), so what is installed here is what it imports."""
+    found = shutil.which(command[0]) if command else None
+    return found is not None and Path(found).absolute().parent == Path(sys.executable).absolute().parent

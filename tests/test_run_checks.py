@@ -1,0 +1,127 @@
+"""``foundry run`` checks before the program starts, and a LOAD must have opened a session.
+
+Real archives, the real hook built for this run, the real ``foundry`` command in a child
+process and real programs under it. Each program would leave a file if it ran, so a
+refusal made before it started is told apart from one it made itself."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from foundry.archive import Archive
+from foundry.archive.schema import CATALOG_FILE
+from foundry.archive.strip import strip
+
+from .archive_tools import edit_json
+from .hostile import saved_archive
+
+RAN = "import pathlib, sys; pathlib.Path(sys.argv[1]).write_text('ran')"
+OPENS = ("import pathlib, sys; pathlib.Path(sys.argv[1]).write_text('ran')\n"
+         "from foundry.runtime import open_session\nsession = open_session()\nsession.start()\n")  # fmt: skip
+
+
+def _run(archive: Path, program: str, witness: Path, *extra: str) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-m", "foundry", "run", "--mode", "load", "--archive", str(archive), *extra, "--",
+            sys.executable, "-c", program, str(witness)]  # fmt: skip
+    return subprocess.run(args, capture_output=True, text=True, timeout=300)
+
+
+def _refused_before_start(proc: subprocess.CompletedProcess, witness: Path, match: str) -> str:
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("foundry: error: "), proc.stderr
+    assert match in lines[0], lines[0]
+    assert not witness.exists(), "the program started"
+    return lines[0]
+
+
+def _torch_here() -> str | None:
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@pytest.fixture
+def complete(tmp_path) -> Path:
+    """A complete SAVE (graphs and region of a real H200 SAVE, module images, warm-up bytes),
+    recorded with the torch installed here, if any (the launcher compares it)."""
+    root = saved_archive(tmp_path / "a")
+    if _torch_here() is not None:
+        edit_json(root / CATALOG_FILE, lambda c: c["environment"].update(torch_version=_torch_here()))
+    return root
+
+
+def test_a_complete_archive_passes_and_the_program_starts(complete, tmp_path, with_hook):
+    witness = tmp_path / "ran"
+    proc = _run(complete, RAN, witness)
+    assert witness.read_text() == "ran"  # the checks passed: the program ran (and opened no session)
+    assert proc.returncode == 2 and "never opened a LOAD session: nothing was restored" in proc.stderr
+
+
+def test_a_stripped_archive_is_refused_before_the_program_starts(complete, tmp_path, with_hook):
+    strip(Archive.open(complete))
+    _refused_before_start(_run(complete, RAN, tmp_path / "ran"), tmp_path / "ran",
+                          "module images were stripped (foundry archive strip)")  # fmt: skip
+
+
+def test_a_missing_or_shortened_file_is_refused(complete, tmp_path, with_hook):
+    entry = Archive.open(complete).entries(0)[0]
+    graph = complete / "rank0" / entry.file
+    graph.write_bytes(graph.read_bytes()[:-10])
+    _refused_before_start(_run(complete, RAN, tmp_path / "ran"), tmp_path / "ran", "has another size than recorded")
+    graph.unlink()
+    line = _refused_before_start(_run(complete, RAN, tmp_path / "ran"), tmp_path / "ran", "incomplete")
+    assert f"graph {entry.name!r} is missing" in line
+
+
+def test_a_missing_module_image_is_refused(complete, tmp_path, with_hook):
+    next((complete / "modules").iterdir()).unlink()
+    _refused_before_start(_run(complete, RAN, tmp_path / "ran"), tmp_path / "ran", "module image")
+
+
+def test_a_newer_format_another_rank_or_no_archive_is_refused(complete, tmp_path, with_hook):
+    witness = tmp_path / "ran"
+    _refused_before_start(_run(complete, RAN, witness, "--rank", "3"), witness, "archive has no rank 3")
+    _refused_before_start(_run(tmp_path / "nothing", RAN, witness), witness, "no such archive")
+    edit_json(complete / CATALOG_FILE, lambda c: c.update(format_version=99))
+    _refused_before_start(_run(complete, RAN, witness), witness, "written by a newer Foundry")
+
+
+def test_torch_of_another_version_is_refused_when_the_program_runs_here(complete, tmp_path, with_hook):
+    here = _torch_here()
+    if here is None:
+        pytest.skip("torch is not installed here: the LOAD compares it on the GPU")
+    edit_json(complete / CATALOG_FILE, lambda c: c["environment"].update(torch_version="1.0.0+old"))
+    line = _refused_before_start(_run(complete, RAN, tmp_path / "ran"), tmp_path / "ran", "another torch")
+    assert "1.0.0+old" in line and here in line
+
+
+def test_a_session_opened_without_a_cuda_gpu_says_so_in_one_line(complete, tmp_path, with_hook):
+    witness = tmp_path / "ran"
+    proc = _run(complete, OPENS, witness)
+    assert witness.exists()  # the program ran and opened its session
+    # one line of Foundry's (torch may warn on import, about numpy, on its own lines)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("foundry")]
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("foundry: error: SAVE/LOAD needs a CUDA GPU"), lines[0]
+    try:
+        import torch
+    except ImportError:
+        assert "torch is not installed here" in lines[0]
+    else:
+        assert torch.__version__ in lines[0]
+
+
+def test_a_save_that_opens_no_session_says_which(tmp_path, with_hook):
+    args = [sys.executable, "-m", "foundry", "run", "--mode", "save", "--save-runs", "1", "--archive",
+            str(tmp_path / "out"), "--", sys.executable, "-c", "pass"]  # fmt: skip
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "never opened a SAVE session: it wrote no archive" in proc.stderr
+    opens = "from foundry.runtime import open_session\nopen_session()\n"
+    again = subprocess.run([*args[:-2], "-c", opens], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "opened a SAVE session but wrote no archive" in again.stderr, again.stderr
