@@ -1,11 +1,13 @@
 """The ``foundry`` command.
 
-Exit codes: 0 success (lint clean, diff identical); 1 findings (lint findings
-or failed expectations, archives that differ); 2 usage or archive errors.
-Every error is one line on stderr naming the file and field; with ``--json``
-it is one JSON object on stdout instead (nothing else is written there). Never
-a traceback. Text from archives is shown as text, never as rich markup, with
-its control characters escaped (:mod:`foundry.text`).
+Exit codes: 0 success (lint clean, diff identical, doctor: SAVE/LOAD can run);
+1 findings (lint findings or failed expectations, archives that differ, verify
+mismatches, doctor: a part SAVE/LOAD needs is missing); 2 usage or archive
+errors. Every error, click's own usage errors included, is one line on stderr
+(``foundry: error: ...``) naming the file and field; with ``--json`` it is one
+JSON object on stdout instead (nothing else is written there). Never a
+traceback. Text from archives is shown as text, never as rich markup, with its
+control characters escaped (:mod:`foundry.text`).
 """
 
 from __future__ import annotations
@@ -15,16 +17,18 @@ import json
 import os
 import struct
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
+from rich.text import Text
 
 from foundry import __version__
 from foundry.archive.reader import Archive
-from foundry.archive.sample import SAMPLE_NAME, resolve_archive_arg
+from foundry.archive.sample import SAMPLE_NAME
 from foundry.backends.registry import BackendRegistry
 from foundry.env import SAVE_ID
 from foundry.errors import FoundryError
@@ -77,17 +81,78 @@ def guarded(fn: Callable[..., int | None]) -> Callable[..., None]:
 
 
 def open_archive(text: str) -> Archive:
-    return Archive.open(resolve_archive_arg(text))
+    """The archive a command-line argument names (a directory or ``@sample``)."""
+    from foundry.archive.named import open_named
+
+    return open_named(text)
+
+
+def _wants_json(args: list[str]) -> bool:
+    """Whether the command line asks for ``--json`` (before any ``--``: after it is a program's)."""
+    head = args[: args.index("--")] if "--" in args else args
+    return "--json" in head
+
+
+def _usage_line(err: click.UsageError) -> str:
+    """Click's usage error as one line: what is wrong, and where the usage is."""
+    text = " ".join(err.format_message().split()).removesuffix(".")
+    text = text[:1].lower() + text[1:]
+    path = err.ctx.command_path if err.ctx is not None else "foundry"
+    where = "" if path == "foundry" else f"{path}: "
+    return f"{where}{text} (see `{path} --help`)"
+
+
+class FoundryGroup(click.Group):
+    """The root group: every usage error one line (or one JSON object), like every other refusal,
+    and a subcommand typed without its group pointed to its place."""
+
+    def main(self, args: list[str] | None = None, prog_name: str | None = None, **extra: Any) -> Any:  # type: ignore[override]
+        args = sys.argv[1:] if args is None else list(args)
+        try:
+            code = super().main(args, prog_name, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as err:  # a group without its command: the help it asks for
+            click.echo(err.ctx.get_help())
+            sys.exit(EXIT_OK)
+        except click.UsageError as err:
+            _fail(_usage_line(err), EXIT_ERROR, _wants_json(args), {"error": "UsageError", "message": _usage_line(err)})
+        except click.ClickException as err:
+            _fail(err.format_message(), EXIT_ERROR, _wants_json(args))
+        except click.exceptions.Abort:
+            click.echo("foundry: interrupted", err=True)
+            sys.exit(130)
+        sys.exit(code if isinstance(code, int) else EXIT_OK)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[Any, Any, list[str]]:
+        name = args[0] if args else ""
+        if name not in self.commands:
+            for group_name, group in sorted(self.commands.items()):
+                if isinstance(group, click.Group) and name in group.commands:
+                    raise click.UsageError(f"no command {name!r}; did you mean `foundry {group_name} {name}`?",
+                                           ctx=ctx)  # fmt: skip
+        return super().resolve_command(ctx, args)
+
+
+def _version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from foundry.runtime.native.hook import hook_status
+
+    click.echo(f"foundry, version {__version__}; {hook_status()}")
+    ctx.exit(EXIT_OK)
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="machine-readable output on stdout")
 rank_option = click.option("--rank", type=click.IntRange(min=0), default=None, help="only this rank")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="foundry")
+@click.group(cls=FoundryGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_version,
+              help="Show the version and whether the native hook is built, and exit.")  # fmt: skip
 def main() -> None:
-    """Foundry: inspect, lint and diff archives of persisted CUDA graphs."""
+    """Foundry: inspect, lint and diff archives of persisted CUDA graphs; SAVE and LOAD them (foundry run).
+
+    Errors are one line on stderr and exit 2 (with --json: one JSON object on stdout).
+    `foundry doctor` says whether SAVE/LOAD can run on this machine."""
 
 
 # -- archive ------------------------------------------------------------------------
@@ -95,7 +160,7 @@ def main() -> None:
 
 @main.group()
 def archive() -> None:
-    """Whole-archive commands: inspect, diff, verify."""
+    """Whole-archive commands: inspect, diff, verify, strip."""
 
 
 @archive.command(
@@ -169,15 +234,17 @@ def _relocation_check(a: Archive, b: Archive, as_json: bool) -> int:
 
 
 @archive.command("strip")
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", metavar="ARCHIVE")
 @click.option("--keep-warmup", is_flag=True, help="keep the warm-up bytes a LOAD --warmup restore needs")
 @json_option
 @guarded
-def archive_strip(path: Path, keep_warmup: bool, as_json: bool) -> int:
-    """Drop module images (and warm-up bytes) to make PATH small; it then inspects but no longer LOADs."""
+def archive_strip(path: str, keep_warmup: bool, as_json: bool) -> int:
+    """Drop module images (and warm-up bytes) to make ARCHIVE small, in place; it then inspects but no
+    longer LOADs. @sample is refused (it belongs to the package): strip a copy."""
+    from foundry.archive.named import open_named, writable_path
     from foundry.archive.strip import strip
 
-    removed = strip(Archive.open(path), keep_warmup=keep_warmup)
+    removed = strip(open_named(writable_path(path, "strip")), keep_warmup=keep_warmup)
     if as_json:
         _emit_json({"ok": True, **removed})
     else:
@@ -191,7 +258,10 @@ def archive_strip(path: Path, keep_warmup: bool, as_json: bool) -> int:
 @guarded
 def archive_verify(path: str, as_json: bool) -> int:
     """Read every file, check every hash, re-check every graph and recompute its
-    fingerprint and launch plan; module images and warm-up bytes must match their records."""
+    fingerprint and launch plan; module images and warm-up bytes must match their records.
+
+    Exits 0 when everything matches, 1 when a fingerprint or launch plan differs
+    from its record, 2 when a file is missing, damaged or altered (the first one found)."""
     from foundry.archive.verify import check_files
     from foundry.graphir.fingerprint import fingerprint
 
@@ -272,7 +342,21 @@ def graph() -> None:
     """Per-graph commands: lint, show, export."""
 
 
-@graph.command("lint")
+def _lint_help() -> str:
+    from foundry.inspect.lint import RULES
+
+    rules = "\n".join(textwrap.fill(f"{name}: {rule.description}", 76, initial_indent="  ", subsequent_indent="      ")
+                      for name, rule in RULES.items())  # fmt: skip
+    return (
+        "Check graphs against built-in rules and --expect counts.\n\n"
+        f"\b\nRules:\n{rules}\n\n"
+        "KIND is a node kind (kernel, memcpy, memset, ...) or a backend kind (symm-allreduce, nccl-allreduce, "
+        "deepep-dispatch, ...: `foundry backends list`). Errors and failed expectations fail the run; "
+        "warnings fail it only with --strict. Exits 0 clean, 1 findings, 2 usage or archive error."
+    )
+
+
+@graph.command("lint", help=_lint_help())
 @click.argument("path", metavar="ARCHIVE")
 @rank_option
 @click.option("--graph", "pattern", default=None, metavar="GLOB", help="only graphs whose name matches")
@@ -285,7 +369,8 @@ def graph() -> None:
 )
 @click.option("--total", is_flag=True, help="expectations count over the whole selection instead")
 @click.option("--disable", "disabled", multiple=True, metavar="RULE", help="turn a built-in rule off (repeatable)")
-@click.option("--strict", is_flag=True, help="warnings fail too")
+@click.option("--strict", is_flag=True, help="warnings fail the run too")
+@click.option("--quiet", "-q", is_flag=True, help="print only what fails (and the summary line)")
 @json_option
 @guarded
 def graph_lint(
@@ -296,14 +381,9 @@ def graph_lint(
     total: bool,
     disabled: tuple[str, ...],
     strict: bool,
+    quiet: bool,
     as_json: bool,
 ) -> int:
-    """Check graphs against built-in rules and --expect counts.
-
-    Rules: unresolved-pointer, unsupported-node, missing-module-image.
-    KIND is a node kind (kernel, memset, ...) or a backend kind
-    (symm-allreduce, nccl-allreduce, deepep-dispatch, ...).
-    Exits 0 clean, 1 findings, 2 usage or archive error."""
     from foundry.inspect.lint import Expectation, lint
     from foundry.inspect.render import render_lint
 
@@ -320,7 +400,7 @@ def graph_lint(
     if as_json:
         _emit_json(report.to_dict(strict=strict))
     else:
-        render_lint(_stdout(), report, strict=strict)
+        render_lint(_stdout(), report, strict=strict, quiet=quiet)
     return EXIT_FINDINGS if report.failed(strict=strict) else EXIT_OK
 
 
@@ -331,10 +411,13 @@ def graph_lint(
 @json_option
 @guarded
 def graph_show(path: str, name: str, rank: int, as_json: bool) -> int:
-    """The node table of one graph."""
+    """The node table of one graph. Piped, every column is printed in full; in a
+    terminal, long cells wrap to the terminal's width."""
+    from foundry.inspect.choose import graph_entry
     from foundry.inspect.render import node_rows, render_nodes
 
-    ir = open_archive(path).graph(rank, name)
+    arch = open_archive(path)
+    ir = arch.graph(rank, graph_entry(arch, rank, name))
     if as_json:
         _emit_json(
             {
@@ -344,8 +427,10 @@ def graph_show(path: str, name: str, rank: int, as_json: bool) -> int:
                 "edges": [[e.src, e.dst, e.data.type] for e in ir.edges()],
             }
         )
-    else:
+    elif sys.stdout.isatty():
         render_nodes(_stdout(), ir)
+    else:  # a file or a pipe: no width to fit, so nothing is folded or cut
+        render_nodes(Console(soft_wrap=False, highlight=False, markup=False, width=1 << 16), ir, full=True)
     return EXIT_OK
 
 
@@ -358,7 +443,7 @@ def graph_show(path: str, name: str, rank: int, as_json: bool) -> int:
     "--output",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="write here (atomically) instead of stdout",
+    help="write here (atomically) instead of stdout; its directory must exist",
 )
 @click.option("--rank", type=click.IntRange(min=0), default=0, show_default=True)
 @guarded
@@ -366,8 +451,13 @@ def graph_export(path: str, name: str, fmt: str, output: Path | None, rank: int)
     """Export one graph as Graphviz DOT or GraphML."""
     from foundry.archive.files import atomic_write
     from foundry.graphir.passes.export import export
+    from foundry.inspect.choose import graph_entry
 
-    text = export(open_archive(path).graph(rank, name), fmt)
+    if output is not None and not output.parent.is_dir():  # refused before the graph is read
+        raise FoundryError("the directory to write into does not exist (create it first)", path=str(output.parent),
+                           field="--output")  # fmt: skip
+    arch = open_archive(path)
+    text = export(arch.graph(rank, graph_entry(arch, rank, name)), fmt)
     if output is None:
         click.echo(text, nl=False)
     else:
@@ -381,7 +471,7 @@ def graph_export(path: str, name: str, fmt: str, output: Path | None, rank: int)
 
 @main.group()
 def backends() -> None:
-    """Registered backends (entry-point group foundry.backends)."""
+    """Registered backends (entry-point group foundry.backends): list."""
 
 
 @backends.command("list")
@@ -410,6 +500,34 @@ def backends_list(as_json: bool) -> int:
     return EXIT_OK
 
 
+@main.command("doctor")
+@json_option
+@guarded
+def doctor(as_json: bool) -> int:
+    """Whether SAVE/LOAD (foundry run) can run on this machine: the native hook, CUDA headers,
+    driver and GPU, torch, cuda-bindings, zstandard, SGLang and its plugin, backends. Each
+    missing part is named with its fix. Exits 0 when SAVE/LOAD can run here, 1 when not."""
+    from foundry.runtime.launch.doctor import assess, gather, ready, report
+
+    checks = assess(gather())
+    if as_json:
+        _emit_json(report(checks))
+        return EXIT_OK if ready(checks) else EXIT_FINDINGS
+    out = _stdout()
+    styles = {"ok": "green", "missing": "red", "warning": "yellow", "info": "dim"}
+    for c in checks:
+        out.print(Text.assemble((f"{c.status:8}", styles.get(c.status, "")), f" {c.name}: {printable(c.detail)}"),
+                  soft_wrap=True)  # fmt: skip
+        if c.fix and c.status != "ok":
+            out.print(f"         fix: {printable(c.fix)}", soft_wrap=True)
+    missing = [c.name for c in checks if c.needed and c.status == "missing"]
+    verdict = ("SAVE/LOAD can run here", "green") if not missing else (
+        f"SAVE/LOAD cannot run here: {len(missing)} part(s) missing ({', '.join(missing)}); inspect, lint, diff and "
+        "the TUI work without them", "red")  # fmt: skip
+    out.print(Text(verdict[0], style=verdict[1]), soft_wrap=True)
+    return EXIT_OK if not missing else EXIT_FINDINGS
+
+
 def _address(text: str) -> int:
     try:
         return int(text, 0)
@@ -419,7 +537,8 @@ def _address(text: str) -> int:
 
 @main.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--mode", type=click.Choice(["save", "load"]), required=True, help="capture and write, or restore")
-@click.option("--archive", type=click.Path(path_type=Path), required=True, help="the archive directory")
+@click.option("--archive", "archive_arg", required=True, metavar="ARCHIVE",
+              help=f"the archive directory (LOAD: also {SAMPLE_NAME}, which it refuses as not loadable)")  # fmt: skip
 @click.option("--region-base", callback=lambda c, p, v: None if v is None else _address(v), default=None,
               help="base address of the region; LOAD takes SAVE's unless given (then it relocates)")  # fmt: skip
 @click.option("--region-size", type=click.IntRange(min=1 << 30), default=None, help="bytes to reserve (>= 1 GiB)")
@@ -445,15 +564,21 @@ def _address(text: str) -> int:
               "the trace comparisons still refuse any reordering")  # fmt: skip
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @guarded
-def run(mode: str, archive: Path, region_base: int | None, region_size: int | None, warmup: str, rank: int,
+def run(mode: str, archive_arg: str, region_base: int | None, region_size: int | None, warmup: str, rank: int,
         world_size: int, builder: str, build_threads: int, instantiate: str, overwrite: bool, keep_aslr: bool,
         save_runs: int, region_threads: str, command: tuple[str, ...]) -> int:  # fmt: skip
     """Run COMMAND (after --) with the native hook and a SAVE or LOAD session.
 
     The program opens the session with foundry.runtime.open_session(); the exit
     code is the program's. A SAVE runs it --save-runs times (fresh processes) and
-    keeps the first run's archive, marked with the bytes the runs disagree on."""
+    keeps the first run's archive, marked with the bytes the runs disagree on. A
+    LOAD checks the archive before the program starts (readable, complete, format
+    versions, what can be compared without a GPU) and fails (exit 2) when the
+    program never opened a session."""
+    from foundry.archive.named import archive_path, writable_path
     from foundry.runtime.launch import launcher
+
+    archive = archive_path(archive_arg) if mode == "load" else writable_path(archive_arg, "a SAVE")
 
     if rank >= world_size and mode == "save":
         raise click.BadParameter(f"rank {rank} is not below the world size {world_size}", param_hint="--rank")

@@ -26,6 +26,7 @@ from foundry.graphir.graph import GraphIR
 from foundry.graphir.kinds import NodeKind
 from foundry.graphir.nodes import UnsupportedNode
 from foundry.graphir.regions import RegionKind
+from foundry.inspect.choose import selection, suggestion, unknown
 
 
 class Severity(StrEnum):
@@ -174,10 +175,20 @@ def _unrelocatable_collective(ctx: GraphContext) -> Iterator[Finding]:
 RULES: dict[str, Rule] = {
     rule.name: rule
     for rule in (
-        Rule("unresolved-pointer", "a pointer word lies in no known allocation", _unresolved_pointer),
-        Rule("unsupported-node", "a node kind LOAD cannot rebuild (host, child graph, ...)", _unsupported_node),
-        Rule("missing-module-image", "a kernel's module image is not in the archive", _missing_module_image),
-        Rule("unrelocatable-collective", "a collective whose backend cannot relocate it", _unrelocatable_collective),
+        Rule("unresolved-pointer", "a pointer word lies in no known allocation (error)", _unresolved_pointer),
+        Rule("unsupported-node", "a node kind LOAD cannot rebuild: host, child graph, ... (error)", _unsupported_node),
+        Rule(
+            "missing-module-image",
+            "a kernel's module image is not in the archive (error; a warning when the "
+            "archive records no images or they were stripped)",
+            _missing_module_image,
+        ),
+        Rule(
+            "unrelocatable-collective",
+            "a collective kernel with pointers outside the region that its backend "
+            "cannot relocate, so LOAD refuses the graph (warning)",
+            _unrelocatable_collective,
+        ),
     )
 }
 
@@ -211,7 +222,17 @@ class LintReport:
 
 
 def known_kinds(registry: BackendRegistry) -> set[str]:
+    """Every kind ``--expect`` counts: node kinds and the kinds the backends recognise."""
     return {str(k) for k in NodeKind} | registry.kinds()
+
+
+def unknown_kind(kind: str, registry: BackendRegistry) -> LintError:
+    """An unknown ``--expect`` kind refused with the closest known one and where the rest are listed."""
+    near = suggestion(kind, known_kinds(registry))
+    hint = f"did you mean {near!r}? " if near else ""
+    nodes = ", ".join(str(k) for k in (NodeKind.KERNEL, NodeKind.MEMCPY, NodeKind.MEMSET))
+    return LintError(f"unknown kind {kind!r}; {hint}a kind is a node kind ({nodes}, ...) or a kind a backend "
+                     "recognises (`foundry backends list` shows them)", field="--expect")  # fmt: skip
 
 
 def lint(
@@ -229,19 +250,15 @@ def lint(
     disabled = set(disabled)
     unknown_rules = sorted(disabled - RULES.keys())
     if unknown_rules:
-        raise LintError(f"unknown rule {unknown_rules[0]!r}", expected=sorted(RULES), found=unknown_rules[0])
+        raise unknown(unknown_rules[0], RULES, what="rule", option="--disable")
     kinds = known_kinds(registry)
     for exp in expectations:
         if exp.kind not in kinds:
-            raise LintError(f"unknown kind {exp.kind!r} in --expect", expected=sorted(kinds), found=exp.kind)
-    selection = archive.select(rank=rank, pattern=pattern)
-    if not selection:
-        raise LintError(
-            "no graph matches the selection", field="--rank/--graph", found={"rank": rank, "graph": pattern}
-        )
+            raise unknown_kind(exp.kind, registry)
+    selected = selection(archive, rank=rank, pattern=pattern)
     rules = [r for name, r in RULES.items() if name not in disabled]
     report = LintReport()
-    for r, entry in selection:
+    for r, entry in selected:
         ir = archive.graph(r, entry, deep=False)
         counts = ir.counts_by_kind() + collective_counts(ir, registry)
         report.graphs.append(GraphCounts(r, entry.name, counts))

@@ -6,6 +6,7 @@ with its control characters escaped (:func:`foundry.text.printable`)."""
 from __future__ import annotations
 
 from rich.console import Console
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -142,14 +143,20 @@ def _render_restore(console: Console, s: ArchiveSummary) -> None:
                       f"{len(s.graphs)} graphs")  # fmt: skip
 
 
-def render_lint(console: Console, report: LintReport, *, strict: bool = False) -> None:
+def render_lint(console: Console, report: LintReport, *, strict: bool = False, quiet: bool = False) -> None:
+    """Findings, expectations and the verdict; ``quiet`` leaves out what does not fail the run."""
+    failing = {Severity.ERROR, Severity.WARNING} if strict else {Severity.ERROR}
     for f in report.findings:
+        if quiet and f.severity not in failing:
+            continue
         style = "red" if f.severity is Severity.ERROR else "yellow"
         where = f"rank {f.rank} {f.graph}" + (f" node {f.node}" if f.node is not None else "")
         console.print(
             Text.assemble((f"{f.severity.value:7}", style), p(f" {f.rule}: {where}: {f.message}")), soft_wrap=True
         )
     for e in report.expectations:
+        if quiet and e.ok:
+            continue
         scope = p(f"rank {e.rank} {e.graph}") if e.graph is not None else "total"
         mark = ("ok  ", "green") if e.ok else ("FAIL", "red")
         console.print(
@@ -159,12 +166,15 @@ def render_lint(console: Console, report: LintReport, *, strict: bool = False) -
     warnings = len(report.findings) - errors
     failed = sum(not e.ok for e in report.expectations)
     verdict = ("FAILED", "red") if report.failed(strict=strict) else ("clean", "green")
+    why = " (--strict: the warnings fail the run)" if strict and warnings else ""
     console.print(
         Text.assemble(
             f"{len(report.graphs)} graph(s) checked: {errors} error(s), {warnings} warning(s), "
             f"{failed} failed expectation(s) — ",
             verdict,
-        )
+            why,
+        ),
+        soft_wrap=True,
     )
 
 
@@ -261,32 +271,47 @@ def node_rows(ir: GraphIR) -> list[dict[str, object]]:
     return rows
 
 
-def render_nodes(console: Console, ir: GraphIR) -> None:
-    table = Table(title=f"{p(ir.name)}: {len(ir)} nodes, {ir.edge_count()} edges", title_justify="left")
-    for col in ("id", "kind", "kernel / detail", "grid", "block", "smem", "param B"):
-        wide = col == "kernel / detail"
-        table.add_column(
-            col,
-            justify="right" if col in ("id", "smem", "param B") else "left",
-            no_wrap=True,
-            overflow="ellipsis" if wide else "fold",
-            max_width=48 if wide else None,
-            min_width=None if wide else len(col),
-        )
-    table.add_column("operands", overflow="fold", min_width=20)
+NODE_COLUMNS = ("id", "kind", "kernel / detail", "grid", "block", "smem", "param B", "operands")
+_WRAPPING = ("kernel / detail", "operands")
+_WRAP_MIN = 20  # narrowest a wrapping column may get before the table gives way to one block per node
+
+
+def _node_cells(ir: GraphIR) -> list[tuple[str, ...]]:
+    cells = []
     for row in node_rows(ir):
         grid = ",".join(map(str, row.get("grid", []))) or "-"
         block = ",".join(map(str, row.get("block", []))) or "-"
-        operands = row["operands"]
-        shown = ", ".join(operands[:3]) + (f", +{len(operands) - 3}" if len(operands) > 3 else "")
-        table.add_row(
-            str(row["id"]),
-            str(row["kind"]),
-            p(row.get("kernel", "")),
-            grid,
-            block,
-            str(row.get("shared_mem", "-")),
-            str(row.get("params", "-")),
-            p(shown) or "-",
+        cells.append((str(row["id"]), str(row["kind"]), p(row.get("kernel", "")) or "-", grid, block,
+                      str(row.get("shared_mem", "-")), str(row.get("params", "-")),
+                      p(", ".join(row["operands"])) or "-"))  # fmt: skip
+    return cells
+
+
+def render_nodes(console: Console, ir: GraphIR, *, full: bool = False) -> None:
+    """The node table, every cell whole. ``full`` keeps each row on one line (for a pipe or a
+    file, where no width applies); otherwise long cells wrap to the console's width, and a
+    console too narrow for the table gets one block of lines per node instead."""
+    cells = _node_cells(ir)
+    title = f"{p(ir.name)}: {len(ir)} nodes, {ir.edge_count()} edges"
+    columns = zip(NODE_COLUMNS, zip(*cells, strict=True), strict=True)
+    fixed = sum(max([len(c) for c in column] + [len(name)]) + 3 for name, column in columns if name not in _WRAPPING)
+    if not full and cells and console.width < fixed + len(_WRAPPING) * (_WRAP_MIN + 3) + 1:
+        console.print(title)
+        for c in cells:
+            console.print(Text(f"{c[0]:>5} {c[1]} {c[2]}"))
+            console.print(Padding(Text(f"grid {c[3]} block {c[4]} smem {c[5]} param B {c[6]}\noperands {c[7]}"),
+                                  (0, 0, 0, 6)))  # fmt: skip
+        return
+    table = Table(title=title, title_justify="left")
+    for col in NODE_COLUMNS:
+        table.add_column(
+            col,
+            justify="right" if col in ("id", "smem", "param B") else "left",
+            no_wrap=full or col not in _WRAPPING,
+            overflow="fold",
+            min_width=_WRAP_MIN if col in _WRAPPING and not full else len(col),
+            ratio=None if full or col not in _WRAPPING else (2 if col == "operands" else 1),
         )
+    for c in cells:
+        table.add_row(*c)
     console.print(table)
