@@ -3,7 +3,8 @@
 One archive opens the browse screen; two open the diff screen (A against B);
 none opens the sample archive that ships with the package. Archives are opened
 here, before the terminal is taken over, so a bad path is one line on stderr
-(``foundry-tui: error: ...``) and exit status 2, never a traceback.
+(``foundry-tui: error: ...``) and exit status 2, never a traceback; so is a
+standard output or input that is not a terminal.
 """
 
 from __future__ import annotations
@@ -107,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     except OSError as err:
         print(f"foundry-tui: error: {err.filename or ''}: {err.strerror or err}", file=sys.stderr)
+        return EXIT_ERROR
+    if not (sys.stdout.isatty() and sys.stdin.isatty()):  # it would draw escape codes into a file and wait
+        which = "stdout" if not sys.stdout.isatty() else "stdin"
+        print(f"foundry-tui: error: {which} is not a terminal: foundry-tui draws on one and reads its keys "
+              "(for text, use `foundry archive inspect` or `foundry graph show`)", file=sys.stderr)  # fmt: skip
         return EXIT_ERROR
     app = FoundryApp(*opened)
     app.run()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from foundry.tui.model import counted
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -217,7 +218,7 @@ def _kernel_parts(node: KernelNode, operands: tuple[Operand, ...], claim: Kernel
         params.add_row(*cells)
     pointers = sum(1 for o in operands if o.site is OperandSite.PARAM)
     undefined = sum(length for _, length in node.undefined)
-    title = f"Parameters ({len(node.layout.slots)}, {node.layout.size} bytes, {pointers} pointer words"
+    title = f"Parameters ({len(node.layout.slots)}, {node.layout.size} bytes, {counted(pointers, 'pointer word')}"
     title += f", {undefined} undefined bytes ignored by fingerprints)" if undefined else ")"
     return [
         _section("Kernel"),

@@ -17,8 +17,9 @@ from pathlib import Path
 from rich.console import Console, ConsoleOptions, JustifyMethod, RenderResult
 from rich.text import Text
 
+from foundry.archive.named import archive_path, open_named
 from foundry.archive.reader import Archive
-from foundry.archive.sample import SAMPLE_NAME, resolve_archive_arg, sample_path
+from foundry.archive.sample import SAMPLE_NAME, sample_path
 from foundry.archive.schema import GraphEntry
 from foundry.backends.base import KernelMatch
 from foundry.backends.classify import classify
@@ -29,7 +30,7 @@ from foundry.inspect.lint import Finding, LintReport
 from foundry.inspect.summary import ArchiveSummary
 from foundry.text import printable
 
-KERNEL_COLUMN = 34  # characters of the kernel name shown in the node table
+KERNEL_COLUMN = 34  # the node table's kernel column at its narrowest (it widens with the terminal)
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,8 @@ class OpenedArchive:
     def open(cls, text: str | Path) -> OpenedArchive:
         """Open a path or ``@sample``; raise :class:`~foundry.errors.ArchiveError` on a bad one."""
         text = str(text)
-        path = resolve_archive_arg(text)
-        archive = Archive.open(path)
+        path = archive_path(text)
+        archive = open_named(text)
         is_sample = text == SAMPLE_NAME or path.resolve() == sample_path().resolve()
         label = f"{SAMPLE_NAME} ({path.name})" if is_sample else (path.resolve().name or str(path))
         return cls(archive, printable(label))
@@ -83,16 +84,17 @@ def load_graph(archive: Archive, registry: BackendRegistry, rank: int, entry: Gr
     return loaded
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 graph``, ``3 graphs``: a count with its noun in the right number."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def dims(value: tuple[int, int, int]) -> str:
     """Grid or block dimensions without trailing ones: ``(128, 1, 1)`` -> ``128``."""
     parts = list(value)
     while len(parts) > 1 and parts[-1] == 1:
         parts.pop()
     return ",".join(map(str, parts))
-
-
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def node_summary(node: Node) -> str:
@@ -160,7 +162,7 @@ def node_table_rows(loaded: LoadedGraph) -> list[tuple[Cell, ...]]:
         rows.append(
             (
                 Cell(str(node.id), justify="right"),
-                Cell(_clip(node_summary(node), KERNEL_COLUMN)),
+                Cell(node_summary(node)),  # cut to the column's width, with an ellipsis, when drawn
                 *cells,
                 Cell(str(pointers), justify="right") if pointers else empty,
                 Cell(" ".join(notes), style) if notes else empty,

@@ -26,6 +26,7 @@ from foundry.tui.model import (
 from foundry.tui.screens.export import ExportRequest, ExportScreen
 from foundry.tui.widgets.archive_info import ArchiveInfo
 from foundry.tui.widgets.graph_tree import GraphTree
+from foundry.tui.widgets.key_footer import KeyFooter
 from foundry.tui.widgets.node_pane import NodePane
 from foundry.tui.widgets.node_table import NodeTable
 from foundry.tui.widgets.search_bar import SearchBar
@@ -37,7 +38,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Footer, Header, TabbedContent, TabPane
+from textual.widgets import Header, TabbedContent, TabPane
 
 from foundry.archive.files import atomic_write
 from foundry.archive.schema import GraphEntry
@@ -148,7 +149,7 @@ class BrowseScreen(Screen):
                         yield SummaryPane(id="summary")
         yield SearchBar(id="search")
         yield StatusLine(id="status")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.sub_title = self.opened.label
@@ -372,8 +373,15 @@ class BrowseScreen(Screen):
         self.status.say(f"{self.query_text!r}: match {index} of {len(self.matches)} (node {node_id}; n/N for more)")
 
     def _search_step(self, backward: bool) -> None:
-        if not self.matches:
+        loaded = self.loaded
+        if self.query_text is None:
             self.status.say("no search yet: press / to search kernel names", style="yellow")
+            return
+        if not self.matches and loaded is not None:  # another graph since the search: look in this one
+            self.matches = search_nodes(loaded.ir, self.query_text)
+        if not self.matches:
+            where = loaded.entry.name if loaded is not None else "this graph"
+            self.status.say(f"no kernel in {where} matches {self.query_text!r} (/ searches again)", style="yellow")
             return
         self._to_match(next_id(self.matches, self.node_table.node_id, backward=backward))
 

@@ -8,9 +8,10 @@ decodes the two versions of the graph under the cursor (another worker).
 
 from __future__ import annotations
 
-from foundry.tui.model import OpenedArchive, next_id
+from foundry.tui.model import OpenedArchive, counted, next_id
 from foundry.tui.widgets.environment_diff import EnvironmentDiff
 from foundry.tui.widgets.graph_diff_list import STATUS_TEXT, GraphDiffList
+from foundry.tui.widgets.key_footer import KeyFooter
 from foundry.tui.widgets.node_compare import NodeCompare
 from foundry.tui.widgets.node_diff_table import NodeDiffTable
 from foundry.tui.widgets.status_line import StatusLine
@@ -20,7 +21,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Footer, Header
+from textual.widgets import Header
 
 from foundry.errors import FoundryError
 from foundry.graphir.graph import GraphIR
@@ -83,7 +84,7 @@ class DiffScreen(Screen):
                 yield NodeDiffTable(id="diff-nodes")
                 yield NodeCompare(id="diff-compare")
         yield StatusLine(id="status")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.sub_title = f"A {self.a.label}  vs  B {self.b.label}"
@@ -117,7 +118,7 @@ class DiffScreen(Screen):
         self.query_one(EnvironmentDiff).show(diff.environment)
         counts = {s: sum(g.status is s for g in diff.graphs) for s in Status}
         summary = ", ".join(f"{n} {STATUS_TEXT[s][0]}" for s, n in counts.items())
-        env = f"{len(diff.environment)} environment difference(s)" if diff.environment else "environment matches"
+        env = counted(len(diff.environment), "environment difference") if diff.environment else "environment matches"
         verdict = "identical" if diff.identical else "archives differ"
         rebuilt = (
             f"; {len(diff.rebuilt_kernels)} kernel(s) rebuilt from the same source" if diff.rebuilt_kernels else ""
@@ -156,7 +157,7 @@ class DiffScreen(Screen):
         if graph.status is Status.CHANGED:
             table.show(graph)
             edges = len(graph.edges_only_a) + len(graph.edges_only_b)
-            table.border_subtitle = f"{_count(len(graph.nodes), 'node')}, {_count(edges, 'edge')}"
+            table.border_subtitle = differing(len(graph.nodes), edges)
             self._load_pair(graph.rank, graph.name)
             node = table.current()
             if node is not None:
@@ -245,5 +246,7 @@ class DiffScreen(Screen):
             self.query_one(GraphDiffList).focus()
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+def differing(nodes: int, edges: int) -> str:
+    """What the node-diff table's subtitle counts: nodes that differ, edges only one archive has."""
+    verb = "differs" if nodes == 1 else "differ"
+    return f"{counted(nodes, 'node')} {verb} · {counted(edges, 'edge')} in one archive only"

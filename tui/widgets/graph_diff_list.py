@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from foundry.tui.widgets.row_table import RowTable
 from rich.text import Text
 from textual.message import Message
 from textual.widgets import DataTable
@@ -23,7 +24,7 @@ def status_text(status: Status) -> Text:
     return Text(text, style=style)
 
 
-class GraphDiffList(DataTable):
+class GraphDiffList(RowTable):
     """One row per graph of either archive; posts :class:`GraphDiffList.GraphHighlighted`
     as the cursor moves and :class:`GraphDiffList.GraphOpened` on enter or click."""
 
@@ -42,7 +43,7 @@ class GraphDiffList(DataTable):
             self.graph = graph
 
     def __init__(self, **kwargs) -> None:
-        super().__init__(cursor_type="row", **kwargs)
+        super().__init__(**kwargs)
         self.graphs: list[GraphDiff] = []
 
     def on_mount(self) -> None:

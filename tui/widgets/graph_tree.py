@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from foundry.tui.model import counted
 from rich.text import Text
+from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
@@ -37,7 +39,13 @@ def graph_label(entry: GraphEntry) -> Text:
 
 class GraphTree(Tree[RankItem | GraphItem]):
     """Ranks -> graphs. Posts :class:`GraphTree.GraphChosen` when the cursor
-    reaches a graph, with ``opened`` set when it is selected (enter, click)."""
+    reaches a graph, with ``opened`` set when it is selected (enter, click).
+    Home and End go to the first and the last line."""
+
+    BINDINGS = [
+        Binding("home", "first_line", "First line", show=False),
+        Binding("end", "last_line", "Last line", show=False),
+    ]
 
     class GraphChosen(Message):
         """The cursor is on a graph (``opened``: the user selected it)."""
@@ -78,10 +86,19 @@ class GraphTree(Tree[RankItem | GraphItem]):
         except FoundryError as err:  # a damaged session: say so in the tree, keep the rest usable
             node.add_leaf(Text(f"unreadable: {err}", style="red"))
             return
-        node.set_label(Text.assemble(("rank ", "bold"), (str(item.rank), "bold"), (f" {len(entries)} graphs", "dim")))
+        count = counted(len(entries), "graph")
+        node.set_label(Text.assemble(("rank ", "bold"), (str(item.rank), "bold"), (f" {count}", "dim")))
         for entry in entries:
             leaf = node.add_leaf(graph_label(entry), data=GraphItem(item.rank, entry))
             self._graph_nodes[(item.rank, entry.name)] = leaf
+
+    def action_first_line(self) -> None:
+        self.cursor_line = 0
+        self.scroll_to_line(0)
+
+    def action_last_line(self) -> None:
+        self.cursor_line = self.last_line
+        self.scroll_to_line(self.last_line)
 
     def on_tree_node_expanded(self, event: Tree.NodeExpanded) -> None:
         self._fill(event.node)

@@ -4,6 +4,7 @@ the fields that differ; edges only one side has follow the nodes."""
 from __future__ import annotations
 
 from foundry.tui.describe import change_key
+from foundry.tui.widgets.row_table import RowTable
 from rich.text import Text
 from textual.message import Message
 from textual.widgets import DataTable
@@ -28,7 +29,7 @@ def changed_fields(node: NodeDiff) -> str:
     return ", ".join(keys)
 
 
-class NodeDiffTable(DataTable):
+class NodeDiffTable(RowTable):
     """Rows are :class:`~foundry.graphir.passes.diff.NodeDiff` items, then edges
     only in A or B; posts :class:`NodeDiffTable.NodeDiffHighlighted`."""
 
@@ -47,7 +48,7 @@ class NodeDiffTable(DataTable):
             self.node = node
 
     def __init__(self, **kwargs) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        super().__init__(zebra_stripes=True, **kwargs)
         self.items: list[NodeDiff | tuple[str, int, int]] = []
 
     def on_mount(self) -> None:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from foundry.tui.model import KERNEL_COLUMN, LoadedGraph
+from foundry.tui.widgets.row_table import RowTable
+from textual import events
 from textual.message import Message
 from textual.widgets import DataTable
 
-#: (label, width) of each column; fixed widths keep a 2,000-row table fast to fill.
+KERNEL = "kernel / detail"
+#: (label, width) of each column; fixed widths keep a 2,000-row table fast to fill. The
+#: kernel column's is its narrowest: it takes whatever the others leave of the table's width.
 COLUMNS = (
     ("id", 4),
-    ("kernel / detail", KERNEL_COLUMN),
+    (KERNEL, KERNEL_COLUMN),
     ("grid", 6),
     ("block", 6),
     ("smem", 6),
@@ -18,7 +22,14 @@ COLUMNS = (
 )
 
 
-class NodeTable(DataTable):
+def kernel_width(table_width: int, padding: int) -> int:
+    """The kernel column's width in a table ``table_width`` cells wide (cells padded by ``padding``
+    on each side): all that the other columns leave, and never less than :data:`KERNEL_COLUMN`."""
+    others = sum(width + 2 * padding for label, width in COLUMNS if label != KERNEL)
+    return max(KERNEL_COLUMN, table_width - others - 2 * padding)
+
+
+class NodeTable(RowTable):
     """Posts :class:`NodeTable.NodeHighlighted` as the cursor moves and
     :class:`NodeTable.NodeOpened` on enter or click."""
 
@@ -37,12 +48,21 @@ class NodeTable(DataTable):
             self.node_id = node_id
 
     def __init__(self, **kwargs) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        super().__init__(zebra_stripes=True, **kwargs)
         self.graph: LoadedGraph | None = None
 
     def on_mount(self) -> None:
         for label, width in COLUMNS:
             self.add_column(label, width=width, key=label)
+
+    def on_resize(self, event: events.Resize) -> None:
+        """Widen (or narrow) the kernel column to the table's width: names are cut only where they must be."""
+        column = self.columns.get(KERNEL)  # type: ignore[call-overload]
+        width = kernel_width(self.scrollable_content_region.width, self.cell_padding)
+        if column is not None and column.width != width:
+            column.width = width
+            self._require_update_dimensions = True  # DataTable re-lays its columns on its next idle
+            self.refresh()
 
     def show(self, loaded: LoadedGraph, *, cursor: int = 0) -> None:
         """Fill the table with a loaded graph's rows and put the cursor on ``cursor``."""
