@@ -177,7 +177,7 @@ def archive_inspect(path: str, rank: int | None, top: int, as_json: bool) -> int
     from foundry.inspect.render import render_summary
     from foundry.inspect.summary import summarize
 
-    summary = summarize(open_archive(path), BackendRegistry.discover(), rank=rank)
+    summary = summarize(open_archive(path), BackendRegistry.discover(), rank=rank, workers=None)  # every core
     if as_json:
         _emit_json(summary.to_dict())
     else:
@@ -396,6 +396,7 @@ def graph_lint(
         expectations=expectations,
         total=total,
         disabled=disabled,
+        workers=None,  # every core, on a large archive
     )
     if as_json:
         _emit_json(report.to_dict(strict=strict))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from importlib.resources import files
 from pathlib import Path
 
 SAMPLE_NAME = "@sample"
@@ -10,6 +9,8 @@ SAMPLE_NAME = "@sample"
 
 def sample_path() -> Path:
     """Where the bundled sample archive lives on disk."""
+    from importlib.resources import files  # imported here: most commands never name the sample
+
     return Path(str(files("foundry") / "samples" / "tiny-qwen3"))
 
 

@@ -10,15 +10,16 @@ from foundry.graphir.graph import GraphIR
 from foundry.graphir.nodes import KernelNode
 
 
-def classify(ir: GraphIR, registry: BackendRegistry) -> dict[int, KernelMatch]:
-    """Every kernel node some backend claims, with its claim."""
-    claims: dict[int, KernelMatch] = {}
-    for node in ir.nodes():
-        if isinstance(node, KernelNode):
-            match = registry.recognise(node.kernel)
-            if match is not None:
-                claims[node.id] = match
-    return claims
+def classify(ir: GraphIR, registry: BackendRegistry, kernels: list[KernelNode] | None = None) -> dict[int, KernelMatch]:
+    """Every kernel node some backend claims, with its claim (``kernels``: the graph's kernel
+    nodes, if the caller has them). The backends are asked once per distinct kernel name, as
+    :meth:`BackendRegistry.recognise` caches them; most graphs have no claimed kernel at all."""
+    kernels = ir.kernels() if kernels is None else kernels
+    first = {node.kernel.name: node.kernel for node in reversed(kernels)}  # the first of each name
+    matches = {name: match for name, kernel in first.items() if (match := registry.recognise(kernel)) is not None}
+    if not matches:
+        return {}
+    return {node.id: matches[node.kernel.name] for node in kernels if node.kernel.name in matches}
 
 
 def collective_counts(ir: GraphIR, registry: BackendRegistry) -> Counter[str]:

@@ -10,12 +10,14 @@ self-loops or cycles. Each check raises :class:`IRError` naming the node.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Iterable
 
 import msgspec
 
 from foundry.errors import IRError
+from foundry.graphir.kernel import ParamLayout
 from foundry.graphir.nodes import KernelNode, MemcpyNode, MemsetNode, Node
 from foundry.graphir.regions import Region
 
@@ -32,15 +34,24 @@ def check_node(node: Node) -> None:
         check_memset(node)
 
 
+@functools.lru_cache(maxsize=4096)
+def _checked_size(layout: ParamLayout) -> int:
+    """The buffer size of a layout whose slots were checked (:meth:`ParamLayout.check`). A graph
+    launches the same kernels thousands of times, so each distinct layout is checked once; a
+    layout that fails is not remembered, and is checked (and refused) again wherever it occurs."""
+    layout.check()
+    return layout.size
+
+
 def check_kernel(node: KernelNode) -> None:
     """Parameter layout ordered and covering ``params`` exactly; ``undefined`` runs inside it."""
     try:
-        node.layout.check()
+        size = _checked_size(node.layout)
     except IRError as err:
         raise IRError(err.message, node=node.id, kernel=node.kernel.name) from None
-    if len(node.params) != node.layout.size:
+    if len(node.params) != size:
         raise IRError("parameter bytes do not match the layout", node=node.id, kernel=node.kernel.name,
-                      expected=node.layout.size, found=len(node.params))  # fmt: skip
+                      expected=size, found=len(node.params))  # fmt: skip
     if node.packed_size is not msgspec.UNSET and not (
         node.arg_mode == "extra" and 0 < node.packed_size < node.layout.size
     ):

@@ -7,7 +7,6 @@ candidates, in one line however many there are.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 from foundry.archive.reader import Archive
@@ -28,6 +27,8 @@ def listing(names: Iterable[str], *, limit: int = LISTED) -> str:
 
 def suggestion(word: str, candidates: Iterable[str]) -> str | None:
     """The candidate closest to ``word`` (a typo's intended name), if one is close."""
+    import difflib  # imported here: only a refusal needs it
+
     close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
     return close[0] if close else None
 

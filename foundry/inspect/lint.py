@@ -19,14 +19,15 @@ import msgspec
 from foundry.archive.reader import Archive
 from foundry.archive.schema import GraphEntry, ModuleState
 from foundry.backends.base import KernelMatch
-from foundry.backends.classify import classify, collective_counts
+from foundry.backends.classify import classify
 from foundry.backends.registry import BackendRegistry
 from foundry.errors import LintError
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.kinds import NodeKind
-from foundry.graphir.nodes import UnsupportedNode
+from foundry.graphir.nodes import KernelNode, Node, UnsupportedNode
 from foundry.graphir.regions import RegionKind
 from foundry.inspect.choose import selection, suggestion, unknown
+from foundry.inspect.fanout import map_graphs
 
 
 class Severity(StrEnum):
@@ -75,9 +76,23 @@ class GraphContext:
     ir: GraphIR
     registry: BackendRegistry
 
+    _claims: dict[int, KernelMatch] | None = None
+    _nodes: list[Node] | None = None
+
+    def nodes(self) -> list[Node]:
+        """The graph's nodes in id order (listed once for every rule)."""
+        if self._nodes is None:
+            self._nodes = self.ir.nodes()
+        return self._nodes
+
+    def kernels(self) -> list[KernelNode]:
+        return [node for node in self.nodes() if isinstance(node, KernelNode)]
+
     def claims(self) -> dict[int, KernelMatch]:
-        """Backend claims by node id (computed when a rule asks)."""
-        return classify(self.ir, self.registry)
+        """Backend claims by node id (computed when a rule first asks)."""
+        if self._claims is None:
+            self._claims = classify(self.ir, self.registry, self.kernels())
+        return self._claims
 
 
 @dataclass(frozen=True)
@@ -88,6 +103,8 @@ class Rule:
 
 
 def _unresolved_pointer(ctx: GraphContext) -> Iterator[Finding]:
+    if not ctx.ir.operands.count_unresolved():  # the usual case, at C speed
+        return
     for operand in ctx.ir.operands.unresolved():
         where = f"param {operand.param} offset {operand.offset}" if operand.param >= 0 else operand.site.value
         yield Finding(
@@ -101,7 +118,7 @@ def _unresolved_pointer(ctx: GraphContext) -> Iterator[Finding]:
 
 
 def _unsupported_node(ctx: GraphContext) -> Iterator[Finding]:
-    for node in ctx.ir.nodes():
+    for node in ctx.nodes():
         if isinstance(node, UnsupportedNode):
             detail = f" ({node.detail})" if node.detail else ""
             yield Finding(
@@ -135,7 +152,7 @@ def _missing_module_image(ctx: GraphContext) -> Iterator[Finding]:
         )
         return
     listed = {blob.sha256 for blob in modules.blobs}
-    for node in ctx.ir.kernels():
+    for node in ctx.kernels():
         image = node.kernel.image
         if image is None:
             message = "kernel has no module image identity"
@@ -244,8 +261,10 @@ def lint(
     expectations: Iterable[Expectation] = (),
     total: bool = False,
     disabled: Iterable[str] = (),
+    workers: int | None = 1,
 ) -> LintReport:
-    """Run the enabled rules and check the expectations over the selected graphs."""
+    """Run the enabled rules and check the expectations over the selected graphs; ``workers``:
+    processes that read the graphs (None: one per core on a large archive, :mod:`foundry.inspect.fanout`)."""
     expectations = list(expectations)
     disabled = set(disabled)
     unknown_rules = sorted(disabled - RULES.keys())
@@ -258,13 +277,9 @@ def lint(
     selected = selection(archive, rank=rank, pattern=pattern)
     rules = [r for name, r in RULES.items() if name not in disabled]
     report = LintReport()
-    for r, entry in selected:
-        ir = archive.graph(r, entry, deep=False)
-        counts = ir.counts_by_kind() + collective_counts(ir, registry)
+    for r, entry, counts, findings in map_graphs(archive, selected, lint_graph, (registry, rules), workers=workers):
         report.graphs.append(GraphCounts(r, entry.name, counts))
-        ctx = GraphContext(archive, r, entry, ir, registry)
-        for rule in rules:
-            report.findings.extend(rule.check(ctx))
+        report.findings.extend(findings)
         if not total:
             report.expectations.extend(
                 ExpectationResult(e.kind, e.count, counts[e.kind], counts[e.kind] == e.count, r, entry.name)
@@ -276,3 +291,13 @@ def lint(
             ExpectationResult(e.kind, e.count, summed[e.kind], summed[e.kind] == e.count) for e in expectations
         ]
     return report
+
+
+def lint_graph(archive: Archive, context: tuple[BackendRegistry, list[Rule]], rank: int,
+               entry: GraphEntry) -> tuple[int, GraphEntry, Counter[str], list[Finding]]:  # fmt: skip
+    """Read one graph (its checks included), count its kinds and run ``context``'s rules on it."""
+    registry, rules = context
+    ir = archive.graph(rank, entry, deep=False)
+    ctx = GraphContext(archive, rank, entry, ir, registry)
+    counts = ir.counts_by_kind() + Counter(match.kind for match in ctx.claims().values())
+    return rank, entry, counts, [finding for rule in rules for finding in rule.check(ctx)]

@@ -5,6 +5,8 @@ with its control characters escaped (:func:`foundry.text.printable`)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.console import Console
 from rich.padding import Padding
 from rich.table import Table
@@ -12,12 +14,14 @@ from rich.text import Text
 
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.nodes import KernelNode, MemcpyNode, MemsetNode
-from foundry.graphir.passes.diff import GraphDiff, Status
 from foundry.graphir.regions import RegionKind
-from foundry.inspect.archive_diff import ArchiveDiff
 from foundry.inspect.lint import LintReport, Severity
 from foundry.inspect.summary import ArchiveSummary
 from foundry.text import printable as p
+
+if TYPE_CHECKING:  # the diff's types: only `archive diff` imports the diff
+    from foundry.graphir.passes.diff import GraphDiff
+    from foundry.inspect.archive_diff import ArchiveDiff
 
 
 def human_bytes(n: int) -> str:
@@ -192,6 +196,8 @@ def render_mark_differences(console: Console, g: GraphDiff, limit: int = 5) -> N
 
 
 def render_diff(console: Console, d: ArchiveDiff) -> None:
+    from foundry.graphir.passes.diff import Status
+
     console.print(Text.assemble(("A", "bold"), f" {p(d.a)}\n", ("B", "bold"), f" {p(d.b)}"))
     if d.environment:
         table = Table(title="Environment and catalog", title_justify="left")

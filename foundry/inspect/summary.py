@@ -12,9 +12,12 @@ from typing import Any
 import msgspec
 
 from foundry.archive.reader import Archive
-from foundry.backends.classify import collective_counts
+from foundry.archive.schema import GraphEntry
 from foundry.backends.registry import BackendRegistry
 from foundry.graphir.graph import GraphIR
+from foundry.graphir.kernel import KernelIdentity
+from foundry.graphir.nodes import KernelNode
+from foundry.inspect.fanout import map_graphs
 
 
 @dataclass
@@ -91,7 +94,19 @@ class ArchiveSummary:
         }
 
 
-def summarize_graph(ir: GraphIR, registry: BackendRegistry, *, rank: int, entry: Any) -> GraphSummary:
+def kernel_launches(kernels: list[KernelNode]) -> dict[str, tuple[KernelIdentity, int]]:
+    """Each distinct kernel (by name) with its launch count, as :meth:`GraphIR.kernel_table` gives
+    it, counted over identities first (a graph launches a few dozen kernels thousands of times)."""
+    table: dict[str, tuple[KernelIdentity, int]] = {}
+    for kernel, count in Counter(node.kernel for node in kernels).items():
+        first, counted = table.get(kernel.name, (kernel, 0))
+        table[kernel.name] = (first, counted + count)
+    return table
+
+
+def summarize_graph(ir: GraphIR, registry: BackendRegistry, *, rank: int, entry: GraphEntry,
+                    kernels: dict[str, tuple[KernelIdentity, int]] | None = None) -> GraphSummary:  # fmt: skip
+    """One graph's row of the summary (``kernels``: its :func:`kernel_launches`, if known)."""
     unresolved = [
         {
             "rank": rank,
@@ -102,8 +117,15 @@ def summarize_graph(ir: GraphIR, registry: BackendRegistry, *, rank: int, entry:
             "offset": o.offset,
             "value": hex(o.value),
         }
-        for o in ir.operands.unresolved()
+        for o in (ir.operands.unresolved() if ir.operands.count_unresolved() else ())
     ]
+    nodes = ir.kernels()
+    table = kernel_launches(nodes) if kernels is None else kernels
+    collectives: Counter[str] = Counter()
+    for kernel, count in table.values():
+        match = registry.recognise(kernel)
+        if match is not None:
+            collectives[match.kind] += count
     return GraphSummary(
         rank=rank,
         name=ir.name,
@@ -112,17 +134,38 @@ def summarize_graph(ir: GraphIR, registry: BackendRegistry, *, rank: int, entry:
         nodes=len(ir),
         fingerprint=entry.fingerprint,
         kinds=ir.counts_by_kind(),
-        collectives=collective_counts(ir, registry),
+        collectives=collectives,
         operands=len(ir.operands),
         unresolved=unresolved,
-        undefined_bytes=sum(length for node in ir.kernels() for _, length in node.undefined),
+        undefined_bytes=sum(length for node in nodes for _, length in node.undefined),
         rng=entry.rng is not None,
         plan=entry.plan is not None,
     )
 
 
-def summarize(archive: Archive, registry: BackendRegistry, *, rank: int | None = None) -> ArchiveSummary:
-    """Read every selected graph once and gather what inspect shows."""
+@dataclass
+class GraphFacts:
+    """What one graph adds to an archive's summary (computed where the graph was read)."""
+
+    graph: GraphSummary
+    kernels: list[tuple[str, str, int]]  # (mangled name, short name, launches)
+    regions: list[tuple[str, str, int, int]]  # (name, kind, size, operands pointing into it)
+
+
+def graph_facts(archive: Archive, registry: BackendRegistry, rank: int, entry: GraphEntry) -> GraphFacts:
+    """Read one graph (its checks included) and reduce it to what the summary needs."""
+    ir = archive.graph(rank, entry, deep=False)
+    table = kernel_launches(ir.kernels())
+    kernels = [(name, kernel.short_name, count) for name, (kernel, count) in table.items()]
+    used = Counter(ir.operands.region_names())
+    regions = [(r.name, r.kind.value, r.size, used[r.name]) for r in ir.regions.values()]
+    return GraphFacts(summarize_graph(ir, registry, rank=rank, entry=entry, kernels=table), kernels, regions)
+
+
+def summarize(archive: Archive, registry: BackendRegistry, *, rank: int | None = None,
+              workers: int | None = 1) -> ArchiveSummary:  # fmt: skip
+    """Read every selected graph once and gather what inspect shows; ``workers``: processes that
+    read the graphs (None: one per core on a large archive, :mod:`foundry.inspect.fanout`)."""
     cat = archive.catalog
     catalog = {
         "format_version": cat.format_version,
@@ -136,20 +179,17 @@ def summarize(archive: Archive, registry: BackendRegistry, *, rank: int | None =
     summary = ArchiveSummary(str(archive.root), catalog)
     ranks = archive.ranks if rank is None else [rank]
     summary.restore = [restore_facts(archive, r) for r in ranks if r in archive.ranks]
-    for r, entry in archive.select(rank=rank):
-        ir = archive.graph(r, entry, deep=False)
-        summary.graphs.append(summarize_graph(ir, registry, rank=r, entry=entry))
-        for name, (kernel, count) in ir.kernel_table().items():
+    selection = archive.select(rank=rank)
+    for facts in map_graphs(archive, selection, graph_facts, registry, workers=workers):
+        summary.graphs.append(facts.graph)
+        for name, short, count in facts.kernels:
             summary.kernels[name] += count
-            summary.kernel_names.setdefault(name, kernel.short_name)
-        used = Counter(ir.operands.region_names())
-        for region in ir.regions.values():
-            row = summary.regions.setdefault(
-                region.name, {"kind": region.kind.value, "size": region.size, "graphs": 0, "operands": 0}
-            )
-            row["size"] = max(row["size"], region.size)
+            summary.kernel_names.setdefault(name, short)
+        for name, kind, size, operands in facts.regions:
+            row = summary.regions.setdefault(name, {"kind": kind, "size": size, "graphs": 0, "operands": 0})
+            row["size"] = max(row["size"], size)
             row["graphs"] += 1
-            row["operands"] += used[region.name]
+            row["operands"] += operands
     return summary
 
 
