@@ -13,6 +13,11 @@ measures two ways, median of ``--repeat`` runs each:
   start-up and imports count): from spawning ``python -m foundry.tui.app`` to
   the graph list on screen, and to the first graph's node count on screen.
 
+In the same run, taking turns with the terminal runs, the floor: ``bench/read_floor.py``
+reading the archive's graph files and decoding their MessagePack (a fresh interpreter);
+the terminal figures are also given as ratios to it. Nothing is kept between runs (an
+uncounted first run compiles Foundry's bytecode, as ``pip install`` does).
+
 Results go to ``bench/out/tui_first_paint.json``. Target: first paint under 1 s.
 """
 
@@ -21,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,6 +37,17 @@ from synthetic import benchmark_parser, machine, report, temporary_archive
 
 SIZE = (120, 40)
 TIMEOUT = 30.0
+FLOOR = Path(__file__).resolve().parent / "read_floor.py"
+# an installed package has its bytecode: PYTHONDONTWRITEBYTECODE (set on some machines) would
+# make every run compile Foundry's modules again
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+def floor(archive: Path) -> float:
+    """Seconds a fresh interpreter takes to read the archive's graph files and decode them."""
+    started = time.perf_counter()
+    subprocess.run([sys.executable, str(FLOOR), str(archive)], check=True, capture_output=True, env=ENV)
+    return time.perf_counter() - started
 
 
 async def _in_process(archive: Path) -> tuple[float, float]:
@@ -60,7 +77,7 @@ def in_terminal(archive: Path, first_graph: str, nodes: int) -> tuple[float, flo
 
     screen = pyte.Screen(*SIZE)
     stream = pyte.ByteStream(screen)
-    env = dict(os.environ, TERM="xterm-256color")
+    env = dict(ENV, TERM="xterm-256color")
     started = time.perf_counter()
     child = pexpect.spawn(
         sys.executable, ["-m", "foundry.tui.app", str(archive)], dimensions=(SIZE[1], SIZE[0]), env=env
@@ -91,8 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     args = benchmark_parser(__doc__.splitlines()[0]).parse_args(argv)
     with temporary_archive(args.graphs, args.nodes) as (archive, size):
         inproc = [in_process(archive) for _ in range(args.repeat)]
+        floors: list[float] = []
         try:
-            pty = [in_terminal(archive, "decode.g000", args.nodes) for _ in range(args.repeat)]
+            in_terminal(archive, "decode.g000", args.nodes)  # bytecode compiled; not counted
+            pty = []
+            for _ in range(args.repeat):  # in turn with the floor, so a busy machine slows both alike
+                floors.append(floor(archive))
+                pty.append(in_terminal(archive, "decode.g000", args.nodes))
         except ImportError as err:  # pexpect/pyte are test extras
             print(f"skipping the terminal measurement: {err}")
             pty = []
@@ -109,9 +131,13 @@ def main(argv: list[str] | None = None) -> int:
         "in_process_first_graph_s": median(inproc, 1),
         "terminal_first_paint_s": median(pty, 0),
         "terminal_first_graph_s": median(pty, 1),
+        "floor_median_s": round(statistics.median(floors), 3) if floors else None,
+        "first_paint_ratio_to_floor": round(median(pty, 0) / statistics.median(floors), 2) if floors else None,
+        "first_graph_ratio_to_floor": round(median(pty, 1) / statistics.median(floors), 2) if floors else None,
         "runs_s": {
             "in_process": [[round(a, 3), round(b, 3)] for a, b in inproc],
             "terminal": [[round(a, 3), round(b, 3)] for a, b in pty],
+            "floor": [round(f, 3) for f in floors],
         },
         "machine": machine(),
     }
@@ -122,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  terminal:    first paint {result['terminal_first_paint_s']:.3f} s, "
               f"first graph's nodes {result['terminal_first_graph_s']:.3f} s "
               "(fresh interpreter: start-up and imports included)")  # fmt: skip
+        print(f"  floor:       {result['floor_median_s']:.3f} s (read + decode the graph files); first paint "
+              f"{result['first_paint_ratio_to_floor']:.2f}x, first graph's nodes "
+              f"{result['first_graph_ratio_to_floor']:.2f}x the floor")  # fmt: skip
     return 0
 
 

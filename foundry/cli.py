@@ -20,11 +20,12 @@ import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.text import Text
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 from foundry import __version__
 from foundry.archive.reader import Archive
@@ -39,10 +40,14 @@ EXIT_OK, EXIT_FINDINGS, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 70
 ARCHIVE_HELP = f"an archive directory, or {SAMPLE_NAME} for the bundled sample"
 
 
-def _stdout() -> Console:
-    """Rich console on stdout; 120 columns when piped (rich would assume 80)."""
+def _stdout(**options: Any) -> Console:
+    """Rich console on stdout; 120 columns when piped (rich would assume 80). Rich is imported here,
+    once there is something to print: a large archive's graphs are being read by then."""
+    from rich.console import Console
+
     width = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120
-    return Console(soft_wrap=False, highlight=False, width=width, markup=False)  # archives' text is never markup
+    settings = {"soft_wrap": False, "highlight": False, "width": width, "markup": False, **options}
+    return Console(**settings)  # archives' text is never markup
 
 
 def _emit_json(data: Any) -> None:
@@ -174,13 +179,14 @@ def archive() -> None:
 @json_option
 @guarded
 def archive_inspect(path: str, rank: int | None, top: int, as_json: bool) -> int:
-    from foundry.inspect.render import render_summary
     from foundry.inspect.summary import summarize
 
     summary = summarize(open_archive(path), BackendRegistry.discover(), rank=rank, workers=None)  # every core
     if as_json:
         _emit_json(summary.to_dict())
     else:
+        from foundry.inspect.render import render_summary
+
         render_summary(_stdout(), summary, top=top)
     return EXIT_OK
 
@@ -385,7 +391,6 @@ def graph_lint(
     as_json: bool,
 ) -> int:
     from foundry.inspect.lint import Expectation, lint
-    from foundry.inspect.render import render_lint
 
     expectations = [Expectation.parse(e) for e in expects]
     report = lint(
@@ -401,6 +406,8 @@ def graph_lint(
     if as_json:
         _emit_json(report.to_dict(strict=strict))
     else:
+        from foundry.inspect.render import render_lint
+
         render_lint(_stdout(), report, strict=strict, quiet=quiet)
     return EXIT_FINDINGS if report.failed(strict=strict) else EXIT_OK
 
@@ -431,7 +438,7 @@ def graph_show(path: str, name: str, rank: int, as_json: bool) -> int:
     elif sys.stdout.isatty():
         render_nodes(_stdout(), ir)
     else:  # a file or a pipe: no width to fit, so nothing is folded or cut
-        render_nodes(Console(soft_wrap=False, highlight=False, markup=False, width=1 << 16), ir, full=True)
+        render_nodes(_stdout(width=1 << 16), ir, full=True)
     return EXIT_OK
 
 
@@ -508,6 +515,8 @@ def doctor(as_json: bool) -> int:
     """Whether SAVE/LOAD (foundry run) can run on this machine: the native hook, CUDA headers,
     driver and GPU, torch, cuda-bindings, zstandard, SGLang and its plugin, backends. Each
     missing part is named with its fix. Exits 0 when SAVE/LOAD can run here, 1 when not."""
+    from rich.text import Text
+
     from foundry.runtime.launch.doctor import assess, gather, ready, report
 
     checks = assess(gather())

@@ -10,13 +10,15 @@ export written to a terminal must not drive it.
 from __future__ import annotations
 
 import io
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.nodes import KernelNode, MemcpyNode, MemsetNode
 from foundry.graphir.passes.diff import node_label
 from foundry.text import printable
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 FORMATS = ("graphml", "dot")
 
@@ -48,6 +50,8 @@ def _node_attrs(ir: GraphIR, node_id: int) -> dict[str, str | int]:
 
 def flat_view(ir: GraphIR) -> nx.DiGraph:
     """The graph with scalar attributes only, as exported."""
+    import networkx as nx  # imported here: it takes a tenth of a second, and only an export needs it
+
     flat = nx.DiGraph(name=printable(ir.name))
     for node in ir.nodes():
         flat.add_node(node.id, **_node_attrs(ir, node.id))
@@ -57,6 +61,8 @@ def flat_view(ir: GraphIR) -> nx.DiGraph:
 
 
 def to_graphml(ir: GraphIR) -> str:
+    import networkx as nx
+
     out = io.BytesIO()
     nx.write_graphml(flat_view(ir), out, named_key_ids=True)
     return out.getvalue().decode()
