@@ -93,3 +93,17 @@ def test_a_damaged_graph_read_by_a_worker_is_one_line_and_exit_2(many, tmp_path,
         assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr
         said = proc.stdout if "--json" in argv else proc.stderr
         assert "graph file size differs from its session entry" in said and "g1.msgpack" in said
+
+
+def test_where_no_worker_can_start_the_graphs_are_read_here(many, registry, monkeypatch):
+    """STAND-IN: a machine without POSIX semaphores (some containers) refuses the pool's queues
+    with OSError; this one has them, so the refusal is stood in for."""
+    import concurrent.futures
+
+    def refuse(*args, **kwargs):
+        raise OSError(38, "Function not implemented")
+
+    archive = Archive.open(many)
+    expected = summarize(archive, registry, workers=1).to_dict()
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", refuse)
+    assert summarize(archive, registry, workers=2).to_dict() == expected

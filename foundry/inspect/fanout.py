@@ -77,24 +77,38 @@ def map_graphs(archive: Archive, selection: list[tuple[int, GraphEntry]], work: 
                workers: int | None = None) -> Iterator[T]:  # fmt: skip
     """``work(archive, context, rank, entry)`` for every pair of ``selection``, yielded in its
     order. ``work`` must be a module-level function (workers find it by name); what it returns
-    crosses back by pickle, so it should be small."""
+    crosses back by pickle, so it should be small. Where no worker can be started (no fork,
+    no semaphores in a container) the graphs are read in this process."""
+    global _shared
     count = workers_for(selection, workers)
-    if count == 1:
+    pool, futures = _start(archive, selection, work, context, count) if count > 1 else (None, [])
+    if pool is None:
         for rank, entry in selection:
             with collector_paused():
                 result = work(archive, context, rank, entry)
             yield result
         return
+    try:
+        for future in futures:
+            yield future.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # after a failure, the graphs not yet read stay unread
+        _shared = None
+
+
+def _start(archive: Archive, selection: list[tuple[int, GraphEntry]], work: Work, context: Any,
+           count: int) -> tuple[Any, list[Any]]:  # fmt: skip
+    """``count`` forked workers with every graph of ``selection`` submitted, or ``(None, [])``."""
     from concurrent.futures import ProcessPoolExecutor  # imported here: most runs never fork
 
     global _shared
-    _shared = (archive, context, work, selection)
-    pool = ProcessPoolExecutor(max_workers=count, mp_context=multiprocessing.get_context("fork"))
+    _shared = (archive, context, work, selection)  # what the workers inherit when they are forked
+    pool = None
     try:
-        yield from pool.map(_run, range(len(selection)), chunksize=1)
-    except BaseException:
-        pool.shutdown(wait=True, cancel_futures=True)  # the graphs after a failure are not read
-        raise
-    finally:
-        pool.shutdown(wait=True)
+        pool = ProcessPoolExecutor(max_workers=count, mp_context=multiprocessing.get_context("fork"))
+        return pool, [pool.submit(_run, index) for index in range(len(selection))]
+    except OSError:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
         _shared = None
+        return None, []
