@@ -105,8 +105,10 @@ def kernel_launches(kernels: list[KernelNode]) -> dict[str, tuple[KernelIdentity
 
 
 def summarize_graph(ir: GraphIR, registry: BackendRegistry, *, rank: int, entry: GraphEntry,
-                    kernels: dict[str, tuple[KernelIdentity, int]] | None = None) -> GraphSummary:  # fmt: skip
-    """One graph's row of the summary (``kernels``: its :func:`kernel_launches`, if known)."""
+                    kernels: dict[str, tuple[KernelIdentity, int]] | None = None,
+                    nodes: list[KernelNode] | None = None) -> GraphSummary:  # fmt: skip
+    """One graph's row of the summary (``kernels``: its :func:`kernel_launches`, and ``nodes``
+    its kernel nodes, if the caller has them)."""
     unresolved = [
         {
             "rank": rank,
@@ -119,7 +121,7 @@ def summarize_graph(ir: GraphIR, registry: BackendRegistry, *, rank: int, entry:
         }
         for o in (ir.operands.unresolved() if ir.operands.count_unresolved() else ())
     ]
-    nodes = ir.kernels()
+    nodes = ir.kernels() if nodes is None else nodes
     table = kernel_launches(nodes) if kernels is None else kernels
     collectives: Counter[str] = Counter()
     for kernel, count in table.values():
@@ -155,11 +157,13 @@ class GraphFacts:
 def graph_facts(archive: Archive, registry: BackendRegistry, rank: int, entry: GraphEntry) -> GraphFacts:
     """Read one graph (its checks included) and reduce it to what the summary needs."""
     ir = archive.graph(rank, entry, deep=False)
-    table = kernel_launches(ir.kernels())
+    nodes = ir.kernels()
+    table = kernel_launches(nodes)
     kernels = [(name, kernel.short_name, count) for name, (kernel, count) in table.items()]
     used = Counter(ir.operands.region_names())
     regions = [(r.name, r.kind.value, r.size, used[r.name]) for r in ir.regions.values()]
-    return GraphFacts(summarize_graph(ir, registry, rank=rank, entry=entry, kernels=table), kernels, regions)
+    row = summarize_graph(ir, registry, rank=rank, entry=entry, kernels=table, nodes=nodes)
+    return GraphFacts(row, kernels, regions)
 
 
 def summarize(archive: Archive, registry: BackendRegistry, *, rank: int | None = None,
