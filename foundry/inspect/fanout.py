@@ -16,6 +16,7 @@ import contextlib
 import gc
 import multiprocessing
 import os
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -63,14 +64,17 @@ def _run(index: int) -> Any:
 def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off while graphs are read: decoding one makes hundreds of
     thousands of containers, none in a cycle (refcounting frees them), and the collector would
-    walk them again and again (a tenth of the reading time)."""
-    enabled = gc.isenabled()
+    walk them again and again (a tenth of the reading time). Only in a process of one thread (a
+    command, a worker): the collector is the whole process's, and an application's other
+    threads (the TUI's) would pay for the pause with a full collection afterwards."""
+    if not gc.isenabled() or threading.active_count() > 1:
+        yield
+        return
     gc.disable()
     try:
         yield
     finally:
-        if enabled:
-            gc.enable()
+        gc.enable()
 
 
 def map_graphs(archive: Archive, selection: list[tuple[int, GraphEntry]], work: Work, context: Any = None, *,

@@ -9,7 +9,17 @@ COMPACT_BELOW = 100  # columns; at 80 the browse screen's keys fit only without 
 
 
 class KeyFooter(Footer):
-    """Textual's footer, dropping the spacing around its keys below :data:`COMPACT_BELOW` columns."""
+    """Textual's footer, dropping the spacing around its keys in a terminal narrower than
+    :data:`COMPACT_BELOW` columns (judged by the terminal's width, set only when that changes
+    the style: re-laying the keys is not free)."""
+
+    def on_mount(self) -> None:
+        self._fit()
 
     def on_resize(self, event: events.Resize) -> None:
-        self.compact = event.size.width < COMPACT_BELOW
+        self._fit()
+
+    def _fit(self) -> None:
+        compact = self.app.size.width < COMPACT_BELOW
+        if compact != self.compact:
+            self.compact = compact
