@@ -338,8 +338,8 @@ def test_a_child_started_through_the_launcher_parses_every_variable_alike_on_eve
 #: Reads made with the contract's own reader (Variable.read), at moments a child cannot
 #: reach on a CPU (a scheduler's hooks, SaveSession.finish): the contract's readback is theirs.
 THROUGH_THE_CONTRACT = {
-    (Reader.SGLANG, "FOUNDRY_OVERWRITE"): ("foundry/integrations/sglang/plugin.py", "OVERWRITE"),
-    (Reader.SGLANG, "FOUNDRY_SAVE_FIRST_RUN"): ("foundry/integrations/sglang/plugin.py", "SAVE_FIRST_RUN"),
+    (Reader.SGLANG, "FOUNDRY_OVERWRITE"): ("foundry/integrations/common/session.py", "OVERWRITE"),
+    (Reader.SGLANG, "FOUNDRY_SAVE_FIRST_RUN"): ("foundry/integrations/common/session.py", "SAVE_FIRST_RUN"),
     (Reader.SGLANG, "FOUNDRY_SGLANG_REPORT"): ("foundry/integrations/sglang/plugin.py", "SGLANG_REPORT"),
     (Reader.SGLANG, "FOUNDRY_SGLANG_CONFIG"): ("foundry/integrations/sglang/config.py", "SGLANG_CONFIG"),
     (Reader.SESSION, "FOUNDRY_SAVE_ID"): ("foundry/runtime/sessions/save.py", "SAVE_ID"),

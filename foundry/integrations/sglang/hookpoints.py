@@ -9,24 +9,14 @@ changed. The plugin refuses any other SGLang version before patching anything.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from foundry.integrations.common import hookpoints
+from foundry.integrations.common.hookpoints import HookPoint
 
-from foundry.errors import FoundryError
+__all__ = ["CHECKED_VERSIONS", "HOOK_POINTS", "HookPoint", "check_version"]
 
 CHECKED_VERSIONS = ("0.5.17",)
 
 _BACKEND = "sglang.srt.model_executor.runner_backend"
-
-
-@dataclass(frozen=True)
-class HookPoint:
-    target: str  # module path, then class and function: a.b.c.Class.method or a.b.c.function
-    module: str  # the module that defines it
-    parameters: tuple[str, ...]  # positional parameter names in the checked versions
-    why: str
-    hook: str  # SGLang's HookType: BEFORE, AROUND or AFTER
-    handler: str  # the function in foundry.integrations.sglang.plugin that runs there
-
 
 HOOK_POINTS = (
     HookPoint("sglang.srt.managers.scheduler.Scheduler.__init__", "sglang.srt.managers.scheduler",
@@ -58,10 +48,4 @@ HOOK_POINTS = (
 
 def check_version(version: str) -> None:
     """Refuse an SGLang version the hook points were not checked against."""
-    if version not in CHECKED_VERSIONS:
-        raise FoundryError(
-            "this SGLang version was not checked against Foundry's hook points; nothing was patched",
-            field="sglang.version",
-            expected=list(CHECKED_VERSIONS),
-            found=version,
-        )
+    hookpoints.check_version("sglang", version, CHECKED_VERSIONS)

@@ -29,16 +29,15 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-import json
-import os
-import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from foundry.env import OVERWRITE, SAVE_FIRST_RUN, SGLANG_REPORT
+from foundry.env import SGLANG_REPORT
 from foundry.errors import DriftError, FoundryError
+from foundry.integrations.common import patching
+from foundry.integrations.common import session as shared
+from foundry.integrations.common.session import say as _say
 from foundry.integrations.sglang.config import PluginConfig, load_config
 from foundry.integrations.sglang.hookpoints import HOOK_POINTS, check_version
 from foundry.integrations.sglang.server_args import check_server_args, model_config_digest, server_fingerprint
@@ -95,26 +94,10 @@ def installed_version() -> str:
         raise FoundryError("SGLang is not installed in this environment", field="sglang.version") from None
 
 
-def _say(message: str) -> None:
-    # SGLang loads plugins before it configures logging in a scheduler: plain stderr
-    print(f"foundry: {message}", file=sys.stderr, flush=True)
-
-
 def _prepare_children(config: PluginConfig) -> None:
     """Without `foundry run`: preload the hook into the schedulers SGLang spawns and
     describe the session to them (spawned processes inherit this environment)."""
-    from pathlib import Path
-
-    from foundry.runtime.launch import launcher
-
-    run = launcher.RunConfig(config.mode, Path(config.archive or ""), config.region_base, config.region_size,
-                             config.warmup)  # fmt: skip
-    env = launcher.environment(run)  # built from os.environ: what it dropped, this process drops too
-    for key in set(os.environ) - set(env):
-        del os.environ[key]
-    os.environ.update(env)
-    if config.mode == "save":
-        launcher.preexec(run)()  # no address-space randomisation, inherited by every child
+    shared.prepare_children(config)
 
 
 def _install() -> None:
@@ -127,14 +110,7 @@ def _install() -> None:
 def _check_patched() -> None:
     """SGLang applies hooks target by target and logs, rather than raises, a target it
     could not patch: every one must be in place before the session starts."""
-    import pkgutil
-
-    for point in HOOK_POINTS:
-        module_and_class, _, attribute = point.target.rpartition(".")
-        owner = pkgutil.resolve_name(module_and_class)
-        if not hasattr(getattr(owner, attribute, None), "__wrapped__"):
-            raise FoundryError("SGLang did not apply one of the plugin's hooks", field="sglang.hooks",
-                               found=point.target)  # fmt: skip
+    patching.check_patched(HOOK_POINTS, "sglang")
 
 
 def _argument(args: tuple, kwargs: dict, index: int, name: str) -> Any:
@@ -144,30 +120,18 @@ def _argument(args: tuple, kwargs: dict, index: int, name: str) -> Any:
 # -- hooks ---------------------------------------------------------------------------
 
 
-def _says_refusals(hook: Callable[..., Any]) -> Callable[..., Any]:
-    """A hook's Foundry error stops the scheduler (SGLang logs it with a traceback and
-    shuts the server down); the log also gets one line that says what was refused
-    (drift) or what failed."""
+def _who() -> str:
+    return "scheduler" if _state is None else f"scheduler (tp rank {_state.rank}) {_state.config.mode}"
 
-    @functools.wraps(hook)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return hook(*args, **kwargs)
-        except FoundryError as err:
-            who = "scheduler" if _state is None else f"scheduler (tp rank {_state.rank}) {_state.config.mode}"
-            _say(f"{who} {'refused' if isinstance(err, DriftError) else 'failed'}: {err}")
-            raise
 
-    return run
+# A hook's Foundry error stops the scheduler (SGLang logs it with a traceback and shuts the
+# server down); the log also gets one line that says what was refused (drift) or what failed.
+_says_refusals = shared.says_refusals(_who)
 
 
 @_says_refusals
 def _on_scheduler_start(*args: Any, **kwargs: Any) -> None:
     global _state
-    from foundry.runtime.sessions.load import LoadSession
-    from foundry.runtime.sessions.open import load_options
-    from foundry.runtime.sessions.save import SaveSession
-
     begun = time.perf_counter()
     config = load_config()
     if config.mode == "off":
@@ -178,21 +142,15 @@ def _on_scheduler_start(*args: Any, **kwargs: Any) -> None:
     rank = _argument(args, kwargs, 4, "tp_rank") or 0
     _check_supported(server_args)
     live = server_fingerprint(server_args, installed_version())
-    if config.mode == "save":
-        # the region's bytes at the end of the graph phase: what a LOAD skipping the warm-ups restores
-        session: Any = SaveSession(config.archive, device=device, rank=rank, model=live, warmup_bytes_until="finish",
-                                   overwrite=OVERWRITE.read())  # fmt: skip
-    else:
-        from foundry.archive.reader import Archive
 
-        options = load_options()
-        archive = Archive.open(config.archive)
-        if options["warmup"] == "restore":  # before the session, which would refuse the missing bytes less clearly
+    def check_archive(archive: Any, options: dict[str, Any]) -> None:
+        if options["warmup"] == "restore":
             check_warmup_skip(archive.catalog.model)
-        session = LoadSession(archive, device=device, rank=rank, **options)
-        check_server_args(session.archive.catalog.model, live)
-    session.start()
-    _state = SchedulerState(config, session, rank)
+
+    # SAVE keeps the region's bytes to the end of the graph phase: what a LOAD skipping the warm-ups restores
+    started = shared.start_session(config, device=device, rank=rank, live=live, check_archive=check_archive,
+                                    warmup_bytes_until="finish")  # fmt: skip
+    _state = SchedulerState(config, started, rank)
     _state.seconds["foundry_s"] += time.perf_counter() - begun
     _say(f"scheduler (tp rank {rank}) active: mode {config.mode}, archive {config.archive}")
 
@@ -248,24 +206,7 @@ def _kv_budget(original: Any, configurator: Any, *args: Any, **kwargs: Any) -> i
     profiled = original(configurator, *args, **kwargs)
     if _state is None:
         return profiled
-    # a later run of a SAVE sizes its pool like the first
-    first_run = SAVE_FIRST_RUN.read() if _state.config.mode == "save" else None
-    if _state.config.mode == "save" and not first_run:
-        _state.session.model[KV_BUDGET] = str(profiled)
-        return profiled
-    if first_run:
-        from foundry.archive.reader import Archive
-
-        recorded = Archive.open(first_run).catalog.model.get(KV_BUDGET)
-        _state.session.model[KV_BUDGET] = str(recorded)
-    else:
-        recorded = _state.session.archive.catalog.model.get(KV_BUDGET)
-    if recorded is None:
-        raise DriftError("the archive records no KV budget (not saved by the SGLang plugin)", field=KV_BUDGET)
-    if profiled < int(recorded):
-        raise DriftError("less GPU memory is free for the KV cache than at SAVE", field=KV_BUDGET,
-                         expected=int(recorded), found=profiled)  # fmt: skip
-    return int(recorded)
+    return shared.pinned_budget(_state.session, _state.config.mode, profiled, KV_BUDGET, "SGLang")
 
 
 @_says_refusals
@@ -327,10 +268,7 @@ def _capture_one(original: Any, backend: Any, shape_key: Any, forward_fn: Any, c
 def _note_replay(name: str) -> None:
     """A restored graph's first replay, appended to the report's path + ``.replays``
     (SGLang replays after the report is written): the proof that the server ran it."""
-    out = SGLANG_REPORT.read()
-    if out is not None:
-        with open(f"{out}.replays", "a") as handle:
-            handle.write(name + "\n")
+    shared.note_replay(SGLANG_REPORT.read(), name)
 
 
 def _begin_graph_phase() -> None:
@@ -394,10 +332,7 @@ def _on_graphs_done(result: Any, *args: Any, **kwargs: Any) -> None:
          f"{'saved' if _state.config.mode == 'save' else 'restored'}, "
          f"{counters.get('stream_captures', 0)} stream captures, "
          f"{counters.get('passthrough_captures', 0)} passed through")  # fmt: skip
-    out = SGLANG_REPORT.read()
-    if out is not None:
-        with open(out, "w") as handle:
-            json.dump(report, handle, indent=1, default=str)
+    shared.write_report(SGLANG_REPORT.read(), report)
     return result
 
 
@@ -418,11 +353,4 @@ def _judge_warmup_skip(session: Any) -> str:
 
 def _check_restored(report: dict[str, Any]) -> None:
     assert _state is not None
-    archived = [entry.name for entry in _state.session.record.graphs]
-    missing = sorted(set(archived) - set(_state.graphs))
-    if missing:
-        raise DriftError("the server did not ask for every archived graph (another batch-size list?)",
-                         field="sglang.graphs", expected=archived[:8], found=missing[:8])  # fmt: skip
-    captures = report.get("counters", {}).get("stream_captures", 0)
-    if captures:
-        raise DriftError("the LOAD captured graphs", field="stream_captures", found=captures)
+    shared.check_restored(_state.session, _state.graphs, report, "sglang.graphs")

@@ -5,16 +5,16 @@ kernels its configuration chose: the model, the arguments that size memory
 (KV pool, request slots, graph batch sizes) and the ones that choose kernels
 (attention and sampling backends, dtypes). SAVE records them in the archive's
 catalog (``model``), each as ``sglang.<argument>``; LOAD refuses the first that
-differs, by name, before anything is restored.
+differs, by name, before anything is restored
+(:func:`foundry.integrations.common.drift.check_fields`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
-from foundry.errors import DriftError
+from foundry.integrations.common.drift import check_fields, config_digest
 
 SERVER_ARGS = (
     "model_path", "revision", "load_format", "dtype", "quantization", "kv_cache_dtype", "context_length",
@@ -30,6 +30,9 @@ SERVER_ARGS = (
 # (its JSON overrides the per-phase flags); compared through its repr. random_seed is not
 # compared: it changes no graph (only dummy weights' values).
 
+#: LOAD's refusal of a server whose record differs from SAVE's (shared with the vLLM plugin).
+check_server_args = check_fields
+
 
 def server_fingerprint(server_args: Any, version: str) -> dict[str, str]:
     """``sglang.<argument>`` -> its value as JSON text, for every argument in
@@ -41,19 +44,4 @@ def server_fingerprint(server_args: Any, version: str) -> dict[str, str]:
 
 def model_config_digest(model_runner: Any) -> str:
     """sha256 of the model's configuration as the server loaded it."""
-    config = getattr(getattr(model_runner, "model_config", None), "hf_config", None)
-    text = config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def check_server_args(recorded: dict[str, str], live: dict[str, str]) -> None:
-    """Refuse ``live`` when an entry differs from SAVE's record: the field is the first
-    that differs, the message names every one (a batch-size change also changes the
-    resolved ``cuda_graph_config`` before it)."""
-    differing = [key for key, value in live.items() if recorded.get(key) != value]
-    if differing:
-        key = differing[0]
-        saved = recorded.get(key)
-        also = f" (also {', '.join(differing[1:])})" if differing[1:] else ""
-        raise DriftError(f"the live server differs from SAVE's in {key}{also}", field=key,
-                         expected=saved if saved is not None else "(not recorded)", found=live[key])  # fmt: skip
+    return config_digest(getattr(getattr(model_runner, "model_config", None), "hf_config", None))
