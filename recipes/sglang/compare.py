@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -69,14 +70,15 @@ def startup_table(paths: list[str], runs: list[dict]) -> list[str]:
     return lines
 
 
-def replay_lines(paths: list[str], runs: list[dict]) -> list[str]:
-    """For each LOAD: how many restored graphs SGLang replayed, and which it never did."""
+def replay_lines(paths: list[str], runs: list[dict], graphs: str = "sglang_graphs") -> list[str]:
+    """For each LOAD: how many restored graphs the engine replayed, and which it never did
+    (``graphs``: the plugin report's list of the graphs it restored)."""
     lines = []
     for path, run in zip(paths, runs, strict=True):
         report = run.get("foundry") or {}
         if report.get("mode") != "load" or "replayed" not in report:
             continue
-        restored, replayed = report.get("sglang_graphs", []), set(report["replayed"])
+        restored, replayed = report.get(graphs, []), set(report["replayed"])
         idle = [name for name in restored if name not in replayed]
         lines.append(f"replayed {len(replayed)} of {len(restored)} restored graphs"
                      f"{'; never: ' + ', '.join(idle[:8]) if idle else ''}  {path}")  # fmt: skip
@@ -84,8 +86,17 @@ def replay_lines(paths: list[str], runs: list[dict]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    """Compare recorded SGLang runs (see the module docstring)."""
+    return compare(argv, (startup_table, replay_lines), "recipes/sglang/run.py", __doc__.strip().splitlines()[2])
+
+
+def compare(argv: list[str], tables: tuple[Callable[[list[str], list[dict]], list[str]], ...], recipe: str,
+            usage: str) -> int:  # fmt: skip
+    """The runs ``argv`` names compared with the first (an engine's ``main``): the verdict
+    per run, then each of ``tables``' lines; 0 when all are identical and the reference's
+    prompts pairwise different, 1 otherwise, 2 when a report cannot be read."""
     if len(argv) < 2:
-        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        print(usage.strip(), file=sys.stderr)
         return 2
     try:
         runs = [json.loads(Path(p).read_text()) for p in argv]
@@ -94,7 +105,7 @@ def main(argv: list[str]) -> int:
         return 2
     for path, run in zip(argv, runs, strict=True):
         if not isinstance(run, dict) or not isinstance(run.get("outputs"), list):
-            print(f"compare.py: {path} is not a report of recipes/sglang/run.py (no outputs)", file=sys.stderr)
+            print(f"compare.py: {path} is not a report of {recipe} (no outputs)", file=sys.stderr)
             return 2
     reference = runs[0]
     ids = [tuple(o["output_ids"]) for o in reference["outputs"]]
@@ -107,10 +118,9 @@ def main(argv: list[str]) -> int:
         print(f"{'identical' if not found else 'DIFFERENT'}  {path}")
         for line in found[:8]:
             print(f"  - {line}")
-    for line in startup_table(argv, runs):
-        print(line)
-    for line in replay_lines(argv, runs):
-        print(line)
+    for table in tables:
+        for line in table(argv, runs):
+            print(line)
     return 0 if ok else 1
 
 
