@@ -43,6 +43,7 @@ class Sources:
 
     def __init__(self, files: dict[str, str]) -> None:
         self.files = files
+        self.trees: dict[str, ast.Module] = {}
 
     @classmethod
     def open(cls, path: Path) -> Sources:
@@ -64,7 +65,9 @@ class Sources:
         raise AssertionError(f"{module} is not in vLLM's sources")
 
     def tree(self, module: str) -> ast.Module:
-        return ast.parse(self.text(module))
+        if module not in self.trees:
+            self.trees[module] = ast.parse(self.text(module))
+        return self.trees[module]
 
 
 def _download(version: str) -> Path:
@@ -249,6 +252,10 @@ def test_the_children_vllm_starts_follow_the_start_method_the_plugin_sets(vllm):
     envs = vllm.text("vllm.envs")
     assert '"VLLM_WORKER_MULTIPROC_METHOD", "fork", ["spawn", "fork"]' in envs
     assert list(plugin.CHILDREN) == ["VLLM_WORKER_MULTIPROC_METHOD"]
+    # neither that setting nor a run's own cache root changes torch.compile's cache key
+    ignored = ast.literal_eval(next(n.value for n in ast.walk(_find(vllm.tree("vllm.envs"), ["compile_factors"]))
+                                    if isinstance(n, ast.AnnAssign) and n.target.id == "ignored_factors"))  # fmt: skip
+    assert {"VLLM_WORKER_MULTIPROC_METHOD", "VLLM_CACHE_ROOT"} <= ignored
     system = _find(vllm.tree("vllm.utils.system_utils"), ["get_mp_context"])
     assert "get_context" in _calls(system)
 
