@@ -5,18 +5,20 @@
 #
 # Sections, in order (all one-GPU ones when none is named): tests session-tests recipe
 # recipe-runs3 relocation negative bench sglang sglang-more sglang-prefill sglang-cold, scale-save
-# scale-load scale-more scale-tpot scale-neg (PRESET=qwen3-8b|qwen3-30b-a3b), and on two GPUs
-# tp2 tp2-nccl ep2. relocation and negative need recipe's archive in RESULTS_DIR;
-# sglang needs SGLang 0.5.17 importable (and this package installed, so SGLang
-# finds the plugin's entry point); ep2 needs DeepEP built for the installed torch
-# (recipes/deepep/build_deep_ep.sh) and nvidia-ml-py.
+# scale-load scale-more scale-tpot scale-neg (PRESET=qwen3-8b|qwen3-30b-a3b), vllm vllm-http
+# vllm-more vllm-cold vllm-scale-save vllm-scale-load vllm-scale-more (VPRESET=qwen3-8b|qwen3-30b-a3b;
+# named only), and on two GPUs tp2 tp2-nccl ep2. relocation and negative need recipe's archive in
+# RESULTS_DIR; sglang needs SGLang 0.5.17 importable (and this package installed, so SGLang
+# finds the plugin's entry point), vllm* vLLM 0.25.1 (the same, for vLLM's entry point: on the
+# H200 test machine PYTHONPATH=/tmp/vllm-site after its bundles are installed); ep2 needs DeepEP
+# built for the installed torch (recipes/deepep/build_deep_ep.sh) and nvidia-ml-py.
 #
 # Needs torch with CUDA, cuda-bindings, zstandard, nvcc and this package
 # (installed, so its backends' entry points exist) with the native hook built.
 # Writes logs and reports under RESULTS_DIR and prints a summary table last; each
 # step says which command produced it, for docs/validation.md.
 set -uo pipefail
-RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|recipe-runs3|relocation|negative|bench|sglang|sglang-more|sglang-prefill|sglang-cold|scale-save|scale-load|scale-more|scale-tpot|scale-neg|tp2|tp2-nccl|ep2 ...]}
+RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|recipe-runs3|relocation|negative|bench|sglang|sglang-more|sglang-prefill|sglang-cold|scale-save|scale-load|scale-more|scale-tpot|scale-neg|vllm|vllm-http|vllm-more|vllm-cold|vllm-scale-save|vllm-scale-load|vllm-scale-more|tp2|tp2-nccl|ep2 ...]}
 shift
 SECTIONS=${*:-tests session-tests recipe recipe-runs3 relocation negative bench sglang sglang-more sglang-prefill sglang-cold}
 wants() { [[ " $SECTIONS " == *" $1 "* ]]; }
@@ -244,6 +246,114 @@ rm -rf "$SS/neg" && cp -r "$SS/save" "$SS/neg"
 step sgs-neg-edit python3 recipes/torch/negative_control.py "$SS/neg" --graph decode.bs1 --last
 step sgs-load-neg python3 -m foundry run --mode load --archive "$SS/neg" -- $SGS --out "$SS/load-neg.json"
 step sgs-compare-neg python3 recipes/sglang/compare.py "$SS"/baseline.json "$SS"/load-neg.json  # must exit 1
+fi
+
+# 6e. vLLM (not yet run on the H200 test machine): a tiny Qwen3 served by vLLM 0.25.1 through
+# vllm.LLM, plain vs SAVE (two runs) vs LOAD, each walking the batch through every capture size
+# (--wave); vllm-http the same through vLLM's OpenAI-compatible server; vllm-more SAVE2, diff,
+# lint, the LOAD without the plugin and the drift refusals (it needs vllm's archive). Every run
+# gets the same torch.compile cache (VLLM_CACHE_ROOT), warmed by the first plain run.
+VL="python3 recipes/vllm/run.py"
+export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-$RESULTS/jit/vllm}
+if wants vllm; then
+rm -rf "$RESULTS/vl" && mkdir -p "$RESULTS/vl"
+step vl-baseline $VL --wave --out "$RESULTS/vl/baseline.json"
+step vl-save python3 -m foundry run --mode save --archive "$RESULTS/vl/save" -- $VL --wave --out "$RESULTS/vl/save.json"
+step vl-load python3 -m foundry run --mode load --archive "$RESULTS/vl/save" -- $VL --wave --out "$RESULTS/vl/load.json"
+step vl-load-native python3 -m foundry run --mode load --builder native --archive "$RESULTS/vl/save" -- $VL --wave \
+    --out "$RESULTS/vl/load-native.json"
+# start-up, fairly: plain vLLM again now that every cache is warm, then the LOADs against it
+step vl-baseline-warm $VL --out "$RESULTS/vl/baseline-warm.json"
+step vl-startup python3 recipes/vllm/compare.py "$RESULTS"/vl/baseline-warm.json "$RESULTS"/vl/load.json \
+    "$RESULTS"/vl/load-native.json
+step vl-compare python3 recipes/vllm/compare.py "$RESULTS"/vl/baseline.json "$RESULTS"/vl/save.json \
+    "$RESULTS"/vl/load.json "$RESULTS"/vl/load-native.json
+step vl-inspect python3 -m foundry archive inspect "$RESULTS/vl/save"
+fi
+if wants vllm-http; then
+rm -rf "$RESULTS/vlh" && mkdir -p "$RESULTS/vlh"
+VH="$VL --entry http --wave"
+step vlh-baseline $VH --out "$RESULTS/vlh/baseline.json"
+step vlh-save python3 -m foundry run --mode save --archive "$RESULTS/vlh/save" -- $VH --out "$RESULTS/vlh/save.json"
+step vlh-load python3 -m foundry run --mode load --archive "$RESULTS/vlh/save" -- $VH --out "$RESULTS/vlh/load.json"
+step vlh-compare python3 recipes/vllm/compare.py "$RESULTS"/vlh/baseline.json "$RESULTS"/vlh/save.json "$RESULTS"/vlh/load.json
+# the server's outputs against vllm.LLM's (the vllm section's baseline), where both ran
+[ -f "$RESULTS/vl/baseline.json" ] && step vlh-vs-llm python3 recipes/vllm/compare.py "$RESULTS"/vl/baseline.json "$RESULTS"/vlh/baseline.json
+fi
+if wants vllm-more; then
+rm -rf "$RESULTS/vl/save2"
+if [ -d "$RESULTS/vl/save.kept" ]; then  # an interrupted run left SAVE aside: put it back first
+    rm -rf "$RESULTS/vl/save" && mv "$RESULTS/vl/save.kept" "$RESULTS/vl/save" && mv "$RESULTS/vl/save.json.kept" "$RESULTS/vl/save.json"
+fi
+mv "$RESULTS/vl/save" "$RESULTS/vl/save.kept" && mv "$RESULTS/vl/save.json" "$RESULTS/vl/save.json.kept"
+step vl-save2 python3 -m foundry run --mode save --archive "$RESULTS/vl/save" -- $VL --wave --out "$RESULTS/vl/save.json"
+mv "$RESULTS/vl/save" "$RESULTS/vl/save2" && mv "$RESULTS/vl/save.json" "$RESULTS/vl/save2.json"
+mv "$RESULTS/vl/save.kept" "$RESULTS/vl/save" && mv "$RESULTS/vl/save.json.kept" "$RESULTS/vl/save.json"
+step vl-compare2 python3 recipes/vllm/compare.py "$RESULTS"/vl/baseline.json "$RESULTS"/vl/save2.json
+step vl-diff python3 -m foundry archive diff "$RESULTS/vl/save" "$RESULTS/vl/save2"
+step vl-lint python3 -m foundry graph lint "$RESULTS/vl/save" --expect nccl-allreduce=0
+# the plugin excluded: the LOAD must fail rather than capture again (exit code must be non-zero)
+VLLM_PLUGINS=none step vl-load-without-plugin python3 -m foundry run --mode load --archive "$RESULTS/vl/save" -- $VL --out "$RESULTS/vl/load-without-plugin.json"
+refused vl-load-without-plugin "a stream capture in LOAD mode" $?
+vdrift() {  # vdrift NAME FIELD RECIPE-ARGS...: a LOAD that must fail, naming FIELD
+    local name=$1 field=$2; shift 2
+    step vl-drift-$name python3 -m foundry run --mode load --archive "$RESULTS/vl/save" -- $VL "$@" --out "$RESULTS/vl/drift-$name.json"
+    refused vl-drift-$name "$field" $?
+}
+vdrift memory vllm.cache_config.gpu_memory_utilization --set gpu_memory_utilization=0.25
+vdrift seqs vllm.scheduler_config.max_num_seqs --set max_num_seqs=4
+vdrift sizes vllm.compilation_config.cudagraph_capture_sizes --set 'compilation_config={"cudagraph_capture_sizes": [1, 2, 4]}'
+vdrift mode vllm.compilation_config.cudagraph_mode --set 'compilation_config={"cudagraph_mode": "PIECEWISE"}'
+vdrift attention vllm.attention_config.backend --set attention_backend=TRITON_ATTN
+vdrift model vllm.model_config_sha256 --model-set num_hidden_layers=3
+VLLM_USE_V2_MODEL_RUNNER=0 vdrift runner vllm.model_runner
+fi
+# 6f. vLLM on a fresh machine: every run with JIT caches of its own, empty at its start (vLLM's
+# torch.compile cache, which holds Inductor's and Triton's, and the driver's), against the SAVE
+# of the vllm section; each cache's size after its run is listed
+if wants vllm-cold; then
+rm -rf "$RESULTS/vlc" && mkdir -p "$RESULTS/vlc"
+vjit() {  # vjit RUN: point every JIT cache at RUN's own empty directories
+    local J=$RESULTS/vlc/jit-$1
+    export VLLM_CACHE_ROOT=$J/vllm TRITON_CACHE_DIR=$J/triton TORCHINDUCTOR_CACHE_DIR=$J/inductor CUDA_CACHE_PATH=$J/cuda \
+        FLASHINFER_WORKSPACE_BASE=$J/flashinfer
+}
+vjit baseline; step vlc-baseline-cold $VL --out "$RESULTS/vlc/baseline-cold.json"
+vjit load; step vlc-load-cold python3 -m foundry run --mode load --archive "$RESULTS/vl/save" -- $VL --out "$RESULTS/vlc/load-cold.json"
+step vlc-startup-cold python3 recipes/vllm/compare.py "$RESULTS"/vlc/baseline-cold.json "$RESULTS"/vlc/load-cold.json
+(cd "$RESULTS/vlc" && du -s --block-size=K jit-*/* 2>/dev/null) | tee -a "$SUMMARY"
+export VLLM_CACHE_ROOT=$RESULTS/jit/vllm TRITON_CACHE_DIR=$RESULTS/jit/triton TORCHINDUCTOR_CACHE_DIR=$RESULTS/jit/inductor
+unset CUDA_CACHE_PATH FLASHINFER_WORKSPACE_BASE
+fi
+# 6g. vLLM at production shape (VPRESET, default qwen3-8b on Model Runner V2; qwen3-30b-a3b is the
+# MoE shape, on the V1 runner) at vLLM's default capture sizes (51, 1-512): plain, SAVE, LOAD, each
+# with the wave; then SAVE2, diff and lint. Three sections, each meant to fit ten minutes.
+VPRESET=${VPRESET:-qwen3-8b}
+VS=$RESULTS/vllm-scale-$VPRESET
+VLS="$VL --preset $VPRESET --wave"
+VREGION=()
+[ "$VPRESET" = qwen3-30b-a3b ] && VREGION=(--region-size 0x1a00000000)  # the weights and the KV cache
+if wants vllm-scale-save; then
+rm -rf "$VS" && mkdir -p "$VS"
+step vls-baseline $VLS --out "$VS/baseline.json"
+step vls-save python3 -m foundry run --mode save "${VREGION[@]}" --archive "$VS/save" -- $VLS --out "$VS/save.json"
+step vls-inspect python3 -m foundry archive inspect "$VS/save" --json
+fi
+if wants vllm-scale-load; then
+step vls-load python3 -m foundry run --mode load --builder native --archive "$VS/save" -- $VLS --out "$VS/load.json"
+step vls-baseline-warm $VL --preset $VPRESET --out "$VS/baseline-warm.json"
+step vls-compare python3 recipes/vllm/compare.py "$VS"/baseline.json "$VS"/save.json "$VS"/load.json
+step vls-startup python3 recipes/vllm/compare.py "$VS"/baseline-warm.json "$VS"/load.json
+fi
+if wants vllm-scale-more; then
+rm -rf "$VS/save2"
+mv "$VS/save" "$VS/save.kept" && mv "$VS/save.json" "$VS/save.json.kept"
+step vls-save2 python3 -m foundry run --mode save "${VREGION[@]}" --archive "$VS/save" -- $VLS --out "$VS/save.json"
+mv "$VS/save" "$VS/save2" && mv "$VS/save.json" "$VS/save2.json"
+mv "$VS/save.kept" "$VS/save" && mv "$VS/save.json.kept" "$VS/save.json"
+step vls-compare2 python3 recipes/vllm/compare.py "$VS"/baseline.json "$VS"/save2.json
+step vls-diff python3 -m foundry archive diff "$VS/save" "$VS/save2"
+step vls-lint python3 -m foundry graph lint "$VS/save" --expect nccl-allreduce=0
 fi
 
 # 7. two GPUs: the decoder split over two ranks (torch symmetric memory, then NCCL) and
