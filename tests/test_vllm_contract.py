@@ -183,6 +183,16 @@ def test_the_names_the_plugin_imports_from_vllm_exist(vllm):
         assert name in top, f"{module}.{name}"
 
 
+def test_the_wrapper_the_plugin_patches_is_the_one_cuda_platforms_use(vllm):
+    """Pieces are wrapped in the class the platform names (wrap_with_cudagraph_if_needed)."""
+    method = _find(vllm.tree("vllm.platforms.cuda"), ["CudaPlatformBase", "get_static_graph_wrapper_cls"])
+    returned = [n.value.value for n in ast.walk(method) if isinstance(n, ast.Return)]
+    wrapper = next(p for p in HOOK_POINTS if p.attribute == "__call__")
+    assert returned == [wrapper.owner]
+    backends = _find(vllm.tree("vllm.compilation.backends"), ["wrap_with_cudagraph_if_needed"])
+    assert "get_static_graph_wrapper_cls" in _calls(backends)
+
+
 def test_the_attributes_the_hooks_read_are_where_vllm_keeps_them(vllm):
     wrapper = _find(vllm.tree("vllm.compilation.cuda_graph"), ["CUDAGraphWrapper", "__init__"])
     assert {"runnable", "runtime_mode", "cudagraph_options", "concrete_cudagraph_entries"} <= _assigned(wrapper)
