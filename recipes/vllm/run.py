@@ -11,7 +11,8 @@ are recipes/sglang/run.py's):
 - ``tiny`` (default): a 2-layer Qwen3, ``max_num_seqs`` 8: capture sizes 1, 2, 4, 8, 16;
 - ``qwen3-8b``: Qwen3-8B's shape (36 layers, hidden 4096) on Model Runner V2,
   ``max_num_seqs`` 256: vLLM's default capture sizes, 51 of them from 1 to 512, each
-  with 37 piecewise graphs, and full decode graphs for the 35 sizes up to 256;
+  with a piecewise graph per piece of the model (one or more per layer), and full
+  decode graphs for the 35 sizes up to 256;
 - ``qwen3-30b-a3b``: Qwen3-30B-A3B's MoE shape (48 layers, 128 experts, top 8; about
   57 GiB in bf16) on the V1 runner, ``gpu_memory_utilization`` 0.7. Its region must
   hold the weights and the KV cache: ``foundry run --region-size 0x1a00000000`` (104 GiB).
