@@ -5,7 +5,8 @@
   variables (a SAVE also turns address-space randomisation off for them);
 - :func:`start_session`: SAVE or LOAD opened and started before the process's
   first CUDA allocation, a LOAD's live server compared with SAVE's by field;
-- :func:`pinned_budget`: the KV cache sized as at SAVE instead of profiled again;
+- :func:`pinned_budget`: the KV cache (and any other pool sized from free memory)
+  sized as at SAVE instead of profiled again;
 - :func:`check_restored`: a LOAD restored every archived graph and captured none;
 - :func:`write_report`, :func:`note_replay`: the session's report, and each
   restored graph's first replay, for the recipes;
@@ -101,10 +102,12 @@ def start_session(
     return session
 
 
-def pinned_budget(session: Any, mode: str, profiled: int, key: str, engine: str) -> int:
+def pinned_budget(session: Any, mode: str, profiled: int, key: str, engine: str, what: str = "the KV cache") -> int:
     """The KV budget to use: SAVE records what it profiled (a later run of a SAVE takes
     the first run's, so both allocate alike); LOAD takes SAVE's, refusing when less
-    memory is free now, so the KV cache and every later allocation land where they did."""
+    memory is free now, so the KV cache and every later allocation land where they did.
+    Any other size an engine derives from free memory (``what``: a hybrid model's state
+    pool, say) is pinned the same way."""
     first_run = SAVE_FIRST_RUN.read() if mode == "save" else None
     if mode == "save" and not first_run:
         session.model[key] = str(profiled)
@@ -117,9 +120,9 @@ def pinned_budget(session: Any, mode: str, profiled: int, key: str, engine: str)
     else:
         recorded = session.archive.catalog.model.get(key)
     if recorded is None:
-        raise DriftError(f"the archive records no KV budget (not saved by the {engine} plugin)", field=key)
+        raise DriftError(f"the archive records no size for {what} (not saved by the {engine} plugin)", field=key)
     if profiled < int(recorded):
-        raise DriftError("less GPU memory is free for the KV cache than at SAVE", field=key,
+        raise DriftError(f"less GPU memory is free for {what} than at SAVE", field=key,
                          expected=int(recorded), found=profiled)  # fmt: skip
     return int(recorded)
 
