@@ -9,10 +9,15 @@ to start. In a scheduler:
 1. ``Scheduler.__init__`` (before): open the SAVE or LOAD session and reserve the
    deterministic region before the first CUDA allocation; LOAD compares the
    server arguments that shape memory with SAVE's, by name; report the rank active.
-2. ``KVCacheConfigurator._profile_available_bytes``: SAVE records the KV budget it
+2. ``ModelRunner.load_model`` (before): each model runner's configuration (the
+   target's, and under speculative decoding the draft model's) is recorded at
+   SAVE and compared at LOAD before its weights are allocated.
+3. ``KVCacheConfigurator._profile_available_bytes``: SAVE records the KV budget it
    profiled; LOAD takes that budget (refusing when less memory is free), so the
    KV pool and every later allocation land where they did at SAVE.
-3. ``FullCudaGraphBackend.capture_one``: SGLang's two warm-up forwards run as
+4. ``FullCudaGraphBackend.__init__`` (after): the graph runner the backend
+   captures for (:mod:`foundry.integrations.sglang.runners`) and its model runner.
+5. ``FullCudaGraphBackend.capture_one``: SGLang's two warm-up forwards run as
    always (SAVE records torch's allocations from the first on); then SAVE
    captures through the session, LOAD installs the restored graph and its
    outputs where SGLang keeps them. A LOAD with ``--warmup restore`` skips the
@@ -20,9 +25,10 @@ to start. In a scheduler:
    that safe (:mod:`foundry.integrations.sglang.warmup_skip`). Breakable graphs
    are passed through: SGLang captures them itself in SAVE and LOAD, the hook
    told so, and the log says so.
-4. ``ModelRunner.init_cuda_graphs`` (after): SAVE judges whether a LOAD may skip
-   the warm-ups and writes the archive; LOAD checks that every archived graph was
-   restored and nothing was captured.
+6. ``Scheduler.init_all_cuda_graphs`` (after): every model runner has captured
+   (the target's graphs, then the draft model's); SAVE judges whether a LOAD may
+   skip the warm-ups and writes the one archive; LOAD checks that every archived
+   graph of every graph runner was restored and nothing was captured.
 """
 
 from __future__ import annotations
@@ -40,15 +46,30 @@ from foundry.integrations.common import session as shared
 from foundry.integrations.common.session import say as _say
 from foundry.integrations.sglang.config import PluginConfig, load_config
 from foundry.integrations.sglang.hookpoints import HOOK_POINTS, check_version
+from foundry.integrations.sglang.runners import graph_name, phase_of, role_of
 from foundry.integrations.sglang.server_args import check_server_args, model_config_digest, server_fingerprint
+from foundry.integrations.sglang.speculative import check_speculative, model_runners
 from foundry.integrations.sglang.warmup_skip import SAFE, VERDICT
 
-RUNNERS = {"DecodeCudaGraphRunner": "decode", "PrefillCudaGraphRunner": "prefill"}
 KV_BUDGET = "sglang.kv_budget_bytes"
-MODEL_CONFIG = "sglang.model_config_sha256"
+# each model runner's configuration digest, by role
+MODEL_CONFIGS = {"target": "sglang.model_config_sha256", "draft": "sglang.draft_model_config_sha256"}
 # prefill backends the plugin handles: full graphs are persisted, breakable ones passed through
 # (SGLang captures them in SAVE and LOAD alike); tc_piecewise lives in torch.compile's caches
 PREFILL_BACKENDS = ("disabled", "full", "breakable")
+
+
+def _phase_seconds() -> dict[str, float]:
+    return {"warmup_forwards_s": 0.0, "graphs_s": 0.0}
+
+
+@dataclass
+class RunnerGraphs:
+    """One model runner's graphs in a scheduler (the target's, a draft model's): the
+    names by graph runner phase, in capture order, and the seconds they took."""
+
+    phases: dict[str, list[str]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=_phase_seconds)
 
 
 @dataclass
@@ -58,16 +79,17 @@ class SchedulerState:
     config: PluginConfig
     session: Any
     rank: int
-    graphs: list[str] = field(default_factory=list)
+    graphs: list[str] = field(default_factory=list)  # every graph, in capture order
+    expected_runners: tuple[str, ...] = ("target",)  # the model runners this server's scheduler holds
+    runners: dict[str, RunnerGraphs] = field(default_factory=dict)  # by model runner role, as they capture
+    configs: dict[str, str] = field(default_factory=dict)  # model runner role -> its configuration's digest
     passed_through: set[str] = field(default_factory=set)
-    model_checked: bool = False
     graph_phase: bool = False  # the first shape's warm-up has begun
     recording_error: str | None = None  # SAVE: why torch's allocation history is not recorded
     finished: bool = False
     # seconds in SGLang's eager warm-up forwards, in capturing (SAVE) or restoring (LOAD), and in
     # every Foundry call on the scheduler's path (session start, graphs, finish with its waits)
-    seconds: dict[str, float] = field(default_factory=lambda: {"warmup_forwards_s": 0.0, "graphs_s": 0.0,
-                                                               "foundry_s": 0.0})  # fmt: skip
+    seconds: dict[str, float] = field(default_factory=lambda: {**_phase_seconds(), "foundry_s": 0.0})
 
 
 _state: SchedulerState | None = None
@@ -150,7 +172,7 @@ def _on_scheduler_start(*args: Any, **kwargs: Any) -> None:
     # SAVE keeps the region's bytes to the end of the graph phase: what a LOAD skipping the warm-ups restores
     started = shared.start_session(config, device=device, rank=rank, live=live, check_archive=check_archive,
                                     warmup_bytes_until="finish")  # fmt: skip
-    _state = SchedulerState(config, started, rank)
+    _state = SchedulerState(config, started, rank, expected_runners=model_runners(server_args))
     _state.seconds["foundry_s"] += time.perf_counter() - begun
     _say(f"scheduler (tp rank {rank}) active: mode {config.mode}, archive {config.archive}")
 
@@ -172,9 +194,7 @@ def _check_supported(server_args: Any) -> None:
     if getattr(server_args, "enable_memory_saver", False):
         raise FoundryError("the memory saver moves graph memory; it cannot be used with Foundry",
                            field="sglang.enable_memory_saver")  # fmt: skip
-    if getattr(server_args, "speculative_algorithm", None):
-        raise FoundryError("speculative decoding (several model runners) is not persisted yet",
-                           field="sglang.speculative_algorithm", found=server_args.speculative_algorithm)  # fmt: skip
+    check_speculative(server_args)
     decode = _phase_backend(server_args, "decode")
     if decode not in ("full", "disabled"):
         raise FoundryError("decode graphs are persisted with the full backend only",
@@ -202,6 +222,25 @@ def _phase_backend(server_args: Any, phase: str) -> str:
 
 
 @_says_refusals
+def _on_model_load(model_runner: Any, *args: Any, **kwargs: Any) -> None:
+    """A model runner's configuration, before its weights are allocated: SAVE records
+    its digest, LOAD refuses one that differs from SAVE's (by role: target or draft)."""
+    if _state is None:
+        return
+    role = role_of(model_runner)
+    if role in _state.configs:
+        raise FoundryError(f"a second {role} model runner; the plugin persists one target and one draft per "
+                           "scheduler", field="sglang.model_runners", found=role)  # fmt: skip
+    digest = model_config_digest(model_runner)
+    key = MODEL_CONFIGS[role]
+    if _state.config.mode == "save":
+        _state.session.model[key] = digest
+    else:
+        check_server_args(_state.session.archive.catalog.model, {key: digest})
+    _state.configs[role] = digest
+
+
+@_says_refusals
 def _kv_budget(original: Any, configurator: Any, *args: Any, **kwargs: Any) -> int:
     profiled = original(configurator, *args, **kwargs)
     if _state is None:
@@ -211,22 +250,10 @@ def _kv_budget(original: Any, configurator: Any, *args: Any, **kwargs: Any) -> i
 
 @_says_refusals
 def _note_runner(result: Any, backend: Any, cuda_graph_runner: Any = None, *args: Any, **kwargs: Any) -> None:
-    name = type(cuda_graph_runner).__name__
-    backend._foundry_runner = RUNNERS.get(name, name.removesuffix("CudaGraphRunner").lower() or "graph")
-    backend._foundry_model_runner = getattr(cuda_graph_runner, "model_runner", None)
-
-
-def graph_name(runner: str, shape_key: Any) -> str:
-    """The archive name of one captured shape: ``decode.bs8``, ``prefill.t512``, ..."""
-    size = getattr(shape_key, "size", shape_key)
-    name = f"{runner}.{'t' if runner == 'prefill' else 'bs'}{size}"
-    stream = getattr(shape_key, "stream_idx", None)
-    variant = getattr(shape_key, "variant_label", None)
-    if stream is not None:
-        name += f".s{stream}"
-    if variant:
-        name += "." + "".join(c if c.isalnum() or c in "._-" else "_" for c in str(variant))
-    return name
+    if _state is None:
+        return
+    backend._foundry_runner = phase_of(cuda_graph_runner)  # refuses a graph runner the plugin does not persist
+    backend._foundry_role = role_of(getattr(cuda_graph_runner, "model_runner", None))
 
 
 @_says_refusals
@@ -234,9 +261,9 @@ def _capture_one(original: Any, backend: Any, shape_key: Any, forward_fn: Any, c
                  post_warmup_hook: Any = None) -> None:  # fmt: skip
     if _state is None:
         return original(backend, shape_key, forward_fn, capture_inputs, post_warmup_hook)
-    runner = getattr(backend, "_foundry_runner", "graph")
-    if not _state.model_checked:
-        _check_model(backend)
+    runner = getattr(backend, "_foundry_runner", None)
+    role = getattr(backend, "_foundry_role", "target")
+    name = _next_graph(runner, shape_key)
     backend._device_module.synchronize()  # work queued before this shape is not its warm-up's
     if not _state.graph_phase:
         _begin_graph_phase()
@@ -253,16 +280,34 @@ def _capture_one(original: Any, backend: Any, shape_key: Any, forward_fn: Any, c
     _state.session.warmup(warm_up)  # a LOAD restoring the warm-up's bytes skips it
     backend._device_module.synchronize()
     warmed = time.perf_counter()
-    name = graph_name(runner, shape_key)
     graph = _state.session.graph(name, forward_fn, shape_key=getattr(shape_key, "size", None), runner=runner)
-    _state.seconds["warmup_forwards_s"] += warmed - started
-    _state.seconds["graphs_s"] += time.perf_counter() - warmed
-    _state.seconds["foundry_s"] += time.perf_counter() - warmed
+    done = time.perf_counter()
+    graphs = _state.runners.setdefault(role, RunnerGraphs())
+    for seconds in (_state.seconds, graphs.seconds):
+        seconds["warmup_forwards_s"] += warmed - started
+        seconds["graphs_s"] += done - warmed
+    _state.seconds["foundry_s"] += done - warmed
     backend._graphs[shape_key] = graph
     backend._outputs[shape_key] = graph.outputs
     _state.graphs.append(name)
+    graphs.phases.setdefault(runner, []).append(name)
     if _state.config.mode == "load":
         graph.first_replay = functools.partial(_note_replay, name)
+
+
+def _next_graph(runner: str | None, shape_key: Any) -> str:
+    """The archive name of the shape about to be captured, refused when the graph phase
+    is over or the name is taken (two runners, or one capturing a shape twice)."""
+    assert _state is not None
+    if runner is None:  # the backend was built without the plugin's note (a hook not in place)
+        raise FoundryError("a graph backend whose graph runner is unknown", field="sglang.graph_runner")
+    name = graph_name(runner, shape_key)
+    if _state.finished:
+        raise FoundryError("a graph captured after the scheduler's graph phase ended (captured again?)",
+                           field="sglang.graphs", found=name)  # fmt: skip
+    if name in _state.graphs:
+        raise FoundryError("two graphs of one name in one scheduler", field="sglang.graphs", found=name)
+    return name
 
 
 def _note_replay(name: str) -> None:
@@ -279,17 +324,6 @@ def _begin_graph_phase() -> None:
     _state.graph_phase = True
     if _state.config.mode == "save":
         _state.recording_error = warmup_skip.start_recording()
-
-
-def _check_model(backend: Any) -> None:
-    assert _state is not None
-    model_runner = getattr(backend, "_foundry_model_runner", None)
-    digest = model_config_digest(model_runner)
-    if _state.config.mode == "save":
-        _state.session.model[MODEL_CONFIG] = digest
-    else:
-        check_server_args(_state.session.archive.catalog.model, {MODEL_CONFIG: digest})
-    _state.model_checked = True
 
 
 @_says_refusals
@@ -311,8 +345,8 @@ def _on_graphs_done(result: Any, *args: Any, **kwargs: Any) -> None:
     if _state is None:
         return result
     if _state.finished:
-        raise FoundryError("a second model runner captured graphs; the plugin persists one per scheduler",
-                           field="sglang.model_runners")  # fmt: skip
+        raise FoundryError("the scheduler's graph phase ended twice", field="sglang.graphs")
+    _check_model_runners()
     _state.finished = True
     begun = time.perf_counter()
     if _state.config.mode == "save" and _state.graph_phase:
@@ -323,27 +357,46 @@ def _on_graphs_done(result: Any, *args: Any, **kwargs: Any) -> None:
     if _state.config.mode == "load":
         _check_restored(report)
     report["sglang_graphs"] = list(_state.graphs)
+    report["sglang_model_runners"] = {role: {"graph_runners": graphs.phases, "seconds": graphs.seconds}
+                                      for role, graphs in _state.runners.items()}  # fmt: skip
     report[VERDICT] = (_state.session.model if _state.config.mode == "save"
                        else _state.session.archive.catalog.model).get(VERDICT)  # fmt: skip
     _state.seconds["foundry_s"] += time.perf_counter() - begun
     report["sglang_seconds"] = dict(_state.seconds)
     counters = report.get("counters", {})
+    by_runner = ", ".join(f"{phase} {len(names)}" for graphs in _state.runners.values()
+                          for phase, names in graphs.phases.items())  # fmt: skip
     _say(f"scheduler (tp rank {_state.rank}) {_state.config.mode}: {len(_state.graphs)} graphs "
-         f"{'saved' if _state.config.mode == 'save' else 'restored'}, "
+         f"{'saved' if _state.config.mode == 'save' else 'restored'}{f' ({by_runner})' if by_runner else ''}, "
          f"{counters.get('stream_captures', 0)} stream captures, "
          f"{counters.get('passthrough_captures', 0)} passed through")  # fmt: skip
     shared.write_report(SGLANG_REPORT.read(), report)
     return result
 
 
+def _check_model_runners() -> None:
+    """Every model runner the server holds had its configuration compared (a hook that
+    was not reached would let a draft model change unnoticed)."""
+    assert _state is not None
+    unseen = [role for role in _state.expected_runners if role not in _state.configs]
+    if unseen:
+        raise FoundryError("a model runner's configuration was never compared with SAVE's",
+                           field="sglang.model_runners", expected=list(_state.expected_runners),
+                           found=sorted(_state.configs))  # fmt: skip
+
+
 def _judge_warmup_skip(session: Any) -> str:
-    """SAVE's verdict on a LOAD that skips SGLang's warm-ups (see warmup_skip)."""
+    """SAVE's verdict on a LOAD that skips SGLang's warm-ups (see warmup_skip); not judged
+    for several model runners."""
     from foundry.integrations.sglang import warmup_skip
 
     assert _state is not None
     irs = [ir for ir, _ in session.entries]
     recorded = _state.recording_error or warmup_skip.stop_recording(session.device)
-    if isinstance(recorded, str):  # never recorded, or unreadable: the verdict says why
+    unjudged = warmup_skip.unjudged(_state.runners)
+    if unjudged is not None:
+        recorded = unjudged
+    if isinstance(recorded, str):  # never recorded, unreadable or not judged: the verdict says why
         return warmup_skip.verdict(irs, recorded)
     blocks, segments = recorded
     info = session.hook.region()

@@ -25,6 +25,15 @@ SERVER_ARGS = (
     "cuda_graph_backend_decode", "cuda_graph_backend_prefill", "cuda_graph_max_bs_decode", "cuda_graph_bs_decode",
     "cuda_graph_max_bs_prefill", "cuda_graph_bs_prefill", "triton_attention_num_kv_splits", "enable_memory_saver",
     "enable_torch_compile", "speculative_algorithm", "enable_lora", "enable_pdmux", "skip_tokenizer_init",
+    "disable_overlap_schedule",
+    # speculative decoding: the draft model, its steps, tree and kernels
+    "speculative_draft_model_path", "speculative_draft_model_revision", "speculative_draft_load_format",
+    "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
+    "speculative_accept_threshold_single", "speculative_accept_threshold_acc", "speculative_use_rejection_sampling",
+    "speculative_token_map", "speculative_attention_mode", "speculative_draft_attention_backend",
+    "speculative_moe_runner_backend", "speculative_draft_model_quantization", "enable_multi_layer_eagle",
+    "speculative_adaptive", "speculative_ngram_min_bfs_breadth", "speculative_ngram_max_bfs_breadth",
+    "speculative_ngram_match_type", "speculative_ngram_max_trie_depth", "speculative_ngram_capacity",
 )  # fmt: skip
 # cuda_graph_config is the resolved per-phase configuration after ServerArgs.__post_init__
 # (its JSON overrides the per-phase flags); compared through its repr. random_seed is not
