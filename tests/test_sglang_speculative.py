@@ -1,7 +1,7 @@
 """The SGLang plugin with several model runners and hybrid models, on the CPU: graph
 runners named and refused, speculative algorithms accepted and refused by field,
 one archive per scheduler with every runner's graphs, each model runner's
-configuration compared.
+configuration compared, the linear-attention state pool sized as at SAVE.
 
 SGLang's GPU runtime (its graph runners, model runners, backends, the session's
 GPU side and SGLang's runtime configuration) cannot exist here: the objects the
@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import enum
 import json
+import sys
 import types
 
 import pytest
@@ -110,10 +111,12 @@ def test_persisted_algorithms_pass_and_the_others_are_refused_by_field():
 def test_another_algorithm_number_of_steps_tree_or_draft_model_is_drift_by_field():
     saved_args = types.SimpleNamespace(model_path="/m", speculative_algorithm="STANDALONE", speculative_num_steps=3,
                                        speculative_eagle_topk=1, speculative_num_draft_tokens=4,
-                                       speculative_draft_model_path="/m-draft")  # fmt: skip
+                                       speculative_draft_model_path="/m-draft", max_mamba_cache_size=None,
+                                       mamba_ssm_dtype="float32")  # fmt: skip
     saved = server_fingerprint(saved_args, "0.5.17")
     changes = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 5, "speculative_eagle_topk": 4,
-               "speculative_num_draft_tokens": 8, "speculative_draft_model_path": "/other-draft"}  # fmt: skip
+               "speculative_num_draft_tokens": 8, "speculative_draft_model_path": "/other-draft",
+               "max_mamba_cache_size": 64, "mamba_ssm_dtype": "bfloat16"}  # fmt: skip
     for name, value in changes.items():
         live = server_fingerprint(types.SimpleNamespace(**{**vars(saved_args), name: value}), "0.5.17")
         with pytest.raises(DriftError) as err:
@@ -271,3 +274,58 @@ def test_without_a_session_the_hooks_leave_sglang_alone(monkeypatch):
     assert not hasattr(graphs, "_foundry_runner")
     assert plugin._capture_one(lambda *a: "captured by SGLang", graphs, ShapeKey(8), None) == "captured by SGLang"
     plugin._on_model_load(TARGET)
+
+
+class Schedule:
+    """SGLang's runtime configuration as ``_handle_max_mamba_cache`` leaves it: the state
+    pool's size in the schedule bag, changed only through ``get_context().override``."""
+
+    def __init__(self, size: int):
+        self.max_mamba_cache_size = size
+        self.overrides: list[tuple[str, dict]] = []
+
+    def override(self, source: str, **fields):
+        self.overrides.append((source, fields))
+        self.max_mamba_cache_size = fields["max_mamba_cache_size"]
+
+
+def runtime_context(monkeypatch, schedule: Schedule) -> None:
+    module = types.ModuleType("sglang.srt.runtime_context")
+    module.get_schedule = lambda: schedule
+    module.get_context = lambda: schedule
+    for name in ("sglang", "sglang.srt"):
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "sglang.srt.runtime_context", module)
+
+
+def test_the_state_pool_is_sized_as_at_save(monkeypatch, tmp_path):
+    save = Session("save")
+    monkeypatch.setattr(plugin, "_state", plugin.SchedulerState(PluginConfig(mode="save", archive="/a"), save, 0))
+    schedule = Schedule(120)  # slots SGLang derived from free memory at SAVE
+    runtime_context(monkeypatch, schedule)
+    assert plugin._mamba_pool(lambda configurator, rest: rest - 3.0, object(), 40.0) == 37.0
+    assert save.model[plugin.MAMBA_POOL] == "120" and schedule.overrides == []
+    assert plugin._state.hybrid  # so SAVE does not judge a LOAD skipping the warm-ups
+    assert warmup_skip.unjudged(["target"], True).startswith("not judged for a hybrid model")
+    assert warmup_skip.unjudged(["target"], False) is None
+
+    load = Session("load", model=save.model)
+    monkeypatch.setattr(plugin, "_state", plugin.SchedulerState(PluginConfig(mode="load", archive="/a"), load, 0))
+    schedule = Schedule(131)  # more memory free now: SAVE's size is taken
+    runtime_context(monkeypatch, schedule)
+    plugin._mamba_pool(lambda configurator, rest: rest, object(), 40.0)
+    assert schedule.max_mamba_cache_size == 120 and [f for _, f in schedule.overrides] == [
+        {"max_mamba_cache_size": 120}]  # fmt: skip
+    schedule = Schedule(120)  # the same: nothing overridden
+    runtime_context(monkeypatch, schedule)
+    plugin._mamba_pool(lambda configurator, rest: rest, object(), 40.0)
+    assert schedule.overrides == []
+    runtime_context(monkeypatch, Schedule(97))  # less memory free: refused, by field
+    with pytest.raises(DriftError, match="less GPU memory is free for the linear-attention state pool") as err:
+        plugin._mamba_pool(lambda configurator, rest: rest, object(), 40.0)
+    assert err.value.field == plugin.MAMBA_POOL and (err.value.expected, err.value.found) == (120, 97)
+    unrecorded = Session("load", model={})
+    monkeypatch.setattr(plugin, "_state", plugin.SchedulerState(PluginConfig(mode="load", archive="/a"), unrecorded,
+                                                                0))  # fmt: skip
+    with pytest.raises(DriftError, match="records no size for the linear-attention state pool"):
+        plugin._mamba_pool(lambda configurator, rest: rest, object(), 40.0)

@@ -32,6 +32,9 @@ HOOK_POINTS = (
     HookPoint(f"{_KV}.KVCacheConfigurator._profile_available_bytes", _KV, ("self", "pre_model_load_memory"),
               "SAVE records the KV budget it profiled; LOAD uses that budget instead of profiling again",
               "AROUND", "_kv_budget"),
+    HookPoint(f"{_KV}.KVCacheConfigurator._handle_max_mamba_cache", _KV, ("self", "total_rest_memory"),
+              "hybrid models: SAVE records the linear-attention state pool's size it derived from free memory; "
+              "LOAD sizes the pool as SAVE did", "AROUND", "_mamba_pool"),
     HookPoint(f"{_BACKEND}.full_cuda_graph_backend.FullCudaGraphBackend.__init__",
               f"{_BACKEND}.full_cuda_graph_backend", ("self", "cuda_graph_runner"),
               "note which graph runner (decode, target_verify, draft_decode, ...) and model runner a backend "

@@ -14,7 +14,9 @@ to start. In a scheduler:
    SAVE and compared at LOAD before its weights are allocated.
 3. ``KVCacheConfigurator._profile_available_bytes``: SAVE records the KV budget it
    profiled; LOAD takes that budget (refusing when less memory is free), so the
-   KV pool and every later allocation land where they did at SAVE.
+   KV pool and every later allocation land where they did at SAVE. For hybrid
+   models ``_handle_max_mamba_cache``, called inside it, sizes the
+   linear-attention state pool: SAVE records that size, LOAD takes it.
 4. ``FullCudaGraphBackend.__init__`` (after): the graph runner the backend
    captures for (:mod:`foundry.integrations.sglang.runners`) and its model runner.
 5. ``FullCudaGraphBackend.capture_one``: SGLang's two warm-up forwards run as
@@ -52,6 +54,7 @@ from foundry.integrations.sglang.speculative import check_speculative, model_run
 from foundry.integrations.sglang.warmup_skip import SAFE, VERDICT
 
 KV_BUDGET = "sglang.kv_budget_bytes"
+MAMBA_POOL = "sglang.mamba_cache_size"  # hybrid models: slots of the linear-attention state pool
 # each model runner's configuration digest, by role
 MODEL_CONFIGS = {"target": "sglang.model_config_sha256", "draft": "sglang.draft_model_config_sha256"}
 # prefill backends the plugin handles: full graphs are persisted, breakable ones passed through
@@ -84,6 +87,7 @@ class SchedulerState:
     runners: dict[str, RunnerGraphs] = field(default_factory=dict)  # by model runner role, as they capture
     configs: dict[str, str] = field(default_factory=dict)  # model runner role -> its configuration's digest
     passed_through: set[str] = field(default_factory=set)
+    hybrid: bool = False  # the model has a linear-attention state pool (its size is pinned)
     graph_phase: bool = False  # the first shape's warm-up has begun
     recording_error: str | None = None  # SAVE: why torch's allocation history is not recorded
     finished: bool = False
@@ -249,6 +253,26 @@ def _kv_budget(original: Any, configurator: Any, *args: Any, **kwargs: Any) -> i
 
 
 @_says_refusals
+def _mamba_pool(original: Any, configurator: Any, *args: Any, **kwargs: Any) -> Any:
+    """Hybrid models: SGLang sizes the linear-attention state pool (``max_mamba_cache_size``
+    slots) from free memory unless told; SAVE records the size, LOAD takes SAVE's (refusing
+    when it derived fewer slots: less memory is free). The bytes this returns feed the KV
+    budget, which :func:`_kv_budget` pins as a whole."""
+    rest = original(configurator, *args, **kwargs)
+    if _state is None:
+        return rest
+    from sglang.srt.runtime_context import get_context, get_schedule
+
+    _state.hybrid = True
+    derived = int(get_schedule().max_mamba_cache_size)
+    pinned = shared.pinned_budget(_state.session, _state.config.mode, derived, MAMBA_POOL, "SGLang",
+                                  what="the linear-attention state pool")  # fmt: skip
+    if pinned != derived:
+        get_context().override("foundry.pinned_mamba_pool", max_mamba_cache_size=pinned)
+    return rest
+
+
+@_says_refusals
 def _note_runner(result: Any, backend: Any, cuda_graph_runner: Any = None, *args: Any, **kwargs: Any) -> None:
     if _state is None:
         return
@@ -387,13 +411,13 @@ def _check_model_runners() -> None:
 
 def _judge_warmup_skip(session: Any) -> str:
     """SAVE's verdict on a LOAD that skips SGLang's warm-ups (see warmup_skip); not judged
-    for several model runners."""
+    for several model runners or a hybrid model's state pool."""
     from foundry.integrations.sglang import warmup_skip
 
     assert _state is not None
     irs = [ir for ir, _ in session.entries]
     recorded = _state.recording_error or warmup_skip.stop_recording(session.device)
-    unjudged = warmup_skip.unjudged(_state.runners)
+    unjudged = warmup_skip.unjudged(_state.runners, _state.hybrid)
     if unjudged is not None:
         recorded = unjudged
     if isinstance(recorded, str):  # never recorded, unreadable or not judged: the verdict says why

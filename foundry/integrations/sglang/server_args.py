@@ -34,6 +34,11 @@ SERVER_ARGS = (
     "speculative_moe_runner_backend", "speculative_draft_model_quantization", "enable_multi_layer_eagle",
     "speculative_adaptive", "speculative_ngram_min_bfs_breadth", "speculative_ngram_max_bfs_breadth",
     "speculative_ngram_match_type", "speculative_ngram_max_trie_depth", "speculative_ngram_capacity",
+    # hybrid models: the linear-attention state pool and the kernels that read it
+    "max_mamba_cache_size", "mamba_ssm_dtype", "mamba_full_memory_ratio", "mamba_radix_cache_strategy",
+    "mamba_track_interval", "mamba_backend", "linear_attn_backend", "linear_attn_decode_backend",
+    "linear_attn_prefill_backend", "linear_attn_verify_backend", "enable_linear_replayssm",
+    "linear_replayssm_cache_len", "enable_linear_replayssm_spec",
 )  # fmt: skip
 # cuda_graph_config is the resolved per-phase configuration after ServerArgs.__post_init__
 # (its JSON overrides the per-phase flags); compared through its repr. random_seed is not
