@@ -7,7 +7,8 @@
 # recipe-runs3 relocation negative bench sglang sglang-more sglang-prefill sglang-cold, scale-save
 # scale-load scale-more scale-tpot scale-neg (PRESET=qwen3-8b|qwen3-30b-a3b), vllm vllm-http
 # vllm-more vllm-cold vllm-scale-save vllm-scale-load vllm-scale-more (VPRESET=qwen3-8b|qwen3-30b-a3b;
-# named only), and on two GPUs tp2 tp2-nccl ep2. relocation and negative need recipe's archive in
+# named only), sglang-spec sglang-spec-more sglang-ngram sglang-hybrid sglang-hybrid-more sglang-mtp
+# (named only), and on two GPUs tp2 tp2-nccl ep2. relocation and negative need recipe's archive in
 # RESULTS_DIR; sglang needs SGLang 0.5.17 importable (and this package installed, so SGLang
 # finds the plugin's entry point), vllm* vLLM 0.25.1 (the same, for vLLM's entry point: on the
 # H200 test machine PYTHONPATH=/tmp/vllm-site after its bundles are installed); ep2 needs DeepEP
@@ -18,7 +19,7 @@
 # Writes logs and reports under RESULTS_DIR and prints a summary table last; each
 # step says which command produced it, for docs/validation.md.
 set -uo pipefail
-RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|recipe-runs3|relocation|negative|bench|sglang|sglang-more|sglang-prefill|sglang-cold|scale-save|scale-load|scale-more|scale-tpot|scale-neg|vllm|vllm-http|vllm-more|vllm-cold|vllm-scale-save|vllm-scale-load|vllm-scale-more|tp2|tp2-nccl|ep2 ...]}
+RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|recipe-runs3|relocation|negative|bench|sglang|sglang-more|sglang-prefill|sglang-cold|scale-save|scale-load|scale-more|scale-tpot|scale-neg|vllm|vllm-http|vllm-more|vllm-cold|vllm-scale-save|vllm-scale-load|vllm-scale-more|sglang-spec|sglang-spec-more|sglang-ngram|sglang-hybrid|sglang-hybrid-more|sglang-mtp|tp2|tp2-nccl|ep2 ...]}
 shift
 SECTIONS=${*:-tests session-tests recipe recipe-runs3 relocation negative bench sglang sglang-more sglang-prefill sglang-cold}
 wants() { [[ " $SECTIONS " == *" $1 "* ]]; }
@@ -354,6 +355,89 @@ mv "$VS/save.kept" "$VS/save" && mv "$VS/save.json.kept" "$VS/save.json"
 step vls-compare2 python3 recipes/vllm/compare.py "$VS"/baseline.json "$VS"/save2.json
 step vls-diff python3 -m foundry archive diff "$VS/save" "$VS/save2"
 step vls-lint python3 -m foundry graph lint "$VS/save" --expect nccl-allreduce=0
+fi
+
+# 6g. SGLang speculative decoding and hybrid models (not yet run on the H200 test machine).
+# sglang-spec: the standalone draft (recipes/sglang/run.py --preset standalone: the tiny Qwen3
+# drafting with its own config, so the drafts are accepted) at SGLang's default graph sets for its
+# three runners (target_verify, draft_decode, draft_extend): plain vs SAVE vs SAVE2 vs LOAD, output
+# ids, logprobs and per-prompt speculative counts identical, accept rate at least 0.5, SAVE vs SAVE2
+# diffed; then plain SGLang with warm JIT caches against the LOAD for the graph phase.
+# sglang-spec-more: the drift refusals (another algorithm, number of steps, draft model by path
+# and by config), a LOAD skipping the warm-ups (refused: not judged for several model runners) and
+# lint. sglang-ngram: n-gram drafts (target_verify only). sglang-hybrid: the 4-layer Qwen3-Next
+# (gated delta-net + full attention) the same way, with the state pool's size drift;
+# sglang-hybrid-more: its state pool sized from free memory (radix cache on), SAVE and LOAD.
+# sglang-mtp: Qwen3-Next drafting with its MTP head (NEXTN). Every model directory lives in
+# RESULTS_DIR (model_path is compared). Named only.
+specrun() {  # specrun DIR NAME PRESET RECIPE-ARGS...: plain, SAVE, SAVE2 (SAVE's command line), LOAD, diff
+    local dir=$1 name=$2 preset=$3; shift 3
+    local R=(python3 recipes/sglang/run.py --preset "$preset" --model-dir "$dir/model" "$@")
+    rm -rf "$dir" && mkdir -p "$dir"
+    step "$name-baseline" "${R[@]}" --out "$dir/baseline.json"
+    step "$name-save2" python3 -m foundry run --mode save --archive "$dir/save" -- "${R[@]}" --out "$dir/save.json"
+    mv "$dir/save" "$dir/save2" && mv "$dir/save.json" "$dir/save2.json"
+    step "$name-save" python3 -m foundry run --mode save --archive "$dir/save" -- "${R[@]}" --out "$dir/save.json"
+    step "$name-load" python3 -m foundry run --mode load --archive "$dir/save" -- "${R[@]}" --out "$dir/load.json"
+    step "$name-diff" python3 -m foundry archive diff "$dir/save" "$dir/save2"
+    step "$name-inspect" python3 -m foundry archive inspect "$dir/save"
+}
+SP=$RESULTS/sgspec
+if wants sglang-spec; then
+specrun "$SP" sgspec standalone
+step sgspec-compare python3 recipes/sglang/compare.py --min-accept-rate 0.5 "$SP"/baseline.json "$SP"/save.json \
+    "$SP"/save2.json "$SP"/load.json
+# the graph phase, fairly: plain SGLang again now that the JIT caches are warm, then a second LOAD
+SPR=(python3 recipes/sglang/run.py --preset standalone --model-dir "$SP/model")
+step sgspec-baseline-warm "${SPR[@]}" --out "$SP/baseline-warm.json"
+step sgspec-load-warm python3 -m foundry run --mode load --archive "$SP/save" -- "${SPR[@]}" --out "$SP/load-warm.json"
+step sgspec-startup python3 recipes/sglang/compare.py "$SP"/baseline-warm.json "$SP"/load-warm.json
+fi
+if wants sglang-spec-more; then
+SPR=(python3 recipes/sglang/run.py --preset standalone --model-dir "$SP/model")
+specdrift() {  # specdrift NAME FIELD RECIPE-ARGS...: a LOAD of sglang-spec's archive that must fail naming FIELD
+    local name=$1 field=$2; shift 2
+    step "sgspec-drift-$name" python3 -m foundry run --mode load --archive "$SP/save" -- "${SPR[@]}" "$@" \
+        --out "$SP/drift-$name.json"
+    refused "sgspec-drift-$name" "$field" $?
+}
+rm -rf "$SP/other-draft" && cp -r "$SP/model-draft" "$SP/other-draft"  # the same draft at another path
+specdrift algorithm sglang.speculative_algorithm --set speculative_algorithm=NGRAM
+specdrift steps sglang.speculative_num_steps --set speculative_num_steps=2 --set speculative_num_draft_tokens=3
+specdrift draft-path sglang.speculative_draft_model_path --set "speculative_draft_model_path=$SP/other-draft"
+specdrift draft-config sglang.draft_model_config_sha256 --draft-model-set num_hidden_layers=1
+step sgspec-drift-skip python3 -m foundry run --mode load --warmup restore --archive "$SP/save" -- "${SPR[@]}" \
+    --out "$SP/drift-skip.json"
+refused sgspec-drift-skip "not judged for several model runners" $?
+step sgspec-lint python3 -m foundry graph lint "$SP/save" --expect nccl-allreduce=0
+fi
+if wants sglang-ngram; then
+specrun "$RESULTS/sgngram" sgngram ngram
+step sgngram-compare python3 recipes/sglang/compare.py "$RESULTS"/sgngram/baseline.json "$RESULTS"/sgngram/save.json \
+    "$RESULTS"/sgngram/save2.json "$RESULTS"/sgngram/load.json
+fi
+HY=$RESULTS/sghybrid
+if wants sglang-hybrid; then
+specrun "$HY" sghybrid qwen3-next
+step sghybrid-compare python3 recipes/sglang/compare.py "$HY"/baseline.json "$HY"/save.json "$HY"/save2.json "$HY"/load.json
+step sghybrid-drift-pool python3 -m foundry run --mode load --archive "$HY/save" -- python3 recipes/sglang/run.py \
+    --preset qwen3-next --model-dir "$HY/model" --set max_mamba_cache_size=16 --out "$HY/drift-pool.json"
+refused sghybrid-drift-pool sglang.max_mamba_cache_size $?
+fi
+if wants sglang-hybrid-more; then
+# the radix cache on: SGLang sizes the state pool from free memory (sglang.mamba_cache_size pinned)
+HR=(python3 recipes/sglang/run.py --preset qwen3-next --model-dir "$HY/model-radix" --set disable_radix_cache=false)
+rm -rf "$HY/radix" && mkdir -p "$HY/radix"
+step sghybrid-radix-baseline "${HR[@]}" --out "$HY/radix/baseline.json"
+step sghybrid-radix-save python3 -m foundry run --mode save --archive "$HY/radix/save" -- "${HR[@]}" --out "$HY/radix/save.json"
+step sghybrid-radix-load python3 -m foundry run --mode load --archive "$HY/radix/save" -- "${HR[@]}" --out "$HY/radix/load.json"
+step sghybrid-radix-compare python3 recipes/sglang/compare.py "$HY"/radix/baseline.json "$HY"/radix/save.json "$HY"/radix/load.json
+step sghybrid-radix-inspect python3 -m foundry archive inspect "$HY/radix/save" --json
+fi
+if wants sglang-mtp; then
+specrun "$RESULTS/sgmtp" sgmtp qwen3-next-mtp
+step sgmtp-compare python3 recipes/sglang/compare.py "$RESULTS"/sgmtp/baseline.json "$RESULTS"/sgmtp/save.json \
+    "$RESULTS"/sgmtp/save2.json "$RESULTS"/sgmtp/load.json
 fi
 
 # 7. two GPUs: the decoder split over two ranks (torch symmetric memory, then NCCL) and
