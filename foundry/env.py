@@ -189,6 +189,9 @@ SGLANG_CONFIG = Variable("FOUNDRY_SGLANG_CONFIG", Kind.PATH, None, frozenset({_G
                          "without `foundry run`: the SGLang plugin's TOML configuration")
 SGLANG_REPORT = Variable("FOUNDRY_SGLANG_REPORT", Kind.PATH, None, frozenset({_G}),
                          "where the SGLang plugin writes its session's report (JSON)")
+SGLANG_GC = Variable("FOUNDRY_SGLANG_GC", Kind.CHOICE, "skip", frozenset({_G}),
+                     "a LOAD restoring the warm-ups' bytes: leave out SGLang's garbage collections around its "
+                     "capture loop (skip), or keep them (keep)", Written.GIVEN, ("skip", "keep"), "collection choice")
 VLLM_CONFIG = Variable("FOUNDRY_VLLM_CONFIG", Kind.PATH, None, frozenset({_V}),
                        "without `foundry run`: the vLLM plugin's TOML configuration")
 VLLM_REPORT = Variable("FOUNDRY_VLLM_REPORT", Kind.PATH, None, frozenset({_V}),
@@ -220,6 +223,7 @@ VARIABLES: dict[str, Variable] = {
     "hook_lib": HOOK_LIB,
     "sglang_config": SGLANG_CONFIG,
     "sglang_report": SGLANG_REPORT,
+    "sglang_gc": SGLANG_GC,
     "vllm_config": VLLM_CONFIG,
     "vllm_report": VLLM_REPORT,
 }
@@ -254,6 +258,7 @@ class RunEnvironment:
     hook_lib: Path | None = HOOK_LIB.default
     sglang_config: Path | None = SGLANG_CONFIG.default
     sglang_report: Path | None = SGLANG_REPORT.default
+    sglang_gc: str = SGLANG_GC.default
     vllm_config: Path | None = VLLM_CONFIG.default
     vllm_report: Path | None = VLLM_REPORT.default
 

@@ -88,6 +88,7 @@ def _values() -> st.SearchStrategy[RunEnvironment]:
         save_first_run=paths, layout_pad=st.integers(0, 9000), region_base=numbers, region_size=numbers,
         region_threads=st.sampled_from(THREAD_POLICIES), hook_echo=st.booleans(), hook_symbols=st.booleans(),
         load_captures=st.booleans(), import_base=numbers, hook_lib=paths, sglang_config=paths, sglang_report=paths,
+        sglang_gc=st.sampled_from(("skip", "keep")),
     )  # fmt: skip
 
 
@@ -348,6 +349,7 @@ THROUGH_THE_CONTRACT = {
     (Reader.SGLANG, "FOUNDRY_OVERWRITE"): ("foundry/integrations/common/session.py", "OVERWRITE"),
     (Reader.SGLANG, "FOUNDRY_SAVE_FIRST_RUN"): ("foundry/integrations/common/session.py", "SAVE_FIRST_RUN"),
     (Reader.SGLANG, "FOUNDRY_SGLANG_REPORT"): ("foundry/integrations/sglang/plugin.py", "SGLANG_REPORT"),
+    (Reader.SGLANG, "FOUNDRY_SGLANG_GC"): ("foundry/integrations/sglang/plugin.py", "SGLANG_GC"),
     (Reader.SGLANG, "FOUNDRY_SGLANG_CONFIG"): ("foundry/integrations/sglang/config.py", "SGLANG_CONFIG"),
     (Reader.VLLM, "FOUNDRY_OVERWRITE"): ("foundry/integrations/common/session.py", "OVERWRITE"),
     (Reader.VLLM, "FOUNDRY_SAVE_FIRST_RUN"): ("foundry/integrations/common/session.py", "SAVE_FIRST_RUN"),

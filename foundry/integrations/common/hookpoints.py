@@ -24,12 +24,14 @@ class HookPoint:
     """One patched function: where it is, what it looked like, why and how it is patched."""
 
     target: str  # module path, then class and function: a.b.c.Class.method or a.b.c.function
-    module: str  # the module that defines it
+    module: str  # the module that holds it (defines it, or imports it from ``defined_in``)
     parameters: tuple[str, ...]  # positional parameter names in the checked versions
     why: str
     hook: str  # BEFORE, AROUND or AFTER (SGLang's HookType; the same meaning in patching)
     handler: str  # the function in the plugin module that runs there
     body_sha256: str | None = None  # AROUND handlers that replace the body: sha256 of ast.dump of the one checked
+    # a module function ``module`` imports by name from another module: patched where ``module`` calls it
+    defined_in: str | None = None
 
     def __post_init__(self) -> None:
         if self.hook not in HOOK_TYPES:

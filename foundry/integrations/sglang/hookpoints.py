@@ -17,6 +17,7 @@ __all__ = ["CHECKED_VERSIONS", "HOOK_POINTS", "HookPoint", "check_version"]
 CHECKED_VERSIONS = ("0.5.17",)
 
 _BACKEND = "sglang.srt.model_executor.runner_backend"
+_DECODE = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
 _KV = "sglang.srt.mem_cache.kv_cache_configurator"
 _RUNNER = "sglang.srt.model_executor.model_runner"
 
@@ -47,6 +48,10 @@ HOOK_POINTS = (
               f"{_BACKEND}.breakable_cuda_graph_backend",
               ("self", "shape_key", "forward_fn", "capture_inputs", "post_warmup_hook"),
               "breakable graphs are not persisted: passed through, and the log says so", "AROUND", "_pass_through"),
+    HookPoint(f"{_DECODE}.freeze_gc", _DECODE, ("enable_cudagraph_gc",),
+              "a LOAD that restores the warm-ups' bytes freezes the collector around the capture loop without the "
+              "two full collections SGLang runs there (nothing of such a LOAD follows SAVE's trace)", "AROUND",
+              "_freeze_gc", defined_in="sglang.srt.model_executor.runner.base_cuda_graph_runner"),
     HookPoint("sglang.srt.managers.scheduler.Scheduler.init_all_cuda_graphs", "sglang.srt.managers.scheduler",
               ("self",),
               "after every model runner's graphs (the target's, then a draft model's): SAVE writes the archive, "

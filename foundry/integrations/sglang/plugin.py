@@ -35,15 +35,17 @@ to start. In a scheduler:
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import importlib.metadata
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from foundry.env import SGLANG_REPORT
+from foundry.env import SGLANG_GC, SGLANG_REPORT
 from foundry.errors import DriftError, FoundryError
-from foundry.integrations.common import patching
+from foundry.integrations.common import patching, startup
 from foundry.integrations.common import session as shared
 from foundry.integrations.common.session import say as _say
 from foundry.integrations.sglang.config import PluginConfig, load_config
@@ -94,6 +96,8 @@ class SchedulerState:
     # seconds in SGLang's eager warm-up forwards, in capturing (SAVE) or restoring (LOAD), and in
     # every Foundry call on the scheduler's path (session start, graphs, finish with its waits)
     seconds: dict[str, float] = field(default_factory=lambda: {**_phase_seconds(), "foundry_s": 0.0})
+    prefetch: Any = None  # LOAD: Triton's cache key computed on a thread (startup.Prefetch)
+    skipped_collections: bool = False  # LOAD: SGLang's collections around the capture loop were left out
 
 
 _state: SchedulerState | None = None
@@ -177,8 +181,36 @@ def _on_scheduler_start(*args: Any, **kwargs: Any) -> None:
     started = shared.start_session(config, device=device, rank=rank, live=live, check_archive=check_archive,
                                     warmup_bytes_until="finish")  # fmt: skip
     _state = SchedulerState(config, started, rank, expected_runners=model_runners(server_args))
+    if config.mode == "load":  # Triton's cache key, which the graph phase's first Triton launch would compute
+        _state.prefetch = startup.prefetch_triton_key()
     _state.seconds["foundry_s"] += time.perf_counter() - begun
     _say(f"scheduler (tp rank {rank}) active: mode {config.mode}, archive {config.archive}")
+
+
+@_says_refusals
+def _freeze_gc(original: Any, enable_cudagraph_gc: bool) -> Any:
+    """SGLang collects garbage fully before and after its capture loop (about 0.9 s in a
+    server's scheduler). A LOAD that restores the warm-ups' bytes keeps only the freeze:
+    nothing of it follows SAVE's allocation trace, so garbage left uncollected moves no
+    allocation a graph reads; ``FOUNDRY_SGLANG_GC=keep`` keeps SGLang's collections."""
+    if (
+        _state is None
+        or _state.config.mode != "load"
+        or _state.config.warmup != "restore"
+        or SGLANG_GC.read() == "keep"
+    ):
+        return original(enable_cudagraph_gc)
+    _state.skipped_collections = True
+    return _frozen() if not enable_cudagraph_gc else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _frozen() -> Any:
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def check_warmup_skip(model: dict[str, str]) -> None:
@@ -387,6 +419,7 @@ def _on_graphs_done(result: Any, *args: Any, **kwargs: Any) -> None:
                        else _state.session.archive.catalog.model).get(VERDICT)  # fmt: skip
     _state.seconds["foundry_s"] += time.perf_counter() - begun
     report["sglang_seconds"] = dict(_state.seconds)
+    report["sglang_startup"] = _startup_report()
     counters = report.get("counters", {})
     by_runner = ", ".join(f"{phase} {len(names)}" for graphs in _state.runners.values()
                           for phase, names in graphs.phases.items())  # fmt: skip
@@ -396,6 +429,14 @@ def _on_graphs_done(result: Any, *args: Any, **kwargs: Any) -> None:
          f"{counters.get('passthrough_captures', 0)} passed through")  # fmt: skip
     shared.write_report(SGLANG_REPORT.read(), report)
     return result
+
+
+def _startup_report() -> dict[str, Any]:
+    """What this scheduler moved off SGLang's graph phase (see _freeze_gc and common.startup)."""
+    assert _state is not None
+    prefetch = _state.prefetch
+    key = None if prefetch is None else {"seconds": prefetch.seconds(), "error": prefetch.error}
+    return {"skipped_collections": _state.skipped_collections, "triton_key": key}
 
 
 def _check_model_runners() -> None:
