@@ -171,13 +171,17 @@ def _relocation_check(a: Archive, b: Archive, as_json: bool) -> int:
 @archive.command("strip")
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--keep-warmup", is_flag=True, help="keep the warm-up bytes a LOAD --warmup restore needs")
+@click.option("--caches-only", is_flag=True,
+              help="drop only the JIT caches (and with them any host code): PATH still LOADs, compiling at "
+              "start-up")  # fmt: skip
 @json_option
 @guarded
-def archive_strip(path: Path, keep_warmup: bool, as_json: bool) -> int:
-    """Drop module images (and warm-up bytes) to make PATH small; it then inspects but no longer LOADs."""
+def archive_strip(path: Path, keep_warmup: bool, caches_only: bool, as_json: bool) -> int:
+    """Drop module images, warm-up bytes and JIT caches to make PATH small; it then inspects but no longer LOADs."""
+    from foundry.archive.reader import Archive
     from foundry.archive.strip import strip
 
-    removed = strip(Archive.open(path), keep_warmup=keep_warmup)
+    removed = strip(Archive.open(path), keep_warmup=keep_warmup, caches_only=caches_only)
     if as_json:
         _emit_json({"ok": True, **removed})
     else:
@@ -191,7 +195,8 @@ def archive_strip(path: Path, keep_warmup: bool, as_json: bool) -> int:
 @guarded
 def archive_verify(path: str, as_json: bool) -> int:
     """Read every file, check every hash, re-check every graph and recompute its
-    fingerprint and launch plan; module images and warm-up bytes must match their records."""
+    fingerprint and launch plan; module images, warm-up bytes and JIT cache files must match
+    their records."""
     from foundry.archive.verify import check_files
     from foundry.graphir.fingerprint import fingerprint
 
@@ -217,7 +222,7 @@ def archive_verify(path: str, as_json: bool) -> int:
         by_field = {field: [m for m in mismatches if m["field"] == field] for field in ("fingerprint", "plan")}
         _emit_json({"ok": not mismatches, "graphs": checked, "fingerprint_mismatches": by_field["fingerprint"],
                     "plan_mismatches": by_field["plan"], "plans_unchecked": plans_unchecked,
-                    "modules": files.modules, "warmup_files": files.warmup})  # fmt: skip
+                    "modules": files.modules, "warmup_files": files.warmup, "jit_files": files.jit})  # fmt: skip
     else:
         for m in mismatches:
             where = f"rank {m['rank']} {printable(m['graph'])}"
@@ -225,9 +230,10 @@ def archive_verify(path: str, as_json: bool) -> int:
                 click.echo(f"{where}: launch plan {printable(m['found'])} differs from the graph packed again")
             else:
                 click.echo(f"{where}: fingerprint {m['found']} differs from recorded {m['expected']}")
+        jit = f", {files.jit} JIT cache file(s)" if files.jit else ""
         kept = (
-            f" ({files.modules} module image(s), {files.warmup} warm-up file(s) matched)"
-            if files.modules + files.warmup
+            f" ({files.modules} module image(s), {files.warmup} warm-up file(s){jit} matched)"
+            if files.modules + files.warmup + files.jit
             else ""
         )
         click.echo(
