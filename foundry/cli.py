@@ -17,18 +17,21 @@ import struct
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
 
 from foundry import __version__
-from foundry.archive.reader import Archive
 from foundry.archive.sample import SAMPLE_NAME, resolve_archive_arg
-from foundry.backends.registry import BackendRegistry
 from foundry.env import SAVE_ID
 from foundry.errors import FoundryError
 from foundry.text import plain, printable
+
+if TYPE_CHECKING:  # the rest is imported where a command needs it: `foundry run` starts a program quickly
+    from rich.console import Console
+
+    from foundry.archive.reader import Archive
+    from foundry.backends.registry import BackendRegistry
 
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 70
 
@@ -37,6 +40,8 @@ ARCHIVE_HELP = f"an archive directory, or {SAMPLE_NAME} for the bundled sample"
 
 def _stdout() -> Console:
     """Rich console on stdout; 120 columns when piped (rich would assume 80)."""
+    from rich.console import Console
+
     width = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120
     return Console(soft_wrap=False, highlight=False, width=width, markup=False)  # archives' text is never markup
 
@@ -77,7 +82,15 @@ def guarded(fn: Callable[..., int | None]) -> Callable[..., None]:
 
 
 def open_archive(text: str) -> Archive:
+    from foundry.archive.reader import Archive
+
     return Archive.open(resolve_archive_arg(text))
+
+
+def _registry() -> BackendRegistry:
+    from foundry.backends.registry import BackendRegistry
+
+    return BackendRegistry.discover()
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="machine-readable output on stdout")
@@ -112,7 +125,7 @@ def archive_inspect(path: str, rank: int | None, top: int, as_json: bool) -> int
     from foundry.inspect.render import render_summary
     from foundry.inspect.summary import summarize
 
-    summary = summarize(open_archive(path), BackendRegistry.discover(), rank=rank)
+    summary = summarize(open_archive(path), _registry(), rank=rank)
     if as_json:
         _emit_json(summary.to_dict())
     else:
@@ -316,7 +329,7 @@ def graph_lint(
     expectations = [Expectation.parse(e) for e in expects]
     report = lint(
         open_archive(path),
-        BackendRegistry.discover(),
+        _registry(),
         rank=rank,
         pattern=pattern,
         expectations=expectations,
@@ -397,7 +410,7 @@ def backends_list(as_json: bool) -> int:
     """Every registered backend: kinds it recognises, contract steps it implements, or why it is broken."""
     from rich.table import Table
 
-    rows = BackendRegistry.discover().describe()
+    rows = _registry().describe()
     if as_json:
         _emit_json(rows)
         return EXIT_OK
@@ -449,11 +462,19 @@ def _address(text: str) -> int:
 @click.option("--region-threads", type=click.Choice(["owner", "any"]), default="owner", show_default=True,
               help="which threads may allocate in the region: the first one, or any (NCCL's proxy thread); "
               "the trace comparisons still refuse any reordering")  # fmt: skip
+@click.option("--jit-caches/--no-jit-caches", default=True, show_default=True,
+              help="SAVE: record what the program compiles (a priming run first) in the archive; LOAD: install "
+              "the archive's caches, in a directory of their own, before the program starts")  # fmt: skip
+@click.option("--trust-cached-code", is_flag=True,
+              help="LOAD: also install the caches' host code (shared objects, Python, pickles, build files): "
+              "code taken from the archive then runs in the program. Off by default, like other tools' "
+              "'trust remote code' switches; only for archives you made or trust")  # fmt: skip
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @guarded
 def run(mode: str, archive: Path, region_base: int | None, region_size: int | None, warmup: str, rank: int,
         world_size: int, builder: str, build_threads: int, instantiate: str, overwrite: bool, keep_aslr: bool,
-        save_runs: int, region_threads: str, command: tuple[str, ...]) -> int:  # fmt: skip
+        save_runs: int, region_threads: str, jit_caches: bool, trust_cached_code: bool,
+        command: tuple[str, ...]) -> int:  # fmt: skip
     """Run COMMAND (after --) with the native hook and a SAVE or LOAD session.
 
     The program opens the session with foundry.runtime.open_session(); the exit
@@ -468,9 +489,11 @@ def run(mode: str, archive: Path, region_base: int | None, region_size: int | No
     config = launcher.RunConfig(mode, archive, region_base, region_size, warmup, rank, world_size,
                                 fixed_layout=not keep_aslr, instantiate=instantiate,
                                 builder=builder, build_threads=build_threads, overwrite=overwrite,
-                                region_threads=region_threads)  # fmt: skip
+                                region_threads=region_threads, jit_caches=jit_caches,
+                                trust_cached_code=trust_cached_code)  # fmt: skip
     try:
-        return launcher.run(config, list(command), save_runs=save_runs, log=lambda line: click.echo(line, err=True))
+        return launcher.run(config, list(command), save_runs=save_runs, log=lambda line: click.echo(line, err=True),
+                            replace_process=True)  # fmt: skip
     except FileNotFoundError:
         raise FoundryError("command not found", found=command[0]) from None
 

@@ -62,8 +62,9 @@ class Staged:
 def stage(directory: Path, staging: Path, *, limits: JitLimits = DEFAULT_JIT_LIMITS) -> Staged:
     """Copy the final artefacts of every cache under ``directory`` (``directory/<cache>``,
     as :func:`foundry.archive.jit_caches.cache_environment` laid it out) into
-    ``staging/blobs``; a file the archive's reader would refuse is refused now."""
-    blobs = staging / "blobs"
+    ``staging/jit/blobs`` (where an archive keeps them, so an install reads the staging
+    directory as it reads an archive); a file the reader would refuse is refused now."""
+    blobs = staging / BLOB_DIR
     blobs.mkdir(parents=True, exist_ok=True)
     staged = Staged([])
     for spec in SPECS.values():
@@ -150,6 +151,23 @@ def make_manifest(staged: Staged, *, cache_id: str, saved_root: Path, versions: 
                        versions=versions, entries=tuple(staged.entries))  # fmt: skip
 
 
+def new_artefacts(directory: Path, manifest: JitManifest) -> list[str]:
+    """The final artefacts under ``directory`` the manifest does not list ("cache/path"):
+    what a run made with the caches installed compiled anew."""
+    listed = {(e.cache, e.path) for e in manifest.entries}
+    found = []
+    for spec in SPECS.values():
+        root = spec.root(directory / spec.cache.value)
+        for folder, _, files in os.walk(root):
+            for name in files:
+                relative = Path(folder, name).relative_to(root).as_posix()
+                if not stat.S_ISREG(os.lstat(Path(folder, name)).st_mode):  # never archived
+                    continue
+                if is_artefact(spec, relative) and (spec.cache, relative) not in listed:
+                    found.append(f"{spec.cache}/{relative}")
+    return sorted(found)
+
+
 def attach(archive_root: Path, staging: Path, manifest: JitManifest) -> JitIndex:
     """Move the staged blobs into the committed archive at ``archive_root``, write the
     manifest (its ``gpu_arch`` the catalog's compute capability), then the catalog."""
@@ -165,7 +183,7 @@ def attach(archive_root: Path, staging: Path, manifest: JitManifest) -> JitIndex
     if jit.exists():  # not named by the catalog: left by an earlier SAVE at this path
         shutil.rmtree(jit)
     jit.mkdir()
-    os.replace(staging / "blobs", archive_root / BLOB_DIR)
+    os.replace(staging / BLOB_DIR, archive_root / BLOB_DIR)
     atomic_write(archive_root / MANIFEST_FILE, data)
     catalog = msgspec.structs.replace(archive.catalog, jit=index)
     catalog = msgspec.structs.replace(catalog, format_version=catalog_version(catalog))

@@ -105,6 +105,14 @@ def install(archive_root: Path, manifest: JitManifest, manifest_sha256: str, dir
     return report
 
 
+def reindex(directory: Path, manifest_sha256: str, *, trust_host_code: bool, files: int) -> None:
+    """Record that ``directory`` holds the manifest with this digest (a SAVE's own install,
+    once its archive's manifest is final), under the directory's lock."""
+    with _locked(directory):
+        index = InstallIndex(INSTALL_FORMAT, manifest_sha256, trust_host_code, files)
+        atomic_write(directory / INDEX_FILE, encode_record(index))
+
+
 @contextmanager
 def _locked(directory: Path) -> Iterator[None]:
     """The directory's lock (a file beside it), held while installing."""
