@@ -15,13 +15,14 @@ import hashlib
 import os
 import shutil
 import stat
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 
 from foundry.archive.files import atomic_write, encode_record
-from foundry.archive.jit_caches import SNIFF_BYTES, SPECS, is_artefact, is_host_code
+from foundry.archive.jit_caches import SNIFF_BYTES, SPECS, CacheSpec, is_artefact, is_host_code
 from foundry.archive.jit_manifest import (
     DEFAULT_JIT_LIMITS,
     JitLimits,
@@ -93,7 +94,7 @@ def stage(directory: Path, staging: Path, *, limits: JitLimits = DEFAULT_JIT_LIM
     return staged
 
 
-def _copy(spec, root: Path, path: Path, relative: str, blobs: Path, limits: JitLimits) -> JitEntry:
+def _copy(spec: CacheSpec, root: Path, path: Path, relative: str, blobs: Path, limits: JitLimits) -> JitEntry:
     """One file into ``blobs`` under its sha256, hashed as it is copied."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
@@ -116,7 +117,7 @@ def _copy(spec, root: Path, path: Path, relative: str, blobs: Path, limits: JitL
                     host_code=is_host_code(spec, relative, head), mtime_ns=info.st_mtime_ns, form=form)  # fmt: skip
 
 
-def _pieces(fd: int):
+def _pieces(fd: int) -> Iterator[bytes]:
     while chunk := os.read(fd, PIECE):
         yield chunk
 
@@ -125,7 +126,7 @@ def _read_all(fd: int) -> bytes:
     return b"".join(_pieces(fd))
 
 
-def _write_blob(pieces, blobs: Path) -> tuple[str, bytes, int]:
+def _write_blob(pieces: Iterable[bytes], blobs: Path) -> tuple[str, bytes, int]:
     """Write ``pieces`` to ``blobs/<sha256>``; (sha256, the first bytes, size)."""
     digest = hashlib.sha256()
     head = b""
