@@ -183,6 +183,9 @@ LOAD_CAPTURES = Variable("FOUNDRY_LOAD_CAPTURES", Kind.FLAG, False, frozenset({_
 IMPORT_BASE = Variable("FOUNDRY_IMPORT_BASE", Kind.NUMBER, None, frozenset({_H}),
                        "the base of the zone peers' region memory is mapped at (the hook's default: "
                        "0x700000000000)", in_hex=True)
+JIT_ROOT = Variable("FOUNDRY_JIT_ROOT", Kind.PATH, None, frozenset({_L}),
+                    "where archives' JIT caches are installed, one directory each (default: "
+                    "$XDG_CACHE_HOME/foundry/jit, else ~/.cache/foundry/jit)")
 HOOK_LIB = Variable("FOUNDRY_HOOK_LIB", Kind.PATH, None, frozenset({_L}),
                     "the built hook library, where it is neither in the package nor in the source tree")
 SGLANG_CONFIG = Variable("FOUNDRY_SGLANG_CONFIG", Kind.PATH, None, frozenset({_G}),
@@ -220,6 +223,7 @@ VARIABLES: dict[str, Variable] = {
     "hook_symbols": HOOK_SYMBOLS,
     "load_captures": LOAD_CAPTURES,
     "import_base": IMPORT_BASE,
+    "jit_root": JIT_ROOT,
     "hook_lib": HOOK_LIB,
     "sglang_config": SGLANG_CONFIG,
     "sglang_report": SGLANG_REPORT,
@@ -255,6 +259,7 @@ class RunEnvironment:
     hook_symbols: bool = HOOK_SYMBOLS.default
     load_captures: bool = LOAD_CAPTURES.default
     import_base: int | None = IMPORT_BASE.default
+    jit_root: Path | None = JIT_ROOT.default
     hook_lib: Path | None = HOOK_LIB.default
     sglang_config: Path | None = SGLANG_CONFIG.default
     sglang_report: Path | None = SGLANG_REPORT.default

@@ -191,9 +191,11 @@ jit() {  # jit RUN: point every JIT cache at RUN's own empty directories
 }
 FAST=(--warmup restore --builder native --instantiate background)
 jit baseline; step sgc-baseline-cold $SG --out "$RESULTS/sgc/baseline-cold.json"
-# SAVE with the sglang section's command line and its default two runs
-jit save; step sgc-save python3 -m foundry run --mode save --archive "$RESULTS/sgc/save" -- $SG --out "$RESULTS/sgc/save.json"
-jit load; step sgc-load-cold python3 -m foundry run --mode load "${FAST[@]}" --archive "$RESULTS/sgc/save" -- $SG --out "$RESULTS/sgc/load-cold.json"
+# SAVE with the sglang section's command line and its default two runs; the archive carries no
+# JIT caches here (--no-jit-caches): this section measures a LOAD that compiles them itself
+# (bench/sglang_startup.py measures the one that installs them)
+jit save; step sgc-save python3 -m foundry run --mode save --no-jit-caches --archive "$RESULTS/sgc/save" -- $SG --out "$RESULTS/sgc/save.json"
+jit load; step sgc-load-cold python3 -m foundry run --mode load --no-jit-caches "${FAST[@]}" --archive "$RESULTS/sgc/save" -- $SG --out "$RESULTS/sgc/load-cold.json"
 step sgc-startup-cold python3 recipes/sglang/compare.py "$RESULTS"/sgc/baseline-cold.json "$RESULTS"/sgc/save.json "$RESULTS"/sgc/load-cold.json
 (cd "$RESULTS/sgc" && du -s --block-size=K jit-*/* 2>/dev/null) | tee -a "$SUMMARY"
 fi

@@ -199,7 +199,7 @@ from foundry.env import RunEnvironment
 from foundry.errors import FoundryError
 from foundry.integrations.sglang.config import load_config
 from foundry.integrations.vllm.config import load_config as load_vllm_config
-from foundry.runtime.launch import rank_runs
+from foundry.runtime.launch import jit, rank_runs
 from foundry.runtime.native.hook import Hook, library_path
 from foundry.runtime.sessions.open import load_options, open_session
 
@@ -218,7 +218,7 @@ out["options"] = load_options()
 out["plugin"] = {k: getattr(load_config(), k) for k in ("mode", "archive", "region_base", "region_size", "warmup",
                                                         "from_launcher")}
 out["vllm_plugin"] = {k: getattr(load_vllm_config(), k) for k in out["plugin"]}
-out["launcher"] = {"hook_lib": str(library_path()), "save_id": rank_runs.save_id()}
+out["launcher"] = {"hook_lib": str(library_path()), "save_id": rank_runs.save_id(), "jit_root": str(jit.jit_root())}
 hook = Hook.attach()
 out["hook"] = dataclasses.asdict(hook.config())
 out["region"] = dataclasses.asdict(hook.region())
@@ -283,7 +283,8 @@ def _checks(expected: RunEnvironment, seen: dict) -> dict[Reader | str, dict[str
     if e.region_size is None:
         hooks["region"] = ([e.mode, defaults["FOUNDRY_ENV_DEFAULT_REGION_SIZE"]], hooks["region"][1])
     launchers = {"FOUNDRY_HOOK_LIB": (str(e.hook_lib), seen["launcher"]["hook_lib"]),
-                 "FOUNDRY_SAVE_ID": (e.save_id or "", seen["launcher"]["save_id"])}  # fmt: skip
+                 "FOUNDRY_SAVE_ID": (e.save_id or "", seen["launcher"]["save_id"]),
+                 "FOUNDRY_JIT_ROOT": (str(e.jit_root), seen["launcher"]["jit_root"])}  # fmt: skip
     return {"contract": contract, Reader.SESSION: sessions, Reader.SGLANG: sglang, Reader.VLLM: vllm,
             Reader.HOOK: hooks, Reader.LAUNCHER: launchers}  # fmt: skip
 
@@ -291,6 +292,7 @@ def _checks(expected: RunEnvironment, seen: dict) -> dict[Reader | str, dict[str
 def _user_settings(tmp_path: Path, hook_library: Path) -> dict[str, str]:
     """What a user sets around `foundry run`, beside what the launcher writes."""
     return {"PATH": "/usr/bin:/bin", "FOUNDRY_HOOK_LIB": str(hook_library), "FOUNDRY_HOOK_SYMBOLS": "1",
+            "FOUNDRY_JIT_ROOT": str(tmp_path / "jit"),
             "FOUNDRY_LOAD_CAPTURES": "allow", "FOUNDRY_IMPORT_BASE": "0x710000000000",
             "FOUNDRY_SGLANG_REPORT": str(tmp_path / "report.json"), "FOUNDRY_VLLM_REPORT": str(tmp_path / "v.json"),
             "FOUNDRY_LAYOUT_PAD": "....",
@@ -302,7 +304,7 @@ def test_a_child_started_through_the_launcher_parses_every_variable_alike_on_eve
     user = _user_settings(tmp_path, with_hook)
     common = {"hook_symbols": True, "load_captures": True, "import_base": 0x710000000000, "hook_lib": with_hook,
               "sglang_report": tmp_path / "report.json", "vllm_report": tmp_path / "v.json",
-              "hook_echo": True}  # fmt: skip
+              "hook_echo": True, "jit_root": tmp_path / "jit"}  # fmt: skip
     shifted = record.base + (16 << 30)
     runs = {
         "relocating load": (

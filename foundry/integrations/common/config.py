@@ -10,6 +10,8 @@ plugin reads those. Without it, the engine's own variable (``FOUNDRY_SGLANG_CONF
     region_base = 0x600000000000   # optional: LOAD relocates when it differs from SAVE's
     region_size = 68719476736      # optional, bytes
     warmup = "restore"             # optional, LOAD: skip the engine's warm-up forwards (default "replay")
+    jit_caches = true              # optional, LOAD: install the archive's JIT caches (default true)
+    trust_cached_code = false      # optional, LOAD: their host code too (default false: code from the archive)
 
 and the plugin itself prepares the processes the engine spawns (the hook
 preloaded, the same variables set). Neither: the plugin stays off.
@@ -36,6 +38,8 @@ class PluginConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     region_base: int | None = None
     region_size: int | None = None
     warmup: Literal["replay", "restore"] = "replay"  # LOAD: repeat the engine's warm-up forwards, or skip them
+    jit_caches: bool = True  # LOAD: install the archive's JIT caches before the engine spawns its processes
+    trust_cached_code: bool = False  # LOAD: their host code too (code taken from the archive then runs)
     from_launcher: bool = False  # set by `foundry run`: the environment is prepared already
 
     def __post_init__(self) -> None:

@@ -34,6 +34,11 @@ def say(message: str) -> None:
     print(f"foundry: {message}", file=sys.stderr, flush=True)
 
 
+def _said(line: str) -> None:
+    """A launcher's line (it starts with ``foundry: ``) said as the plugins say theirs."""
+    say(line.removeprefix("foundry: "))
+
+
 def says_refusals(who: Callable[[], str]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A hook's Foundry error stops the engine's process (the engine logs it with a
     traceback); the log also gets one line, ``foundry: WHO refused: ...`` for drift
@@ -56,12 +61,17 @@ def says_refusals(who: Callable[[], str]) -> Callable[[Callable[..., Any]], Call
 def prepare_children(config: PluginConfig, extra: Mapping[str, str] | None = None) -> None:
     """Without ``foundry run``: preload the hook into the processes the engine spawns and
     describe the session to them (spawned processes inherit this environment), with
-    ``extra`` variables the engine needs for it."""
+    ``extra`` variables the engine needs for it; a LOAD installs the archive's JIT caches
+    first and points the engine's cache variables at them, as ``foundry run`` does."""
     from foundry.runtime.launch import launcher
 
     run = launcher.RunConfig(config.mode, Path(config.archive or ""), config.region_base, config.region_size,
                              config.warmup)  # fmt: skip
     env = launcher.environment(run)  # built from os.environ: what it dropped, this process drops too
+    if config.mode == "load" and config.jit_caches:
+        from foundry.runtime.launch import jit
+
+        env.update(jit.load_caches(run.archive, trust_host_code=config.trust_cached_code, log=_said))
     for key in set(os.environ) - set(env):
         del os.environ[key]
     os.environ.update(env)
