@@ -6,6 +6,7 @@ refusal made before it started is told apart from one it made itself."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from importlib import metadata
@@ -25,10 +26,12 @@ OPENS = ("import pathlib, sys; pathlib.Path(sys.argv[1]).write_text('ran')\n"
          "from foundry.runtime import open_session\nsession = open_session()\nsession.start()\n")  # fmt: skip
 
 
-def _run(archive: Path, program: str, witness: Path, *extra: str) -> subprocess.CompletedProcess:
+def _run(
+    archive: Path, program: str, witness: Path, *extra: str, env: dict | None = None
+) -> subprocess.CompletedProcess:
     args = [sys.executable, "-m", "foundry", "run", "--mode", "load", "--archive", str(archive), *extra, "--",
             sys.executable, "-c", program, str(witness)]  # fmt: skip
-    return subprocess.run(args, capture_output=True, text=True, timeout=300)
+    return subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
 
 
 def _refused_before_start(proc: subprocess.CompletedProcess, witness: Path, match: str) -> str:
@@ -61,6 +64,39 @@ def test_a_complete_archive_passes_and_the_program_starts(complete, tmp_path, wi
     proc = _run(complete, RAN, witness)
     assert witness.read_text() == "ran"  # the checks passed: the program ran (and opened no session)
     assert proc.returncode == 2 and "never opened a LOAD session: nothing was restored" in proc.stderr
+
+
+def _scratch_env(tmp_path: Path) -> tuple[dict, Path]:
+    """The environment of a run whose temporary files go to a directory of its own."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    return {**os.environ, "TMPDIR": str(scratch)}, scratch
+
+
+def test_a_load_becomes_the_program_and_its_hook_fails_an_exit_0_without_a_session(complete, tmp_path, with_hook):
+    env, scratch = _scratch_env(tmp_path)
+    proc = _run(complete, "import os, sys; open(sys.argv[1], 'w').write(str(os.getpid()))", tmp_path / "pid", env=env)
+    assert proc.returncode == 2 and proc.stderr.strip().endswith("foundry.runtime.open_session()?)"), proc.stderr
+    assert proc.stderr.count("never opened a LOAD session") == 1
+    assert list(scratch.iterdir()) == []  # the marker's directory removed by the hook
+
+
+def test_a_load_keeps_the_programs_own_failure(complete, tmp_path, with_hook):
+    env, scratch = _scratch_env(tmp_path)
+    proc = _run(complete, "import sys; sys.exit(3)", tmp_path / "ran", env=env)
+    assert proc.returncode == 3 and "never opened" not in proc.stderr, proc.stderr
+    assert list(scratch.iterdir()) == []
+
+
+def test_a_session_opened_in_a_child_process_counts(complete, tmp_path, with_hook):
+    # the session's own marker call, made in a child as a server's scheduler process would
+    # (opening a real session needs a GPU)
+    child = "from foundry.runtime.sessions.marker import note_session; note_session('load')"
+    program = f"import subprocess, sys; sys.exit(subprocess.call([sys.executable, '-c', {child!r}]))"
+    env, scratch = _scratch_env(tmp_path)
+    proc = _run(complete, program, tmp_path / "ran", env=env)
+    assert proc.returncode == 0 and "never opened" not in proc.stderr, proc.stderr
+    assert list(scratch.iterdir()) == []
 
 
 def test_a_stripped_archive_is_refused_before_the_program_starts(complete, tmp_path, with_hook):
@@ -105,8 +141,9 @@ def test_a_session_opened_without_a_cuda_gpu_says_so_in_one_line(complete, tmp_p
     witness = tmp_path / "ran"
     proc = _run(complete, OPENS, witness)
     assert witness.exists()  # the program ran and opened its session
-    # one line of Foundry's (torch may warn on import, about numpy, on its own lines)
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("foundry")]
+    # one error line of Foundry's (torch may warn on import, about numpy, on its own lines; the
+    # launcher times itself on one)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("foundry") and "launcher:" not in line]
     assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert lines[0].startswith("foundry: error: SAVE/LOAD needs a CUDA GPU"), lines[0]
     try:

@@ -18,6 +18,8 @@
 #define FOUNDRY_ENV_HOOK_ECHO "FOUNDRY_HOOK_ECHO"           /* 1: errors also go to stderr */
 #define FOUNDRY_ENV_HOOK_SYMBOLS "FOUNDRY_HOOK_SYMBOLS"     /* 1: log every name cuGetProcAddress resolves */
 #define FOUNDRY_ENV_LOAD_CAPTURES "FOUNDRY_LOAD_CAPTURES"   /* allow: a LOAD lets the program capture */
+#define FOUNDRY_ENV_SESSION_MARKER "FOUNDRY_SESSION_MARKER" /* the file a session writes when it opens */
+#define FOUNDRY_ENV_SESSION_PID "FOUNDRY_SESSION_PID"       /* LOAD: the process foundry run became */
 
 /* The words those variables hold. */
 #define FOUNDRY_ENV_MODE_OFF "off"

@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#define FOUNDRY_HOOK_ABI 7 /* 6: foundry_hook_config; 7: foundry_region_restore, late allocations */
+#define FOUNDRY_HOOK_ABI 8 /* 6: foundry_hook_config; 7: foundry_region_restore, late allocations; 8: the session check */
 
 enum foundry_status {
     FOUNDRY_OK = 0,
@@ -79,6 +79,9 @@ typedef struct foundry_config {
     int32_t hook_symbols;      /* FOUNDRY_HOOK_SYMBOLS is 1 */
     int32_t load_captures;     /* FOUNDRY_LOAD_CAPTURES is allow */
     int32_t region_numbers_ok; /* 0: the region's base or size is not a number (the default is used) */
+    int64_t session_pid;       /* FOUNDRY_SESSION_PID: 0 when unset, -1 when not a process id */
+    int32_t session_marker;    /* FOUNDRY_SESSION_MARKER is set */
+    int32_t session_checked;   /* this process's exit 0 fails when no session wrote the marker */
 } foundry_config_t;
 
 enum foundry_image_kind { FOUNDRY_IMAGE_MODULE = 1, FOUNDRY_IMAGE_LIBRARY = 2 };

@@ -60,6 +60,14 @@ uint64_t fh_env_import_base(void) {
 
 int fh_env_load_captures_allowed(void) { return is(FOUNDRY_ENV_LOAD_CAPTURES, FOUNDRY_ENV_CAPTURES_ALLOW); }
 
+long fh_env_session_pid(void) {
+    const char *text = getenv(FOUNDRY_ENV_SESSION_PID);
+    if (text == NULL || *text == '\0') return 0;
+    char *end = NULL;
+    long pid = strtol(text, &end, 10);
+    return *end == '\0' && pid > 0 ? pid : -1;
+}
+
 /* -- control API ------------------------------------------------------------------- */
 
 int foundry_hook_config(foundry_config_t *out) {
@@ -78,6 +86,9 @@ int foundry_hook_config(foundry_config_t *out) {
         .hook_symbols = fh_env_flag(FOUNDRY_ENV_HOOK_SYMBOLS),
         .load_captures = fh_env_load_captures_allowed(),
         .region_numbers_ok = bad == 0,
+        .session_pid = fh_env_session_pid(),
+        .session_marker = fh_env_text(FOUNDRY_ENV_SESSION_MARKER) != NULL && *fh_env_text(FOUNDRY_ENV_SESSION_MARKER),
+        .session_checked = fh_session_checked(),
     };
     return FOUNDRY_OK;
 }

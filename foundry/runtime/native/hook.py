@@ -16,7 +16,7 @@ from pathlib import Path
 from foundry.env import HOOK_LIB, MODES, THREAD_POLICIES
 from foundry.errors import HookError
 
-ABI = 7
+ABI = 8
 LIBRARY = "libfoundry_hook.so"
 COUNTERS = (
     "stream_captures",
@@ -89,6 +89,9 @@ class _Config(ctypes.Structure):
         ("hook_symbols", ctypes.c_int32),
         ("load_captures", ctypes.c_int32),
         ("region_numbers_ok", ctypes.c_int32),
+        ("session_pid", ctypes.c_int64),
+        ("session_marker", ctypes.c_int32),
+        ("session_checked", ctypes.c_int32),
     ]
 
 
@@ -160,6 +163,9 @@ class HookConfig:
     hook_symbols: bool
     load_captures: bool
     region_numbers_ok: bool  # False: the region's base or size is not a number
+    session_pid: int | None  # the process `foundry run` became (0: unset); None: not a process id
+    session_marker: bool  # a marker file is named
+    session_checked: bool  # this process's exit 0 fails when no session wrote the marker
 
 
 def _allocation(a: _Alloc) -> Allocation:
@@ -232,7 +238,9 @@ class Hook:
         threads = THREAD_POLICIES[raw.region_threads] if raw.region_threads in (0, 1) else "neither"
         return HookConfig(MODES[raw.mode], threads, raw.region_base, raw.region_size, raw.import_base,
                           None if raw.rank < 0 else raw.rank, bool(raw.hook_echo), bool(raw.hook_symbols),
-                          bool(raw.load_captures), bool(raw.region_numbers_ok))  # fmt: skip
+                          bool(raw.load_captures), bool(raw.region_numbers_ok),
+                          None if raw.session_pid < 0 else raw.session_pid, bool(raw.session_marker),
+                          bool(raw.session_checked))  # fmt: skip
 
     def region(self) -> RegionInfo:
         info = _RegionInfo()
