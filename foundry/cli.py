@@ -375,7 +375,16 @@ def _lint_help() -> str:
     )
 
 
-@graph.command("lint", help=_lint_help())
+class _LintCommand(click.Command):
+    """``graph lint``, whose help lists the rules: made when it is shown, so that other commands
+    (``foundry run`` above all) do not import the rules."""
+
+    def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self.help = _lint_help()
+        super().format_help_text(ctx, formatter)
+
+
+@graph.command("lint", cls=_LintCommand, short_help="Check graphs against built-in rules and --expect counts.")
 @click.argument("path", metavar="ARCHIVE")
 @rank_option
 @click.option("--graph", "pattern", default=None, metavar="GLOB", help="only graphs whose name matches")

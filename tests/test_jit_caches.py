@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
 import msgspec
@@ -46,7 +47,9 @@ from foundry.cli import main
 from foundry.errors import ArchiveError, CaptureError, DriftError, FoundryError
 from foundry.runtime.launch import jit, launcher
 
+from .archive_tools import edit_json
 from .conftest import SAVE_A
+from .hostile import saved_archive
 
 CUBIN = b"\x7fELF\x02\x01\x01" + b"\0" * 11 + (190).to_bytes(2, "little") + b"device code" * 20
 HOST_SO = b"\x7fELF\x02\x01\x01" + b"\0" * 11 + (62).to_bytes(2, "little") + b"host code" * 20
@@ -92,10 +95,26 @@ def fill_caches(directory: Path) -> dict[str, bytes]:
     return files
 
 
-def with_caches(tmp_path: Path, name: str = "a") -> tuple[Path, Path]:
-    """A copy of a real SAVE with caches attached, and the directory they were filled in."""
+def loadable(root: Path) -> Path:
+    """A SAVE that ``foundry run --mode load`` lets start (:func:`tests.hostile.saved_archive`:
+    module images and warm-up bytes present), recorded with the torch installed here, if any."""
+    saved_archive(root)
+    try:
+        here = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return root
+    edit_json(root / CATALOG_FILE, lambda c: c["environment"].update(torch_version=here))
+    return root
+
+
+def with_caches(tmp_path: Path, name: str = "a", *, complete: bool = False) -> tuple[Path, Path]:
+    """A copy of a real SAVE with caches attached, and the directory they were filled in;
+    ``complete``: one a LOAD can start from (:func:`loadable`)."""
     archive = tmp_path / name
-    shutil.copytree(SAVE_A, archive)
+    if complete:
+        loadable(archive)
+    else:
+        shutil.copytree(SAVE_A, archive)
     filled = tmp_path / f"{name}-filled" / secrets.token_hex(16)
     fill_caches(filled)
     staging = tmp_path / f".{name}.jit"
@@ -546,14 +565,16 @@ def test_inspect_says_whether_an_archive_carries_host_code(tmp_path):
 
 # -- through the launcher -------------------------------------------------------------
 
+# what the program sees, and the marker its session would write (opening one needs a GPU)
 SEES = (
+    "from foundry.runtime.sessions.marker import note_session; note_session('load')\n"
     "import json, os, sys; names = {n: os.environ.get(n) for n in ('TRITON_CACHE_DIR', 'FLASHINFER_WORKSPACE_BASE',"
     " 'CUDA_CACHE_PATH', 'FOUNDRY_MODE')}; json.dump({'env': names, 'pid': os.getpid()}, open(sys.argv[1], 'w'))"
 )
 
 
 def test_load_installs_and_points_the_engine_at_the_caches_host_code_only_when_trusted(tmp_path, with_hook, _jit_root):
-    archive, _ = with_caches(tmp_path)
+    archive, _ = with_caches(tmp_path, complete=True)
     _, manifest = opened(archive)
     environ = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "mine")}
 
@@ -679,8 +700,10 @@ def test_the_benchmark_reads_the_launcher_s_line_and_starts_fresh_runs_with_noth
     spec = importlib.util.spec_from_file_location("sglang_startup", SAVE_A.parents[2] / "bench" / "sglang_startup.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    proc = subprocess.run([sys.executable, "-m", "foundry", "run", "--mode", "load", "--archive", str(SAVE_A), "--",
-                           "true"], capture_output=True, text=True)  # fmt: skip
+    opens = "from foundry.runtime.sessions.marker import note_session; note_session('load')"
+    proc = subprocess.run([sys.executable, "-m", "foundry", "run", "--mode", "load", "--archive",
+                           str(loadable(tmp_path / "a")), "--", sys.executable, "-c", opens],
+                          capture_output=True, text=True)  # fmt: skip
     found = bench.LAUNCHER_LINE.search(proc.stderr)
     assert proc.returncode == 0 and found and 0 < float(found.group(1)) < 30
     (tmp_path / "jit-root" / "some-archive").mkdir(parents=True)
