@@ -10,6 +10,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "hook.h"
 
@@ -68,6 +69,11 @@ long fh_env_session_pid(void) {
     return *end == '\0' && pid > 0 ? pid : -1;
 }
 
+int fh_env_session_checked(void) {
+    const char *marker = getenv(FOUNDRY_ENV_SESSION_MARKER);
+    return fh_env_mode() == FOUNDRY_MODE_LOAD && marker != NULL && *marker && fh_env_session_pid() == (long)getpid();
+}
+
 /* -- control API ------------------------------------------------------------------- */
 
 int foundry_hook_config(foundry_config_t *out) {
@@ -87,8 +93,8 @@ int foundry_hook_config(foundry_config_t *out) {
         .load_captures = fh_env_load_captures_allowed(),
         .region_numbers_ok = bad == 0,
         .session_pid = fh_env_session_pid(),
-        .session_marker = fh_env_text(FOUNDRY_ENV_SESSION_MARKER) != NULL && *fh_env_text(FOUNDRY_ENV_SESSION_MARKER),
-        .session_checked = fh_session_checked(),
+        .session_marker = fh_env_text(FOUNDRY_ENV_SESSION_MARKER) != NULL && *fh_env_text(FOUNDRY_ENV_SESSION_MARKER) != '\0',
+        .session_checked = fh_env_session_checked(),
     };
     return FOUNDRY_OK;
 }

@@ -25,7 +25,7 @@ long fh_env_rank(void);                     /* FOUNDRY_RANK: 0 when unset, -1 wh
 uint64_t fh_env_import_base(void);          /* FOUNDRY_IMPORT_BASE, or the default */
 int fh_env_load_captures_allowed(void);     /* FOUNDRY_LOAD_CAPTURES=allow */
 long fh_env_session_pid(void);              /* FOUNDRY_SESSION_PID: 0 when unset, -1 when not a process id */
-int fh_session_checked(void);               /* 1: this process's exit is checked (session_check.c) */
+int fh_env_session_checked(void);           /* 1: a LOAD, a marker named, and FOUNDRY_SESSION_PID is this process */
 
 /* resolve.c: the real driver entry point for an exported (versioned) symbol name. */
 void *fh_real(const char *exported);

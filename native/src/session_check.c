@@ -23,9 +23,7 @@
     "foundry: error: the program exited 0 but never opened a LOAD session: nothing was restored (does " \
     "it call foundry.runtime.open_session()?)\n"
 
-static char marker[PATH_MAX]; /* empty: this process's exit is not checked */
-
-int fh_session_checked(void) { return marker[0] != '\0'; }
+static char marker[PATH_MAX];
 
 static void remove_marker(void) {
     unlink(marker);
@@ -48,8 +46,7 @@ static void check_session_at_exit(int status, void *unused) {
 
 __attribute__((constructor)) static void arm_session_check(void) {
     const char *path = fh_env_text(FOUNDRY_ENV_SESSION_MARKER);
-    if (fh_env_mode() != FOUNDRY_MODE_LOAD || path == NULL || *path == '\0' || strlen(path) >= sizeof marker) return;
-    if (fh_env_session_pid() != (long)getpid()) return;
+    if (!fh_env_session_checked() || strlen(path) >= sizeof marker) return;
     memcpy(marker, path, strlen(path) + 1);
     on_exit(check_session_at_exit, NULL);
 }
