@@ -26,6 +26,13 @@ def _gpu_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # tests run in parallel (pytest-xdist) each start NCCL groups: one rendezvous port per worker
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(29600 + int(worker[2:]))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _gpu_available():
         return

@@ -88,12 +88,14 @@ def main() -> int:
                 result["captured_again"] = "captured"
             except RuntimeError as err:
                 result["captured_again"] = str(err).splitlines()[0]
-            result["counters_after"] = session.hook.counters()
+            if getattr(session, "hook", None) is not None:  # a SAVE's priming run is a plain one: no hook
+                result["counters_after"] = session.hook.counters()
         if args.allocate_after:
             torch.empty(64 << 20, dtype=torch.uint8, device="cuda")  # more than any cached segment
             torch.cuda.synchronize()
-            result["phase_after"] = session.hook.trace()[-1].phase
-            result["late_events"] = [e for e in session.hook.events() if "after capturing began" in e]
+            if getattr(session, "hook", None) is not None:
+                result["phase_after"] = session.hook.trace()[-1].phase
+                result["late_events"] = [e for e in session.hook.events() if "after capturing began" in e]
         print(json.dumps(result))
         return 0
     except FoundryError as err:

@@ -137,6 +137,30 @@ def test_torch_of_another_version_is_refused_when_the_program_runs_here(complete
     assert "1.0.0+old" in line and here in line
 
 
+def _fake_torch(site: Path, version: str, metadata_version: str) -> dict:
+    """An environment whose first torch is a package at ``site`` saying ``version`` of itself, its
+    distribution's metadata ``metadata_version`` (a CUDA build's may leave out the local part)."""
+    (site / "torch").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text("")
+    (site / "torch" / "version.py").write_text(f"__version__ = '{version}'\ncuda = None\n")
+    info = site / f"torch-{metadata_version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch\nVersion: {metadata_version}\n")
+    return {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+def test_torch_is_compared_as_it_names_itself_not_as_its_metadata_does(complete, tmp_path, with_hook):
+    env = _fake_torch(tmp_path / "site", "2.11.0+cu130", "2.11.0")
+    edit_json(complete / CATALOG_FILE, lambda c: c["environment"].update(torch_version="2.11.0+cu130"))
+    witness = tmp_path / "ran"
+    proc = _run(complete, RAN, witness, env=env)
+    assert witness.exists() and "another torch" not in proc.stderr, proc.stderr  # the checks passed
+    edit_json(complete / CATALOG_FILE, lambda c: c["environment"].update(torch_version="2.11.0+cu126"))
+    witness.unlink()
+    line = _refused_before_start(_run(complete, RAN, witness, env=env), witness, "another torch")
+    assert "'2.11.0+cu126'" in line and "'2.11.0+cu130'" in line
+
+
 def test_a_session_opened_without_a_cuda_gpu_says_so_in_one_line(complete, tmp_path, with_hook):
     witness = tmp_path / "ran"
     proc = _run(complete, OPENS, witness)

@@ -14,7 +14,9 @@ LOAD itself checks all of it again, hashes included, and the rest on the GPU.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import shutil
 import sys
 from importlib import metadata
@@ -96,14 +98,34 @@ def _check_environment(archive: Archive, command: list[str]) -> None:
         raise DriftError("the archive was saved with another NVIDIA driver", field=ENV_FIELD.format("driver_version"),
                          expected=recorded.driver_version, found=live)  # fmt: skip
     if recorded.torch_version and _runs_here(command):
-        try:
-            torch = metadata.version("torch")
-        except metadata.PackageNotFoundError:
-            torch = None
+        torch = installed_torch()
         if torch is not None and torch != recorded.torch_version:
             raise DriftError("the archive was saved with another torch (the one installed with Foundry here)",
                              field=ENV_FIELD.format("torch_version"), expected=recorded.torch_version,
                              found=torch)  # fmt: skip
+
+
+def installed_torch() -> str | None:
+    """The version torch says of itself (``torch.__version__``, which SAVE records), read from
+    ``torch/version.py`` without importing torch; None when torch is not installed. Its
+    distribution's metadata is no substitute: a CUDA build's may leave out the local part
+    (``2.11.0`` for ``2.11.0+cu130``, seen on the H200 test machine)."""
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    for location in (spec.submodule_search_locations or []) if spec is not None else []:
+        try:
+            text = (Path(location) / "version.py").read_text()
+        except OSError:
+            continue
+        found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+        if found:
+            return found.group(1)
+    try:
+        return metadata.version("torch") if spec is not None else None
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def _runs_here(command: list[str]) -> bool:
