@@ -21,8 +21,10 @@ path, instantiation waits included).
 
 Kinds:
 
-- ``warm``: every run shares one set of JIT caches under DIR (filled by the
-  first run);
+- ``warm``: every run shares one set of JIT caches under DIR; while they are
+  empty, a plain start fills them first and is not counted (as ``--discard``
+  does), and ``summary`` leaves out any warm pair whose plain run still started a
+  compiler (it was not warm);
 - ``fresh``: every run gets a new empty ``HOME``, ``XDG_CACHE_HOME`` and ``TMPDIR``
   with every JIT cache variable unset, so nothing compiled before is found, and
   ``DIR/jit-root`` (where a LOAD installs the archive's caches) is emptied first: a
@@ -32,9 +34,11 @@ Kinds:
   ``outside``) and the compiler processes it saw (``compilers``: nvcc, ptxas,
   cicc, gcc, ... polled every 20 ms);
 - ``import``: ``python3 -c 'import torch, sglang.srt.entrypoints.engine'``
-  plain and under ``foundry run --mode load``: Foundry's own start-up cost; each LOAD
-  also records ``launcher_s``, the launcher's own figure from its start to the
-  program's exec (its ``foundry: launcher: ...`` line).
+  plain and under ``foundry run --mode load --trust-cached-code``: Foundry's own
+  start-up cost; each LOAD also records ``launcher_s``, the launcher's own figure
+  from its start to the program's exec (its ``foundry: launcher: ...`` line). The
+  program opens no session, so its LOAD exits 2 saying so (``no_session``): that
+  refusal is the expected end of this run, and counts as one.
 
 Byte code is compiled once (``save`` runs ``compileall`` over the installed
 packages) so neither side pays it. Every LOAD's outputs are compared with the
@@ -68,6 +72,7 @@ LAUNCHER_LINE = re.compile(r"^foundry: launcher: ([0-9.]+) s from its start to t
 COMPILERS = {"nvcc", "ptxas", "cicc", "fatbinary", "nvlink", "gcc", "g++", "cc", "c++", "cc1", "cc1plus", "ld",
              "ninja", "clang"}  # fmt: skip
 IMPORT = "import torch, sglang.srt.entrypoints.engine"
+NO_SESSION = "never opened a LOAD session"  # how a LOAD of a program that opens none ends (exit 2)
 # where a run could leave files outside its own directories; pseudo file systems and this benchmark's own left out
 SCAN_PRUNE = ("/proc", "/sys", "/dev", "/run")
 
@@ -145,8 +150,8 @@ def import_command(args: argparse.Namespace, side: str) -> list[str]:
     plain = [sys.executable, "-c", IMPORT]
     if side == "plain":
         return plain
-    return [sys.executable, "-m", "foundry", "run", "--mode", "load", "--archive", str(args.work / "archive"), "--",
-            *plain]  # fmt: skip
+    return [sys.executable, "-m", "foundry", "run", "--mode", "load", "--trust-cached-code", "--archive",
+            str(args.work / "archive"), "--", *plain]  # fmt: skip
 
 
 def one_run(args: argparse.Namespace, kind: str, side: str, index: int) -> dict:
@@ -167,6 +172,8 @@ def one_run(args: argparse.Namespace, kind: str, side: str, index: int) -> dict:
               "compilers": sorted(watch.seen), "log": str(scratch / "log.txt")}  # fmt: skip
     if kind == "fresh":
         result["outside"] = files_created_since(marker, [scratch, args.work])[:50]
+    if kind == "import" and side == "load":
+        result["no_session"] = proc.returncode == 2 and NO_SESSION in proc.stderr
     launched = LAUNCHER_LINE.search(proc.stderr)
     if side == "load" and launched:
         result["launcher_s"] = float(launched.group(1))
@@ -210,6 +217,9 @@ def cmd_pairs(args: argparse.Namespace) -> int:
     results = args.work / "results.jsonl"
     done = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
     start = 1 + max((r["index"] for r in done if r["kind"] == args.kind), default=0)
+    if args.kind == "warm" and not (args.work / "warm-caches").exists() and not args.discard:
+        print("warm caches not filled yet: one plain start first, not counted", flush=True)
+        args.discard = True
     if args.discard:
         record(results, {**one_run(args, args.kind, "plain", 0), "discarded": True})
     status = 0
@@ -242,10 +252,16 @@ def cmd_summary(args: argparse.Namespace) -> int:
         print(f"sglang_startup.py: no results file {missing[0]}", file=sys.stderr)
         return 2
     runs = [json.loads(line) for path in paths for line in Path(path).read_text().splitlines() if line.strip()]
-    runs = [r for r in runs if not r.get("discarded") and r["rc"] == 0]
+    runs = [r for r in runs if not r.get("discarded") and (r["rc"] == 0 or r.get("no_session"))]
     print("kind    figure               plain median [min-max]     LOAD median [min-max]      paired LOAD-plain  n")
     for kind in ("fresh", "warm", "import"):
         pairs = paired(runs, kind)
+        if kind == "warm":  # a plain run that compiled was not warm
+            cold = [plain for plain, _ in pairs if plain["compilers"]]
+            pairs = [(plain, load) for plain, load in pairs if not plain["compilers"]]
+            if cold:
+                print(f"warm    left out: {len(cold)} pair(s) whose plain run compiled (indices "
+                      f"{', '.join(str(r['index']) for r in cold)})")  # fmt: skip
         if not pairs:
             continue
         for name in FIGURES:
