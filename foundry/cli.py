@@ -147,6 +147,11 @@ def _version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     ctx.exit(EXIT_OK)
 
 
+def _renderer() -> None:
+    """Import what prints reports (rich above all), while a large archive's graphs are read."""
+    import foundry.inspect.render  # noqa: F401
+
+
 def _registry() -> BackendRegistry:
     from foundry.backends.registry import BackendRegistry
 
@@ -188,7 +193,8 @@ def archive() -> None:
 def archive_inspect(path: str, rank: int | None, top: int, as_json: bool) -> int:
     from foundry.inspect.summary import summarize
 
-    summary = summarize(open_archive(path), _registry(), rank=rank, workers=None)  # every core
+    summary = summarize(open_archive(path), _registry(), rank=rank, workers=None,  # every core
+                        meanwhile=None if as_json else _renderer)  # fmt: skip
     if as_json:
         _emit_json(summary.to_dict())
     else:
@@ -424,6 +430,7 @@ def graph_lint(
         total=total,
         disabled=disabled,
         workers=None,  # every core, on a large archive
+        meanwhile=None if as_json else _renderer,
     )
     if as_json:
         _emit_json(report.to_dict(strict=strict))

@@ -6,7 +6,6 @@ import errno
 import hashlib
 import os
 import re
-import socket
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -68,7 +67,7 @@ def atomic_write(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
-_HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64] or "host"
+_HOST = re.sub(r"[^A-Za-z0-9-]", "-", os.uname().nodename)[:64] or "host"
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<host>[A-Za-z0-9-]+)\.(?P<pid>[0-9]+)\.[^.]+\.tmp$")
 
 

@@ -8,7 +8,6 @@ fatal only when an archive needs it (:meth:`BackendRegistry.require`).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
@@ -17,7 +16,13 @@ from foundry.backends.base import CONTRACT_VERSION, KIND_PATTERN, Backend, Kerne
 from foundry.errors import BackendError
 from foundry.graphir.kernel import KernelIdentity
 
-log = logging.getLogger(__name__)
+
+def _warn(message: str, *args: object) -> None:
+    """A broken backend, logged: logging imported only then (every command discovers backends)."""
+    import logging
+
+    logging.getLogger(__name__).warning(message, *args)
+
 
 ENTRY_POINT_GROUP = "foundry.backends"
 
@@ -86,7 +91,7 @@ class BackendRegistry:
             raise BackendError(f"construction failed: {type(err).__name__}: {err}") from None
 
     def _broken(self, name: str, origin: str, reason: str) -> None:
-        log.warning("backend %s is broken: %s", name, reason)
+        _warn("backend %s is broken: %s", name, reason)
         self.broken[name] = BrokenBackend(name, origin, reason)
 
     def add(self, backend: Backend, *, origin: str = "in-process") -> None:
@@ -103,9 +108,7 @@ class BackendRegistry:
         if kernel.name not in self._matches:
             claims = [m for b in self.backends.values() if (m := b.recognise(kernel)) is not None]
             if len(claims) > 1:
-                log.warning(
-                    "kernel %s claimed by %s; using %s", kernel.name, [c.backend for c in claims], claims[0].backend
-                )
+                _warn("kernel %s claimed by %s; using %s", kernel.name, [c.backend for c in claims], claims[0].backend)
             self._matches[kernel.name] = claims[0] if claims else None
         return self._matches[kernel.name]
 

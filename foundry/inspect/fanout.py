@@ -78,14 +78,18 @@ def collector_paused() -> Iterator[None]:
 
 
 def map_graphs(archive: Archive, selection: list[tuple[int, GraphEntry]], work: Work, context: Any = None, *,
-               workers: int | None = None) -> Iterator[T]:  # fmt: skip
+               workers: int | None = None, meanwhile: Callable[[], object] | None = None) -> Iterator[T]:  # fmt: skip
     """``work(archive, context, rank, entry)`` for every pair of ``selection``, yielded in its
     order. ``work`` must be a module-level function (workers find it by name); what it returns
     crosses back by pickle, so it should be small. Where no worker can be started (no fork,
-    no semaphores in a container) the graphs are read in this process."""
+    no semaphores in a container) the graphs are read in this process. ``meanwhile`` is what
+    this process does while the workers read (a command's imports for its output: otherwise
+    they would wait for the last graph); without workers it runs first."""
     global _shared
     count = workers_for(selection, workers)
     pool, futures = _start(archive, selection, work, context, count) if count > 1 else (None, [])
+    if meanwhile is not None:
+        meanwhile()
     if pool is None:
         for rank, entry in selection:
             with collector_paused():
@@ -104,6 +108,8 @@ def _start(archive: Archive, selection: list[tuple[int, GraphEntry]], work: Work
            count: int) -> tuple[Any, list[Any]]:  # fmt: skip
     """``count`` forked workers with every graph of ``selection`` submitted, or ``(None, [])``."""
     from concurrent.futures import ProcessPoolExecutor  # imported here: most runs never fork
+
+    import foundry.graphir.codec  # noqa: F401  imported once here, not again in every worker
 
     global _shared
     _shared = (archive, context, work, selection)  # what the workers inherit when they are forked

@@ -262,9 +262,11 @@ def lint(
     total: bool = False,
     disabled: Iterable[str] = (),
     workers: int | None = 1,
+    meanwhile: Callable[[], object] | None = None,
 ) -> LintReport:
     """Run the enabled rules and check the expectations over the selected graphs; ``workers``:
-    processes that read the graphs (None: one per core on a large archive, :mod:`foundry.inspect.fanout`)."""
+    processes that read the graphs (None: one per core on a large archive), ``meanwhile``: what
+    this process does while they read (:func:`foundry.inspect.fanout.map_graphs`)."""
     expectations = list(expectations)
     disabled = set(disabled)
     unknown_rules = sorted(disabled - RULES.keys())
@@ -277,7 +279,9 @@ def lint(
     selected = selection(archive, rank=rank, pattern=pattern)
     rules = [r for name, r in RULES.items() if name not in disabled]
     report = LintReport()
-    for r, entry, counts, findings in map_graphs(archive, selected, lint_graph, (registry, rules), workers=workers):
+    for r, entry, counts, findings in map_graphs(
+        archive, selected, lint_graph, (registry, rules), workers=workers, meanwhile=meanwhile
+    ):
         report.graphs.append(GraphCounts(r, entry.name, counts))
         report.findings.extend(findings)
         if not total:

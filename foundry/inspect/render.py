@@ -15,13 +15,14 @@ from rich.text import Text
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.nodes import KernelNode, MemcpyNode, MemsetNode
 from foundry.graphir.regions import RegionKind
-from foundry.inspect.lint import LintReport, Severity
 from foundry.inspect.summary import ArchiveSummary
+from foundry.inspect.text_table import Column, print_table
 from foundry.text import printable as p
 
-if TYPE_CHECKING:  # the diff's types: only `archive diff` imports the diff
+if TYPE_CHECKING:  # the diff's and lint's types: inspect imports neither
     from foundry.graphir.passes.diff import GraphDiff
     from foundry.inspect.archive_diff import ArchiveDiff
+    from foundry.inspect.lint import LintReport
 
 
 def human_bytes(n: int) -> str:
@@ -64,23 +65,7 @@ def render_summary(console: Console, s: ArchiveSummary, *, top: int = 15) -> Non
         console.print(p("  model: " + ", ".join(f"{k}={v}" for k, v in sorted(cat["model"].items()))))
     render_jit(console, cat.get("jit"))
 
-    graphs = Table(title="Graphs", title_justify="left")
-    for col in ("rank", "graph", "shape", "nodes", "kinds", "collectives", "unresolved", "fingerprint"):
-        graphs.add_column(col, justify="right" if col in ("rank", "shape", "nodes", "unresolved") else "left")
-    for g in s.graphs:
-        kinds = ", ".join(f"{k} {n}" for k, n in sorted(g.kinds.items()))
-        coll = ", ".join(f"{k} {n}" for k, n in sorted(g.collectives.items())) or "-"
-        graphs.add_row(
-            str(g.rank),
-            p(g.name),
-            "-" if g.shape_key is None else str(g.shape_key),
-            str(g.nodes),
-            kinds,
-            p(coll),
-            Text(str(len(g.unresolved)), style="red" if g.unresolved else ""),
-            p(g.fingerprint.split(":")[-1][:12]),
-        )
-    console.print(graphs)
+    _render_graph_table(console, s)
 
     by_short: dict[str, list[int]] = {}
     for name, count in s.kernels.items():
@@ -133,6 +118,34 @@ def render_summary(console: Console, s: ArchiveSummary, *, top: int = 15) -> Non
     console.print(table)
 
 
+GRAPH_COLUMNS = (
+    Column("rank", right=True), Column("graph"), Column("shape", right=True), Column("nodes", right=True),
+    Column("kinds"), Column("collectives"), Column("unresolved", right=True), Column("fingerprint"),
+)  # fmt: skip
+
+
+def _render_graph_table(console: Console, s: ArchiveSummary) -> None:
+    """One row per graph: drawn by padding where it fits (an archive may hold thousands of
+    graphs), else by rich, which wraps the long cells."""
+    rows = []
+    for g in s.graphs:
+        unresolved = str(len(g.unresolved))
+        rows.append((
+            str(g.rank), p(g.name), "-" if g.shape_key is None else str(g.shape_key), str(g.nodes),
+            ", ".join(f"{k} {n}" for k, n in sorted(g.kinds.items())),
+            p(", ".join(f"{k} {n}" for k, n in sorted(g.collectives.items())) or "-"),
+            (unresolved, "red") if g.unresolved else unresolved, p(g.fingerprint.split(":")[-1][:12]),
+        ))  # fmt: skip
+    if print_table(console, "Graphs", GRAPH_COLUMNS, rows):
+        return
+    graphs = Table(title="Graphs", title_justify="left")
+    for column in GRAPH_COLUMNS:
+        graphs.add_column(column.name, justify="right" if column.right else "left")
+    for row in rows:
+        graphs.add_row(*(cell if isinstance(cell, str) else Text(cell[0], style=cell[1]) for cell in row))
+    console.print(graphs)
+
+
 def _render_restore(console: Console, s: ArchiveSummary) -> None:
     """What a LOAD relies on, per rank (archives saved without the hook have none of it)."""
     for facts in s.restore:
@@ -166,6 +179,8 @@ def _render_restore(console: Console, s: ArchiveSummary) -> None:
 
 def render_lint(console: Console, report: LintReport, *, strict: bool = False, quiet: bool = False) -> None:
     """Findings, expectations and the verdict; ``quiet`` leaves out what does not fail the run."""
+    from foundry.inspect.lint import Severity
+
     failing = {Severity.ERROR, Severity.WARNING} if strict else {Severity.ERROR}
     for f in report.findings:
         if quiet and f.severity not in failing:

@@ -6,6 +6,7 @@ The CLI renders it as tables or JSON; the TUI's summary pane renders it too.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,9 +169,10 @@ def graph_facts(archive: Archive, registry: BackendRegistry, rank: int, entry: G
 
 
 def summarize(archive: Archive, registry: BackendRegistry, *, rank: int | None = None,
-              workers: int | None = 1) -> ArchiveSummary:  # fmt: skip
+              workers: int | None = 1, meanwhile: Callable[[], object] | None = None) -> ArchiveSummary:  # fmt: skip
     """Read every selected graph once and gather what inspect shows; ``workers``: processes that
-    read the graphs (None: one per core on a large archive, :mod:`foundry.inspect.fanout`)."""
+    read the graphs (None: one per core on a large archive), ``meanwhile``: what this process
+    does while they read (:func:`foundry.inspect.fanout.map_graphs`)."""
     cat = archive.catalog
     catalog = {
         "format_version": cat.format_version,
@@ -186,7 +188,7 @@ def summarize(archive: Archive, registry: BackendRegistry, *, rank: int | None =
     ranks = archive.ranks if rank is None else [rank]
     summary.restore = [restore_facts(archive, r) for r in ranks if r in archive.ranks]
     selection = archive.select(rank=rank)
-    for facts in map_graphs(archive, selection, graph_facts, registry, workers=workers):
+    for facts in map_graphs(archive, selection, graph_facts, registry, workers=workers, meanwhile=meanwhile):
         summary.graphs.append(facts.graph)
         for name, short, count in facts.kernels:
             summary.kernels[name] += count
