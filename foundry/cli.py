@@ -162,9 +162,9 @@ def _relocation_check(a: Archive, b: Archive, as_json: bool) -> int:
         where += f" node {f.node}" if f.node is not None else ""
         detail = f" ({f.a} -> {f.b})" if f.a or f.b else ""
         out.print(f"finding: {printable(where)}: {printable(f.what)}{printable(detail)}")
-    if len(report.findings) > 50:
-        out.print(f"... and {len(report.findings) - 50} more findings")
-    out.print("every change is a relocation" if not report.findings else f"{len(report.findings)} finding(s)")
+    if report.finding_count > 50:
+        out.print(f"... and {report.finding_count - 50} more findings")
+    out.print("every change is a relocation" if not report.findings else f"{report.finding_count} finding(s)")
     return EXIT_FINDINGS if report.findings else EXIT_OK
 
 

@@ -3,7 +3,8 @@
 An expectation holds for every selected graph on every selected rank; with
 ``total`` it holds for the sum over the selection instead. Rules report
 findings with a severity: errors (and failed expectations) make lint fail,
-warnings are shown and fail only under ``strict``.
+warnings are shown and fail only under ``strict``. At most :data:`LISTED_FINDINGS`
+findings are listed, however large the archive; the rest are counted by severity.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from foundry.graphir.graph import GraphIR
 from foundry.graphir.kinds import NodeKind
 from foundry.graphir.nodes import UnsupportedNode
 from foundry.graphir.regions import RegionKind
+
+LISTED_FINDINGS = 10_000  # findings a report lists; the rest are counted
 
 
 class Severity(StrEnum):
@@ -192,12 +195,24 @@ class GraphCounts:
 @dataclass
 class LintReport:
     graphs: list[GraphCounts] = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)  # the first LISTED_FINDINGS
     expectations: list[ExpectationResult] = field(default_factory=list)
+    not_listed: Counter[Severity] = field(default_factory=Counter)  # findings past the listed ones
+
+    def add(self, finding: Finding) -> None:
+        """List ``finding``, or count it once the report lists as many as it may."""
+        if len(self.findings) < LISTED_FINDINGS:
+            self.findings.append(finding)
+        else:
+            self.not_listed[finding.severity] += 1
+
+    def count(self, severity: Severity) -> int:
+        """Findings of ``severity``, listed or not."""
+        return sum(f.severity is severity for f in self.findings) + self.not_listed[severity]
 
     def failed(self, *, strict: bool = False) -> bool:
         severities = {Severity.ERROR, Severity.WARNING} if strict else {Severity.ERROR}
-        return any(f.severity in severities for f in self.findings) or any(not e.ok for e in self.expectations)
+        return any(self.count(s) for s in severities) or any(not e.ok for e in self.expectations)
 
     def to_dict(self, *, strict: bool = False) -> dict:
         return {
@@ -207,6 +222,7 @@ class LintReport:
             ],
             "expectations": [msgspec.structs.asdict(e) for e in self.expectations],
             "findings": [msgspec.structs.asdict(f) for f in self.findings],
+            "findings_not_listed": {str(k): v for k, v in sorted(self.not_listed.items())},
         }
 
 
@@ -247,7 +263,8 @@ def lint(
         report.graphs.append(GraphCounts(r, entry.name, counts))
         ctx = GraphContext(archive, r, entry, ir, registry)
         for rule in rules:
-            report.findings.extend(rule.check(ctx))
+            for finding in rule.check(ctx):
+                report.add(finding)
         if not total:
             report.expectations.extend(
                 ExpectationResult(e.kind, e.count, counts[e.kind], counts[e.kind] == e.count, r, entry.name)

@@ -1,6 +1,11 @@
 """``foundry archive inspect``: what an archive holds, as plain data.
 
 The CLI renders it as tables or JSON; the TUI's summary pane renders it too.
+What it gathers over the whole archive is bounded, however many graphs that holds
+(docs/archive-format.md, "Limits"): per graph a few counts, and at most
+:data:`LISTED_UNRESOLVED` unresolved pointers, :data:`LISTED_NAMES` kernel names
+and as many region names (:data:`LISTED_NAME_CHARS` characters of names in all)
+listed; what is not listed is counted.
 """
 
 from __future__ import annotations
@@ -16,6 +21,10 @@ from foundry.backends.classify import collective_counts
 from foundry.backends.registry import BackendRegistry
 from foundry.graphir.graph import GraphIR
 
+LISTED_UNRESOLVED = 1_000  # unresolved pointers listed over the archive (all are counted)
+LISTED_NAMES = 16_384  # distinct kernel names, and distinct region names, listed
+LISTED_NAME_CHARS = 16 << 20  # characters of the names listed, in all
+
 
 @dataclass
 class GraphSummary:
@@ -28,7 +37,8 @@ class GraphSummary:
     kinds: Counter[str]
     collectives: Counter[str]
     operands: int
-    unresolved: list[dict[str, Any]]
+    unresolved: list[dict[str, Any]]  # the first ones, as many as the summary lists
+    unresolved_count: int = 0  # all of them
     undefined_bytes: int = 0
     rng: bool = False
     plan: bool = False  # a launch plan: LOAD with --builder native builds it without the IR
@@ -43,6 +53,19 @@ class ArchiveSummary:
     kernel_names: dict[str, str] = field(default_factory=dict)
     regions: dict[str, dict[str, Any]] = field(default_factory=dict)
     restore: list[dict[str, Any]] = field(default_factory=list)  # per rank: what a LOAD needs
+    kernels_not_listed: int = 0  # launches of kernels whose names came after the listed ones
+    regions_not_listed: int = 0  # uses of regions whose names came after the listed ones
+    unresolved_not_listed: int = 0
+    name_chars: int = 0  # of the kernel and region names listed
+
+    def admits(self, table: dict[str, Any], name: str) -> bool:
+        """Whether ``name`` is (or may become) a key of ``table``: the listed names are bounded."""
+        if name in table:
+            return True
+        if len(table) >= LISTED_NAMES or self.name_chars + len(name) > LISTED_NAME_CHARS:
+            return False
+        self.name_chars += len(name)
+        return True
 
     @property
     def kinds(self) -> Counter[str]:
@@ -71,7 +94,7 @@ class ArchiveSummary:
                     "kinds": dict(sorted(g.kinds.items())),
                     "collectives": dict(sorted(g.collectives.items())),
                     "operands": g.operands,
-                    "unresolved": len(g.unresolved),
+                    "unresolved": g.unresolved_count,
                     "undefined_bytes": g.undefined_bytes,
                     "rng": g.rng,
                     "plan": g.plan,
@@ -87,11 +110,19 @@ class ArchiveSummary:
             "kernels": [{"name": n, "short": self.kernel_names[n], "count": c} for n, c in self.kernels.most_common()],
             "regions": [{"name": k, **v} for k, v in sorted(self.regions.items())],
             "unresolved": self.unresolved,
+            "not_listed": {
+                "kernel_launches": self.kernels_not_listed,
+                "region_uses": self.regions_not_listed,
+                "unresolved": self.unresolved_not_listed,
+            },
             "restore": self.restore,
         }
 
 
-def summarize_graph(ir: GraphIR, registry: BackendRegistry, *, rank: int, entry: Any) -> GraphSummary:
+def summarize_graph(ir: GraphIR, registry: BackendRegistry, *, rank: int, entry: Any,
+                    listed: int = LISTED_UNRESOLVED) -> GraphSummary:  # fmt: skip
+    """One graph's figures, its first ``listed`` unresolved pointers among them."""
+    found = ir.operands.unresolved()
     unresolved = [
         {
             "rank": rank,
@@ -102,7 +133,7 @@ def summarize_graph(ir: GraphIR, registry: BackendRegistry, *, rank: int, entry:
             "offset": o.offset,
             "value": hex(o.value),
         }
-        for o in ir.operands.unresolved()
+        for o in found[:listed]
     ]
     return GraphSummary(
         rank=rank,
@@ -115,6 +146,7 @@ def summarize_graph(ir: GraphIR, registry: BackendRegistry, *, rank: int, entry:
         collectives=collective_counts(ir, registry),
         operands=len(ir.operands),
         unresolved=unresolved,
+        unresolved_count=len(found),
         undefined_bytes=sum(length for node in ir.kernels() for _, length in node.undefined),
         rng=entry.rng is not None,
         plan=entry.plan is not None,
@@ -136,14 +168,24 @@ def summarize(archive: Archive, registry: BackendRegistry, *, rank: int | None =
     summary = ArchiveSummary(str(archive.root), catalog)
     ranks = archive.ranks if rank is None else [rank]
     summary.restore = [restore_facts(archive, r) for r in ranks if r in archive.ranks]
+    listed = LISTED_UNRESOLVED
     for r, entry in archive.select(rank=rank):
         ir = archive.graph(r, entry, deep=False)
-        summary.graphs.append(summarize_graph(ir, registry, rank=r, entry=entry))
+        graph = summarize_graph(ir, registry, rank=r, entry=entry, listed=listed)
+        summary.graphs.append(graph)
+        listed -= len(graph.unresolved)
+        summary.unresolved_not_listed += graph.unresolved_count - len(graph.unresolved)
         for name, (kernel, count) in ir.kernel_table().items():
+            if not summary.admits(summary.kernels, name):
+                summary.kernels_not_listed += count
+                continue
             summary.kernels[name] += count
             summary.kernel_names.setdefault(name, kernel.short_name)
         used = Counter(ir.operands.region_names())
         for region in ir.regions.values():
+            if not summary.admits(summary.regions, region.name):
+                summary.regions_not_listed += 1
+                continue
             row = summary.regions.setdefault(
                 region.name, {"kind": region.kind.value, "size": region.size, "graphs": 0, "operands": 0}
             )
