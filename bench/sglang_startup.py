@@ -5,8 +5,10 @@
     python bench/sglang_startup.py summary --work DIR [RESULTS.jsonl ...]
 
 ``save`` makes the archive LOADs restore (``DIR/archive``; the SGLang recipe's preset
-at SGLang's default decode graph set). ``pairs`` runs N pairs of plain SGLang and
-Foundry LOAD (``--warmup restore --builder native --instantiate background``),
+at SGLang's default decode graph set), JIT caches included (a priming run first, the
+caches under ``DIR/jit-root``, ``FOUNDRY_JIT_ROOT``). ``pairs`` runs N pairs of plain SGLang and
+Foundry LOAD (``--warmup restore --builder native --instantiate background
+--trust-cached-code``: the archive is the benchmark's own),
 alternating, plain first, each run in a fresh process, and appends one JSON line per
 run to ``DIR/results.jsonl``; ``--discard`` runs one plain start first and keeps it
 out of the figures. A call may run a subset (one device call lasts at most ten
@@ -22,12 +24,17 @@ Kinds:
 - ``warm``: every run shares one set of JIT caches under DIR (filled by the
   first run);
 - ``fresh``: every run gets a new empty ``HOME``, ``XDG_CACHE_HOME`` and ``TMPDIR``
-  with every JIT cache variable unset, so nothing compiled before is found. The
+  with every JIT cache variable unset, so nothing compiled before is found, and
+  ``DIR/jit-root`` (where a LOAD installs the archive's caches) is emptied first: a
+  fresh node has nothing installed, at the path SAVE's caches were built under
+  (FlashInfer's ninja files name it). The
   run lists the files it created outside those directories (there must be none:
   ``outside``) and the compiler processes it saw (``compilers``: nvcc, ptxas,
   cicc, gcc, ... polled every 20 ms);
 - ``import``: ``python3 -c 'import torch, sglang.srt.entrypoints.engine'``
-  plain and under ``foundry run --mode load``: Foundry's own start-up cost.
+  plain and under ``foundry run --mode load``: Foundry's own start-up cost; each LOAD
+  also records ``launcher_s``, the launcher's own figure from its start to the
+  program's exec (its ``foundry: launcher: ...`` line).
 
 Byte code is compiled once (``save`` runs ``compileall`` over the installed
 packages) so neither side pays it. Every LOAD's outputs are compared with the
@@ -40,6 +47,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -50,10 +59,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "recipes" / "sglang" / "run.py"
-FAST = ("--warmup", "restore", "--builder", "native", "--instantiate", "background")
-CACHE_VARIABLES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TVM_FFI_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE",
-                   "FLASHINFER_JIT_DIR", "CUDA_CACHE_PATH", "SGLANG_CACHE_DIR", "XDG_CACHE_HOME", "HF_HOME",
-                   "TORCH_EXTENSIONS_DIR", "PYTHONPYCACHEPREFIX")  # fmt: skip
+FAST = ("--warmup", "restore", "--builder", "native", "--instantiate", "background", "--trust-cached-code")
+CACHE_VARIABLES = ("TRITON_CACHE_DIR", "TRITON_HOME", "TORCHINDUCTOR_CACHE_DIR", "TVM_FFI_CACHE_DIR",
+                   "FLASHINFER_WORKSPACE_BASE", "FLASHINFER_JIT_DIR", "CUDA_CACHE_PATH", "SGLANG_CACHE_DIR",
+                   "SGLANG_DG_CACHE_DIR", "XDG_CACHE_HOME", "HF_HOME", "TORCH_EXTENSIONS_DIR", "PYTHONPYCACHEPREFIX",
+                   "FOUNDRY_JIT_ROOT")  # fmt: skip
+LAUNCHER_LINE = re.compile(r"^foundry: launcher: ([0-9.]+) s from its start to the program's exec$", re.M)
 COMPILERS = {"nvcc", "ptxas", "cicc", "fatbinary", "nvlink", "gcc", "g++", "cc", "c++", "cc1", "cc1plus", "ld",
              "ninja", "clang"}  # fmt: skip
 IMPORT = "import torch, sglang.srt.entrypoints.engine"
@@ -99,20 +110,24 @@ def files_created_since(marker: Path, keep_out: list[Path]) -> list[str]:
     return sorted(line for line in proc.stdout.splitlines() if line)
 
 
-def fresh_environment(scratch: Path) -> dict[str, str]:
-    """A new empty HOME, XDG_CACHE_HOME and TMPDIR, every cache variable unset."""
+def fresh_environment(scratch: Path, work: Path) -> dict[str, str]:
+    """A new empty HOME, XDG_CACHE_HOME and TMPDIR, every cache variable unset, and
+    nothing installed where a LOAD installs the archive's caches."""
     env = {k: v for k, v in os.environ.items() if k not in CACHE_VARIABLES}
     for name in ("home", "cache", "tmp"):
         (scratch / name).mkdir(parents=True)
     env.update(HOME=str(scratch / "home"), XDG_CACHE_HOME=str(scratch / "cache"), TMPDIR=str(scratch / "tmp"))
+    shutil.rmtree(work / "jit-root", ignore_errors=True)
+    env["FOUNDRY_JIT_ROOT"] = str(work / "jit-root")
     return env
 
 
 def warm_environment(work: Path) -> dict[str, str]:
-    """Every JIT cache under one directory of the benchmark's, shared by all warm runs."""
+    """Every JIT cache under one directory of the benchmark's, shared by all warm runs
+    (a LOAD's installed ones under DIR/jit-root, kept between runs)."""
     caches = work / "warm-caches"
     env = {k: v for k, v in os.environ.items() if k not in CACHE_VARIABLES}
-    env.update(HOME=str(caches / "home"), XDG_CACHE_HOME=str(caches / "cache"))
+    env.update(HOME=str(caches / "home"), XDG_CACHE_HOME=str(caches / "cache"), FOUNDRY_JIT_ROOT=str(work / "jit-root"))
     (caches / "home").mkdir(parents=True, exist_ok=True)
     return env
 
@@ -137,7 +152,7 @@ def import_command(args: argparse.Namespace, side: str) -> list[str]:
 def one_run(args: argparse.Namespace, kind: str, side: str, index: int) -> dict:
     """One start, timed; for the recipe, its report's figures."""
     scratch = Path(tempfile.mkdtemp(prefix=f"{kind}-{side}-{index}-", dir=args.work / "scratch"))
-    env = fresh_environment(scratch) if kind == "fresh" else warm_environment(args.work)
+    env = fresh_environment(scratch, args.work) if kind == "fresh" else warm_environment(args.work)
     out = scratch / "report.json"
     command = import_command(args, side) if kind == "import" else recipe_command(args, out, side)
     marker = scratch / "marker"
@@ -152,6 +167,9 @@ def one_run(args: argparse.Namespace, kind: str, side: str, index: int) -> dict:
               "compilers": sorted(watch.seen), "log": str(scratch / "log.txt")}  # fmt: skip
     if kind == "fresh":
         result["outside"] = files_created_since(marker, [scratch, args.work])[:50]
+    launched = LAUNCHER_LINE.search(proc.stderr)
+    if side == "load" and launched:
+        result["launcher_s"] = float(launched.group(1))
     if kind != "import" and proc.returncode == 0:
         result.update(figures(json.loads(out.read_text())))
     return result
@@ -214,7 +232,7 @@ def record(path: Path, result: dict) -> None:
 
 
 FIGURES = ("ready_s", "first_answer_s", "before_scheduler_s", "scheduler_e2e_s", "graph_phase_s", "foundry_s",
-           "wall_s")  # fmt: skip
+           "launcher_s", "wall_s")  # fmt: skip
 
 
 def cmd_summary(args: argparse.Namespace) -> int:

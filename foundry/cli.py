@@ -17,18 +17,21 @@ import struct
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
 
 from foundry import __version__
-from foundry.archive.reader import Archive
 from foundry.archive.sample import SAMPLE_NAME, resolve_archive_arg
-from foundry.backends.registry import BackendRegistry
 from foundry.env import SAVE_ID
 from foundry.errors import FoundryError
 from foundry.text import plain, printable
+
+if TYPE_CHECKING:  # the rest is imported where a command needs it: `foundry run` starts a program quickly
+    from rich.console import Console
+
+    from foundry.archive.reader import Archive
+    from foundry.backends.registry import BackendRegistry
 
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 70
 
@@ -37,6 +40,8 @@ ARCHIVE_HELP = f"an archive directory, or {SAMPLE_NAME} for the bundled sample"
 
 def _stdout() -> Console:
     """Rich console on stdout; 120 columns when piped (rich would assume 80)."""
+    from rich.console import Console
+
     width = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120
     return Console(soft_wrap=False, highlight=False, width=width, markup=False)  # archives' text is never markup
 
@@ -77,7 +82,15 @@ def guarded(fn: Callable[..., int | None]) -> Callable[..., None]:
 
 
 def open_archive(text: str) -> Archive:
+    from foundry.archive.reader import Archive
+
     return Archive.open(resolve_archive_arg(text))
+
+
+def _registry() -> BackendRegistry:
+    from foundry.backends.registry import BackendRegistry
+
+    return BackendRegistry.discover()
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="machine-readable output on stdout")
@@ -112,7 +125,7 @@ def archive_inspect(path: str, rank: int | None, top: int, as_json: bool) -> int
     from foundry.inspect.render import render_summary
     from foundry.inspect.summary import summarize
 
-    summary = summarize(open_archive(path), BackendRegistry.discover(), rank=rank)
+    summary = summarize(open_archive(path), _registry(), rank=rank)
     if as_json:
         _emit_json(summary.to_dict())
     else:
@@ -171,13 +184,17 @@ def _relocation_check(a: Archive, b: Archive, as_json: bool) -> int:
 @archive.command("strip")
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--keep-warmup", is_flag=True, help="keep the warm-up bytes a LOAD --warmup restore needs")
+@click.option("--caches-only", is_flag=True,
+              help="drop only the JIT caches (and with them any host code): PATH still LOADs, compiling at "
+              "start-up")  # fmt: skip
 @json_option
 @guarded
-def archive_strip(path: Path, keep_warmup: bool, as_json: bool) -> int:
-    """Drop module images (and warm-up bytes) to make PATH small; it then inspects but no longer LOADs."""
+def archive_strip(path: Path, keep_warmup: bool, caches_only: bool, as_json: bool) -> int:
+    """Drop module images, warm-up bytes and JIT caches to make PATH small; it then inspects but no longer LOADs."""
+    from foundry.archive.reader import Archive
     from foundry.archive.strip import strip
 
-    removed = strip(Archive.open(path), keep_warmup=keep_warmup)
+    removed = strip(Archive.open(path), keep_warmup=keep_warmup, caches_only=caches_only)
     if as_json:
         _emit_json({"ok": True, **removed})
     else:
@@ -191,7 +208,8 @@ def archive_strip(path: Path, keep_warmup: bool, as_json: bool) -> int:
 @guarded
 def archive_verify(path: str, as_json: bool) -> int:
     """Read every file, check every hash, re-check every graph and recompute its
-    fingerprint and launch plan; module images and warm-up bytes must match their records."""
+    fingerprint and launch plan; module images, warm-up bytes and JIT cache files must match
+    their records."""
     from foundry.archive.verify import check_files
     from foundry.graphir.fingerprint import fingerprint
 
@@ -217,7 +235,7 @@ def archive_verify(path: str, as_json: bool) -> int:
         by_field = {field: [m for m in mismatches if m["field"] == field] for field in ("fingerprint", "plan")}
         _emit_json({"ok": not mismatches, "graphs": checked, "fingerprint_mismatches": by_field["fingerprint"],
                     "plan_mismatches": by_field["plan"], "plans_unchecked": plans_unchecked,
-                    "modules": files.modules, "warmup_files": files.warmup})  # fmt: skip
+                    "modules": files.modules, "warmup_files": files.warmup, "jit_files": files.jit})  # fmt: skip
     else:
         for m in mismatches:
             where = f"rank {m['rank']} {printable(m['graph'])}"
@@ -225,9 +243,10 @@ def archive_verify(path: str, as_json: bool) -> int:
                 click.echo(f"{where}: launch plan {printable(m['found'])} differs from the graph packed again")
             else:
                 click.echo(f"{where}: fingerprint {m['found']} differs from recorded {m['expected']}")
+        jit = f", {files.jit} JIT cache file(s)" if files.jit else ""
         kept = (
-            f" ({files.modules} module image(s), {files.warmup} warm-up file(s) matched)"
-            if files.modules + files.warmup
+            f" ({files.modules} module image(s), {files.warmup} warm-up file(s){jit} matched)"
+            if files.modules + files.warmup + files.jit
             else ""
         )
         click.echo(
@@ -310,7 +329,7 @@ def graph_lint(
     expectations = [Expectation.parse(e) for e in expects]
     report = lint(
         open_archive(path),
-        BackendRegistry.discover(),
+        _registry(),
         rank=rank,
         pattern=pattern,
         expectations=expectations,
@@ -391,7 +410,7 @@ def backends_list(as_json: bool) -> int:
     """Every registered backend: kinds it recognises, contract steps it implements, or why it is broken."""
     from rich.table import Table
 
-    rows = BackendRegistry.discover().describe()
+    rows = _registry().describe()
     if as_json:
         _emit_json(rows)
         return EXIT_OK
@@ -443,11 +462,19 @@ def _address(text: str) -> int:
 @click.option("--region-threads", type=click.Choice(["owner", "any"]), default="owner", show_default=True,
               help="which threads may allocate in the region: the first one, or any (NCCL's proxy thread); "
               "the trace comparisons still refuse any reordering")  # fmt: skip
+@click.option("--jit-caches/--no-jit-caches", default=True, show_default=True,
+              help="SAVE: record what the program compiles (a priming run first) in the archive; LOAD: install "
+              "the archive's caches, in a directory of their own, before the program starts")  # fmt: skip
+@click.option("--trust-cached-code", is_flag=True,
+              help="LOAD: also install the caches' host code (shared objects, Python, pickles, build files): "
+              "code taken from the archive then runs in the program. Off by default, like other tools' "
+              "'trust remote code' switches; only for archives you made or trust")  # fmt: skip
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @guarded
 def run(mode: str, archive: Path, region_base: int | None, region_size: int | None, warmup: str, rank: int,
         world_size: int, builder: str, build_threads: int, instantiate: str, overwrite: bool, keep_aslr: bool,
-        save_runs: int, region_threads: str, command: tuple[str, ...]) -> int:  # fmt: skip
+        save_runs: int, region_threads: str, jit_caches: bool, trust_cached_code: bool,
+        command: tuple[str, ...]) -> int:  # fmt: skip
     """Run COMMAND (after --) with the native hook and a SAVE or LOAD session.
 
     The program opens the session with foundry.runtime.open_session(); the exit
@@ -462,9 +489,11 @@ def run(mode: str, archive: Path, region_base: int | None, region_size: int | No
     config = launcher.RunConfig(mode, archive, region_base, region_size, warmup, rank, world_size,
                                 fixed_layout=not keep_aslr, instantiate=instantiate,
                                 builder=builder, build_threads=build_threads, overwrite=overwrite,
-                                region_threads=region_threads)  # fmt: skip
+                                region_threads=region_threads, jit_caches=jit_caches,
+                                trust_cached_code=trust_cached_code)  # fmt: skip
     try:
-        return launcher.run(config, list(command), save_runs=save_runs, log=lambda line: click.echo(line, err=True))
+        return launcher.run(config, list(command), save_runs=save_runs, log=lambda line: click.echo(line, err=True),
+                            replace_process=True)  # fmt: skip
     except FileNotFoundError:
         raise FoundryError("command not found", found=command[0]) from None
 

@@ -4,7 +4,7 @@ Every variable is listed once, in :data:`VARIABLES`: its name, its type, its def
 who reads it and what it means. :class:`RunEnvironment` holds their values;
 :meth:`RunEnvironment.to_env` writes them (the launcher,
 :func:`foundry.runtime.launch.launcher.environment`) and
-:meth:`RunEnvironment.from_env` reads them back (the sessions, the SGLang plugin).
+:meth:`RunEnvironment.from_env` reads them back (the sessions, the engine plugins).
 Code that needs a single variable reads it with :meth:`Variable.read`. The native
 hook reads its variables under the same names, from ``native/include/foundry_env.h``.
 ``tests/test_env.py`` starts a real child through the launcher and checks, for
@@ -54,6 +54,7 @@ class Reader(StrEnum):
 
     SESSION = "session"  # the SAVE/LOAD sessions (open_session, load_options, SaveSession)
     SGLANG = "sglang"  # the SGLang plugin (foundry.integrations.sglang)
+    VLLM = "vllm"  # the vLLM plugin (foundry.integrations.vllm)
     HOOK = "hook"  # the native hook (native/include/foundry_env.h)
     LAUNCHER = "launcher"  # `foundry run` itself, and the launchers of a SAVE's later runs
 
@@ -125,12 +126,12 @@ class Variable:
 
 
 # fmt: off
-_S, _G, _H, _L = Reader.SESSION, Reader.SGLANG, Reader.HOOK, Reader.LAUNCHER
+_S, _G, _V, _H, _L = Reader.SESSION, Reader.SGLANG, Reader.VLLM, Reader.HOOK, Reader.LAUNCHER
 
-MODE = Variable("FOUNDRY_MODE", Kind.CHOICE, "off", frozenset({_S, _G, _H}),
+MODE = Variable("FOUNDRY_MODE", Kind.CHOICE, "off", frozenset({_S, _G, _V, _H}),
                 "off: capture as usual; save: persist the program's graphs; load: restore them",
                 Written.ALWAYS, MODES, "mode")
-ARCHIVE = Variable("FOUNDRY_ARCHIVE", Kind.PATH, None, frozenset({_S, _G}),
+ARCHIVE = Variable("FOUNDRY_ARCHIVE", Kind.PATH, None, frozenset({_S, _G, _V}),
                    "the archive a SAVE writes or a LOAD reads", Written.ALWAYS)
 RANK = Variable("FOUNDRY_RANK", Kind.COUNT, 0, frozenset({_S, _H}),
                 "this process's rank: its part of the archive, its slot in its peers' import zones",
@@ -138,7 +139,7 @@ RANK = Variable("FOUNDRY_RANK", Kind.COUNT, 0, frozenset({_S, _H}),
 WORLD_SIZE = Variable("FOUNDRY_WORLD_SIZE", Kind.COUNT, 1, frozenset({_S}),
                       "SAVE: how many ranks the archive holds, one process each", Written.ALWAYS,
                       what="a number")
-LOAD_WARMUP = Variable("FOUNDRY_LOAD_WARMUP", Kind.CHOICE, "replay", frozenset({_S, _G}),
+LOAD_WARMUP = Variable("FOUNDRY_LOAD_WARMUP", Kind.CHOICE, "replay", frozenset({_S, _G, _V}),
                        "LOAD: replay the program's warm-up, or restore the bytes SAVE's warm-up left",
                        Written.ALWAYS, WARMUP_MODES, "warm-up mode")
 BUILDER = Variable("FOUNDRY_BUILDER", Kind.CHOICE, "python", frozenset({_S}),
@@ -153,20 +154,20 @@ INSTANTIATE = Variable("FOUNDRY_INSTANTIATE", Kind.CHOICE, "now", frozenset({_S}
 RELOCATE = Variable("FOUNDRY_RELOCATE", Kind.FLAG, False, frozenset({_S}),
                     "LOAD: the region lies at another base than SAVE's and every operand is rebased",
                     Written.ALWAYS)
-OVERWRITE = Variable("FOUNDRY_OVERWRITE", Kind.FLAG, False, frozenset({_S, _G}),
+OVERWRITE = Variable("FOUNDRY_OVERWRITE", Kind.FLAG, False, frozenset({_S, _G, _V}),
                      "SAVE: replace an archive already at the path", Written.ALWAYS)
 SAVE_ID = Variable("FOUNDRY_SAVE_ID", Kind.TEXT, None, frozenset({_S, _L}),
                    "SAVE of several ranks: the id every rank's process shares (1-64 of A-Z a-z 0-9 . _ -)")
-SAVE_FIRST_RUN = Variable("FOUNDRY_SAVE_FIRST_RUN", Kind.PATH, None, frozenset({_G}),
+SAVE_FIRST_RUN = Variable("FOUNDRY_SAVE_FIRST_RUN", Kind.PATH, None, frozenset({_G, _V}),
                           "SAVE runs after the first: the first run's archive (sizes not to profile again)",
                           Written.PER_RUN)
 LAYOUT_PAD = Variable("FOUNDRY_LAYOUT_PAD", Kind.PADDING, 0, frozenset(),
                       "SAVE runs after the first: padding that moves the stack and heap; nothing reads it",
                       Written.PER_RUN)
-REGION_BASE = Variable("FOUNDRY_REGION_BASE", Kind.NUMBER, None, frozenset({_G, _H}),
+REGION_BASE = Variable("FOUNDRY_REGION_BASE", Kind.NUMBER, None, frozenset({_G, _V, _H}),
                        "the deterministic region's base address (the hook's default: 0x600000000000)",
                        in_hex=True)
-REGION_SIZE = Variable("FOUNDRY_REGION_SIZE", Kind.NUMBER, None, frozenset({_G, _H}),
+REGION_SIZE = Variable("FOUNDRY_REGION_SIZE", Kind.NUMBER, None, frozenset({_G, _V, _H}),
                        "the deterministic region's size in bytes (the hook's default: 64 GiB)")
 REGION_THREADS = Variable("FOUNDRY_REGION_THREADS", Kind.CHOICE, "owner", frozenset({_H}),
                           "which threads may allocate in the region: the owner, or any",
@@ -182,12 +183,22 @@ LOAD_CAPTURES = Variable("FOUNDRY_LOAD_CAPTURES", Kind.FLAG, False, frozenset({_
 IMPORT_BASE = Variable("FOUNDRY_IMPORT_BASE", Kind.NUMBER, None, frozenset({_H}),
                        "the base of the zone peers' region memory is mapped at (the hook's default: "
                        "0x700000000000)", in_hex=True)
+JIT_ROOT = Variable("FOUNDRY_JIT_ROOT", Kind.PATH, None, frozenset({_L}),
+                    "where archives' JIT caches are installed, one directory each (default: "
+                    "$XDG_CACHE_HOME/foundry/jit, else ~/.cache/foundry/jit)")
 HOOK_LIB = Variable("FOUNDRY_HOOK_LIB", Kind.PATH, None, frozenset({_L}),
                     "the built hook library, where it is neither in the package nor in the source tree")
 SGLANG_CONFIG = Variable("FOUNDRY_SGLANG_CONFIG", Kind.PATH, None, frozenset({_G}),
                          "without `foundry run`: the SGLang plugin's TOML configuration")
 SGLANG_REPORT = Variable("FOUNDRY_SGLANG_REPORT", Kind.PATH, None, frozenset({_G}),
                          "where the SGLang plugin writes its session's report (JSON)")
+SGLANG_GC = Variable("FOUNDRY_SGLANG_GC", Kind.CHOICE, "skip", frozenset({_G}),
+                     "a LOAD restoring the warm-ups' bytes: leave out SGLang's garbage collections around its "
+                     "capture loop (skip), or keep them (keep)", Written.GIVEN, ("skip", "keep"), "collection choice")
+VLLM_CONFIG = Variable("FOUNDRY_VLLM_CONFIG", Kind.PATH, None, frozenset({_V}),
+                       "without `foundry run`: the vLLM plugin's TOML configuration")
+VLLM_REPORT = Variable("FOUNDRY_VLLM_REPORT", Kind.PATH, None, frozenset({_V}),
+                       "where the vLLM plugin writes its worker's report (JSON)")
 # fmt: on
 
 #: Every variable, by the :class:`RunEnvironment` field that holds its value.
@@ -212,9 +223,13 @@ VARIABLES: dict[str, Variable] = {
     "hook_symbols": HOOK_SYMBOLS,
     "load_captures": LOAD_CAPTURES,
     "import_base": IMPORT_BASE,
+    "jit_root": JIT_ROOT,
     "hook_lib": HOOK_LIB,
     "sglang_config": SGLANG_CONFIG,
     "sglang_report": SGLANG_REPORT,
+    "sglang_gc": SGLANG_GC,
+    "vllm_config": VLLM_CONFIG,
+    "vllm_report": VLLM_REPORT,
 }
 
 
@@ -244,9 +259,13 @@ class RunEnvironment:
     hook_symbols: bool = HOOK_SYMBOLS.default
     load_captures: bool = LOAD_CAPTURES.default
     import_base: int | None = IMPORT_BASE.default
+    jit_root: Path | None = JIT_ROOT.default
     hook_lib: Path | None = HOOK_LIB.default
     sglang_config: Path | None = SGLANG_CONFIG.default
     sglang_report: Path | None = SGLANG_REPORT.default
+    sglang_gc: str = SGLANG_GC.default
+    vllm_config: Path | None = VLLM_CONFIG.default
+    vllm_report: Path | None = VLLM_REPORT.default
 
     def __post_init__(self) -> None:
         for field, variable in VARIABLES.items():

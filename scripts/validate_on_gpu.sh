@@ -5,18 +5,21 @@
 #
 # Sections, in order (all one-GPU ones when none is named): tests session-tests recipe
 # recipe-runs3 relocation negative bench sglang sglang-more sglang-prefill sglang-cold, scale-save
-# scale-load scale-more scale-tpot scale-neg (PRESET=qwen3-8b|qwen3-30b-a3b), and on two GPUs
-# tp2 tp2-nccl ep2. relocation and negative need recipe's archive in RESULTS_DIR;
-# sglang needs SGLang 0.5.17 importable (and this package installed, so SGLang
-# finds the plugin's entry point); ep2 needs DeepEP built for the installed torch
-# (recipes/deepep/build_deep_ep.sh) and nvidia-ml-py.
+# scale-load scale-more scale-tpot scale-neg (PRESET=qwen3-8b|qwen3-30b-a3b), vllm vllm-http
+# vllm-more vllm-cold vllm-scale-save vllm-scale-load vllm-scale-more (VPRESET=qwen3-8b|qwen3-30b-a3b;
+# named only), sglang-spec sglang-spec-more sglang-ngram sglang-hybrid sglang-hybrid-more sglang-mtp
+# (named only), and on two GPUs tp2 tp2-nccl ep2. relocation and negative need recipe's archive in
+# RESULTS_DIR; sglang needs SGLang 0.5.17 importable (and this package installed, so SGLang
+# finds the plugin's entry point), vllm* vLLM 0.25.1 (the same, for vLLM's entry point: on the
+# H200 test machine PYTHONPATH=/tmp/vllm-site after its bundles are installed); ep2 needs DeepEP
+# built for the installed torch (recipes/deepep/build_deep_ep.sh) and nvidia-ml-py.
 #
 # Needs torch with CUDA, cuda-bindings, zstandard, nvcc and this package
 # (installed, so its backends' entry points exist) with the native hook built.
 # Writes logs and reports under RESULTS_DIR and prints a summary table last; each
 # step says which command produced it, for docs/validation.md.
 set -uo pipefail
-RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|recipe-runs3|relocation|negative|bench|sglang|sglang-more|sglang-prefill|sglang-cold|scale-save|scale-load|scale-more|scale-tpot|scale-neg|tp2|tp2-nccl|ep2 ...]}
+RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|recipe-runs3|relocation|negative|bench|sglang|sglang-more|sglang-prefill|sglang-cold|scale-save|scale-load|scale-more|scale-tpot|scale-neg|vllm|vllm-http|vllm-more|vllm-cold|vllm-scale-save|vllm-scale-load|vllm-scale-more|sglang-spec|sglang-spec-more|sglang-ngram|sglang-hybrid|sglang-hybrid-more|sglang-mtp|tp2|tp2-nccl|ep2 ...]}
 shift
 SECTIONS=${*:-tests session-tests recipe recipe-runs3 relocation negative bench sglang sglang-more sglang-prefill sglang-cold}
 wants() { [[ " $SECTIONS " == *" $1 "* ]]; }
@@ -188,9 +191,11 @@ jit() {  # jit RUN: point every JIT cache at RUN's own empty directories
 }
 FAST=(--warmup restore --builder native --instantiate background)
 jit baseline; step sgc-baseline-cold $SG --out "$RESULTS/sgc/baseline-cold.json"
-# SAVE with the sglang section's command line and its default two runs
-jit save; step sgc-save python3 -m foundry run --mode save --archive "$RESULTS/sgc/save" -- $SG --out "$RESULTS/sgc/save.json"
-jit load; step sgc-load-cold python3 -m foundry run --mode load "${FAST[@]}" --archive "$RESULTS/sgc/save" -- $SG --out "$RESULTS/sgc/load-cold.json"
+# SAVE with the sglang section's command line and its default two runs; the archive carries no
+# JIT caches here (--no-jit-caches): this section measures a LOAD that compiles them itself
+# (bench/sglang_startup.py measures the one that installs them)
+jit save; step sgc-save python3 -m foundry run --mode save --no-jit-caches --archive "$RESULTS/sgc/save" -- $SG --out "$RESULTS/sgc/save.json"
+jit load; step sgc-load-cold python3 -m foundry run --mode load --no-jit-caches "${FAST[@]}" --archive "$RESULTS/sgc/save" -- $SG --out "$RESULTS/sgc/load-cold.json"
 step sgc-startup-cold python3 recipes/sglang/compare.py "$RESULTS"/sgc/baseline-cold.json "$RESULTS"/sgc/save.json "$RESULTS"/sgc/load-cold.json
 (cd "$RESULTS/sgc" && du -s --block-size=K jit-*/* 2>/dev/null) | tee -a "$SUMMARY"
 fi
@@ -244,6 +249,197 @@ rm -rf "$SS/neg" && cp -r "$SS/save" "$SS/neg"
 step sgs-neg-edit python3 recipes/torch/negative_control.py "$SS/neg" --graph decode.bs1 --last
 step sgs-load-neg python3 -m foundry run --mode load --archive "$SS/neg" -- $SGS --out "$SS/load-neg.json"
 step sgs-compare-neg python3 recipes/sglang/compare.py "$SS"/baseline.json "$SS"/load-neg.json  # must exit 1
+fi
+
+# 6e. vLLM (not yet run on the H200 test machine): a tiny Qwen3 served by vLLM 0.25.1 through
+# vllm.LLM, plain vs SAVE (two runs) vs LOAD, each walking the batch through every capture size
+# (--wave); vllm-http the same through vLLM's OpenAI-compatible server; vllm-more SAVE2, diff,
+# lint, the LOAD without the plugin and the drift refusals (it needs vllm's archive). Every run
+# gets the same torch.compile cache (VLLM_CACHE_ROOT), warmed by the first plain run.
+VL="python3 recipes/vllm/run.py"
+export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-$RESULTS/jit/vllm}
+if wants vllm; then
+rm -rf "$RESULTS/vl" && mkdir -p "$RESULTS/vl"
+step vl-baseline $VL --wave --out "$RESULTS/vl/baseline.json"
+step vl-save python3 -m foundry run --mode save --archive "$RESULTS/vl/save" -- $VL --wave --out "$RESULTS/vl/save.json"
+step vl-load python3 -m foundry run --mode load --archive "$RESULTS/vl/save" -- $VL --wave --out "$RESULTS/vl/load.json"
+step vl-load-native python3 -m foundry run --mode load --builder native --archive "$RESULTS/vl/save" -- $VL --wave \
+    --out "$RESULTS/vl/load-native.json"
+# start-up, fairly: plain vLLM again now that every cache is warm, then the LOADs against it
+step vl-baseline-warm $VL --out "$RESULTS/vl/baseline-warm.json"
+step vl-startup python3 recipes/vllm/compare.py "$RESULTS"/vl/baseline-warm.json "$RESULTS"/vl/load.json \
+    "$RESULTS"/vl/load-native.json
+step vl-compare python3 recipes/vllm/compare.py "$RESULTS"/vl/baseline.json "$RESULTS"/vl/save.json \
+    "$RESULTS"/vl/load.json "$RESULTS"/vl/load-native.json
+step vl-inspect python3 -m foundry archive inspect "$RESULTS/vl/save"
+fi
+if wants vllm-http; then
+rm -rf "$RESULTS/vlh" && mkdir -p "$RESULTS/vlh"
+VH="$VL --entry http --wave"
+step vlh-baseline $VH --out "$RESULTS/vlh/baseline.json"
+step vlh-save python3 -m foundry run --mode save --archive "$RESULTS/vlh/save" -- $VH --out "$RESULTS/vlh/save.json"
+step vlh-load python3 -m foundry run --mode load --archive "$RESULTS/vlh/save" -- $VH --out "$RESULTS/vlh/load.json"
+step vlh-compare python3 recipes/vllm/compare.py "$RESULTS"/vlh/baseline.json "$RESULTS"/vlh/save.json "$RESULTS"/vlh/load.json
+# the server's outputs against vllm.LLM's (the vllm section's baseline), where both ran
+[ -f "$RESULTS/vl/baseline.json" ] && step vlh-vs-llm python3 recipes/vllm/compare.py "$RESULTS"/vl/baseline.json "$RESULTS"/vlh/baseline.json
+fi
+if wants vllm-more; then
+rm -rf "$RESULTS/vl/save2"
+if [ -d "$RESULTS/vl/save.kept" ]; then  # an interrupted run left SAVE aside: put it back first
+    rm -rf "$RESULTS/vl/save" && mv "$RESULTS/vl/save.kept" "$RESULTS/vl/save" && mv "$RESULTS/vl/save.json.kept" "$RESULTS/vl/save.json"
+fi
+mv "$RESULTS/vl/save" "$RESULTS/vl/save.kept" && mv "$RESULTS/vl/save.json" "$RESULTS/vl/save.json.kept"
+step vl-save2 python3 -m foundry run --mode save --archive "$RESULTS/vl/save" -- $VL --wave --out "$RESULTS/vl/save.json"
+mv "$RESULTS/vl/save" "$RESULTS/vl/save2" && mv "$RESULTS/vl/save.json" "$RESULTS/vl/save2.json"
+mv "$RESULTS/vl/save.kept" "$RESULTS/vl/save" && mv "$RESULTS/vl/save.json.kept" "$RESULTS/vl/save.json"
+step vl-compare2 python3 recipes/vllm/compare.py "$RESULTS"/vl/baseline.json "$RESULTS"/vl/save2.json
+step vl-diff python3 -m foundry archive diff "$RESULTS/vl/save" "$RESULTS/vl/save2"
+step vl-lint python3 -m foundry graph lint "$RESULTS/vl/save" --expect nccl-allreduce=0
+# the plugin excluded: the LOAD must fail rather than capture again (exit code must be non-zero)
+VLLM_PLUGINS=none step vl-load-without-plugin python3 -m foundry run --mode load --archive "$RESULTS/vl/save" -- $VL --out "$RESULTS/vl/load-without-plugin.json"
+refused vl-load-without-plugin "a stream capture in LOAD mode" $?
+vdrift() {  # vdrift NAME FIELD RECIPE-ARGS...: a LOAD that must fail, naming FIELD
+    local name=$1 field=$2; shift 2
+    step vl-drift-$name python3 -m foundry run --mode load --archive "$RESULTS/vl/save" -- $VL "$@" --out "$RESULTS/vl/drift-$name.json"
+    refused vl-drift-$name "$field" $?
+}
+vdrift memory vllm.cache_config.gpu_memory_utilization --set gpu_memory_utilization=0.25
+vdrift seqs vllm.scheduler_config.max_num_seqs --set max_num_seqs=4
+vdrift sizes vllm.compilation_config.cudagraph_capture_sizes --set 'compilation_config={"cudagraph_capture_sizes": [1, 2, 4]}'
+vdrift mode vllm.compilation_config.cudagraph_mode --set 'compilation_config={"cudagraph_mode": "PIECEWISE"}'
+vdrift attention vllm.attention_config.backend --set attention_backend=TRITON_ATTN
+vdrift model vllm.model_config_sha256 --model-set num_hidden_layers=3
+VLLM_USE_V2_MODEL_RUNNER=0 vdrift runner vllm.model_runner
+fi
+# 6f. vLLM on a fresh machine: every run with JIT caches of its own, empty at its start (vLLM's
+# torch.compile cache, which holds Inductor's and Triton's, and the driver's), against the SAVE
+# of the vllm section; each cache's size after its run is listed
+if wants vllm-cold; then
+rm -rf "$RESULTS/vlc" && mkdir -p "$RESULTS/vlc"
+vjit() {  # vjit RUN: point every JIT cache at RUN's own empty directories
+    local J=$RESULTS/vlc/jit-$1
+    export VLLM_CACHE_ROOT=$J/vllm TRITON_CACHE_DIR=$J/triton TORCHINDUCTOR_CACHE_DIR=$J/inductor CUDA_CACHE_PATH=$J/cuda \
+        FLASHINFER_WORKSPACE_BASE=$J/flashinfer
+}
+vjit baseline; step vlc-baseline-cold $VL --out "$RESULTS/vlc/baseline-cold.json"
+vjit load; step vlc-load-cold python3 -m foundry run --mode load --archive "$RESULTS/vl/save" -- $VL --out "$RESULTS/vlc/load-cold.json"
+step vlc-startup-cold python3 recipes/vllm/compare.py "$RESULTS"/vlc/baseline-cold.json "$RESULTS"/vlc/load-cold.json
+(cd "$RESULTS/vlc" && du -s --block-size=K jit-*/* 2>/dev/null) | tee -a "$SUMMARY"
+export VLLM_CACHE_ROOT=$RESULTS/jit/vllm TRITON_CACHE_DIR=$RESULTS/jit/triton TORCHINDUCTOR_CACHE_DIR=$RESULTS/jit/inductor
+unset CUDA_CACHE_PATH FLASHINFER_WORKSPACE_BASE
+fi
+# 6g. vLLM at production shape (VPRESET, default qwen3-8b on Model Runner V2; qwen3-30b-a3b is the
+# MoE shape, on the V1 runner) at vLLM's default capture sizes (51, 1-512): plain, SAVE, LOAD, each
+# with the wave; then SAVE2, diff and lint. Three sections, each meant to fit ten minutes.
+VPRESET=${VPRESET:-qwen3-8b}
+VS=$RESULTS/vllm-scale-$VPRESET
+VLS="$VL --preset $VPRESET --wave"
+VREGION=()
+[ "$VPRESET" = qwen3-30b-a3b ] && VREGION=(--region-size 0x1a00000000)  # the weights and the KV cache
+if wants vllm-scale-save; then
+rm -rf "$VS" && mkdir -p "$VS"
+step vls-baseline $VLS --out "$VS/baseline.json"
+step vls-save python3 -m foundry run --mode save "${VREGION[@]}" --archive "$VS/save" -- $VLS --out "$VS/save.json"
+step vls-inspect python3 -m foundry archive inspect "$VS/save" --json
+fi
+if wants vllm-scale-load; then
+step vls-load python3 -m foundry run --mode load --builder native --archive "$VS/save" -- $VLS --out "$VS/load.json"
+step vls-baseline-warm $VL --preset $VPRESET --out "$VS/baseline-warm.json"
+step vls-compare python3 recipes/vllm/compare.py "$VS"/baseline.json "$VS"/save.json "$VS"/load.json
+step vls-startup python3 recipes/vllm/compare.py "$VS"/baseline-warm.json "$VS"/load.json
+fi
+if wants vllm-scale-more; then
+rm -rf "$VS/save2"
+mv "$VS/save" "$VS/save.kept" && mv "$VS/save.json" "$VS/save.json.kept"
+step vls-save2 python3 -m foundry run --mode save "${VREGION[@]}" --archive "$VS/save" -- $VLS --out "$VS/save.json"
+mv "$VS/save" "$VS/save2" && mv "$VS/save.json" "$VS/save2.json"
+mv "$VS/save.kept" "$VS/save" && mv "$VS/save.json.kept" "$VS/save.json"
+step vls-compare2 python3 recipes/vllm/compare.py "$VS"/baseline.json "$VS"/save2.json
+step vls-diff python3 -m foundry archive diff "$VS/save" "$VS/save2"
+step vls-lint python3 -m foundry graph lint "$VS/save" --expect nccl-allreduce=0
+fi
+
+# 6g. SGLang speculative decoding and hybrid models (not yet run on the H200 test machine).
+# sglang-spec: the standalone draft (recipes/sglang/run.py --preset standalone: the tiny Qwen3
+# drafting with its own config, so the drafts are accepted) at SGLang's default graph sets for its
+# three runners (target_verify, draft_decode, draft_extend): plain vs SAVE vs SAVE2 vs LOAD, output
+# ids, logprobs and per-prompt speculative counts identical, accept rate at least 0.5, SAVE vs SAVE2
+# diffed; then plain SGLang with warm JIT caches against the LOAD for the graph phase.
+# sglang-spec-more: the drift refusals (another algorithm, number of steps, draft model by path
+# and by config), a LOAD skipping the warm-ups (refused: not judged for several model runners) and
+# lint. sglang-ngram: n-gram drafts (target_verify only). sglang-hybrid: the 4-layer Qwen3-Next
+# (gated delta-net + full attention) the same way, with the state pool's size drift;
+# sglang-hybrid-more: its state pool sized from free memory (radix cache on), SAVE and LOAD.
+# sglang-mtp: Qwen3-Next drafting with its MTP head (NEXTN). Every model directory lives in
+# RESULTS_DIR (model_path is compared). Named only.
+specrun() {  # specrun DIR NAME PRESET RECIPE-ARGS...: plain, SAVE, SAVE2 (SAVE's command line), LOAD, diff
+    local dir=$1 name=$2 preset=$3; shift 3
+    local R=(python3 recipes/sglang/run.py --preset "$preset" --model-dir "$dir/model" "$@")
+    rm -rf "$dir" && mkdir -p "$dir"
+    step "$name-baseline" "${R[@]}" --out "$dir/baseline.json"
+    step "$name-save2" python3 -m foundry run --mode save --archive "$dir/save" -- "${R[@]}" --out "$dir/save.json"
+    mv "$dir/save" "$dir/save2" && mv "$dir/save.json" "$dir/save2.json"
+    step "$name-save" python3 -m foundry run --mode save --archive "$dir/save" -- "${R[@]}" --out "$dir/save.json"
+    step "$name-load" python3 -m foundry run --mode load --archive "$dir/save" -- "${R[@]}" --out "$dir/load.json"
+    step "$name-diff" python3 -m foundry archive diff "$dir/save" "$dir/save2"
+    step "$name-inspect" python3 -m foundry archive inspect "$dir/save"
+}
+SP=$RESULTS/sgspec
+if wants sglang-spec; then
+specrun "$SP" sgspec standalone
+step sgspec-compare python3 recipes/sglang/compare.py --min-accept-rate 0.5 "$SP"/baseline.json "$SP"/save.json \
+    "$SP"/save2.json "$SP"/load.json
+# the graph phase, fairly: plain SGLang again now that the JIT caches are warm, then a second LOAD
+SPR=(python3 recipes/sglang/run.py --preset standalone --model-dir "$SP/model")
+step sgspec-baseline-warm "${SPR[@]}" --out "$SP/baseline-warm.json"
+step sgspec-load-warm python3 -m foundry run --mode load --archive "$SP/save" -- "${SPR[@]}" --out "$SP/load-warm.json"
+step sgspec-startup python3 recipes/sglang/compare.py "$SP"/baseline-warm.json "$SP"/load-warm.json
+fi
+if wants sglang-spec-more; then
+SPR=(python3 recipes/sglang/run.py --preset standalone --model-dir "$SP/model")
+specdrift() {  # specdrift NAME FIELD RECIPE-ARGS...: a LOAD of sglang-spec's archive that must fail naming FIELD
+    local name=$1 field=$2; shift 2
+    step "sgspec-drift-$name" python3 -m foundry run --mode load --archive "$SP/save" -- "${SPR[@]}" "$@" \
+        --out "$SP/drift-$name.json"
+    refused "sgspec-drift-$name" "$field" $?
+}
+rm -rf "$SP/other-draft" && cp -r "$SP/model-draft" "$SP/other-draft"  # the same draft at another path
+specdrift algorithm sglang.speculative_algorithm --set speculative_algorithm=NGRAM
+specdrift steps sglang.speculative_num_steps --set speculative_num_steps=2 --set speculative_num_draft_tokens=3
+specdrift draft-path sglang.speculative_draft_model_path --set "speculative_draft_model_path=$SP/other-draft"
+specdrift draft-config sglang.draft_model_config_sha256 --draft-model-set num_hidden_layers=1
+step sgspec-drift-skip python3 -m foundry run --mode load --warmup restore --archive "$SP/save" -- "${SPR[@]}" \
+    --out "$SP/drift-skip.json"
+refused sgspec-drift-skip "not judged for several model runners" $?
+step sgspec-lint python3 -m foundry graph lint "$SP/save" --expect nccl-allreduce=0
+fi
+if wants sglang-ngram; then
+specrun "$RESULTS/sgngram" sgngram ngram
+step sgngram-compare python3 recipes/sglang/compare.py "$RESULTS"/sgngram/baseline.json "$RESULTS"/sgngram/save.json \
+    "$RESULTS"/sgngram/save2.json "$RESULTS"/sgngram/load.json
+fi
+HY=$RESULTS/sghybrid
+if wants sglang-hybrid; then
+specrun "$HY" sghybrid qwen3-next
+step sghybrid-compare python3 recipes/sglang/compare.py "$HY"/baseline.json "$HY"/save.json "$HY"/save2.json "$HY"/load.json
+step sghybrid-drift-pool python3 -m foundry run --mode load --archive "$HY/save" -- python3 recipes/sglang/run.py \
+    --preset qwen3-next --model-dir "$HY/model" --set max_mamba_cache_size=16 --out "$HY/drift-pool.json"
+refused sghybrid-drift-pool sglang.max_mamba_cache_size $?
+fi
+if wants sglang-hybrid-more; then
+# the radix cache on: SGLang sizes the state pool from free memory (sglang.mamba_cache_size pinned)
+HR=(python3 recipes/sglang/run.py --preset qwen3-next --model-dir "$HY/model-radix" --set disable_radix_cache=false)
+rm -rf "$HY/radix" && mkdir -p "$HY/radix"
+step sghybrid-radix-baseline "${HR[@]}" --out "$HY/radix/baseline.json"
+step sghybrid-radix-save python3 -m foundry run --mode save --archive "$HY/radix/save" -- "${HR[@]}" --out "$HY/radix/save.json"
+step sghybrid-radix-load python3 -m foundry run --mode load --archive "$HY/radix/save" -- "${HR[@]}" --out "$HY/radix/load.json"
+step sghybrid-radix-compare python3 recipes/sglang/compare.py "$HY"/radix/baseline.json "$HY"/radix/save.json "$HY"/radix/load.json
+step sghybrid-radix-inspect python3 -m foundry archive inspect "$HY/radix/save" --json
+fi
+if wants sglang-mtp; then
+specrun "$RESULTS/sgmtp" sgmtp qwen3-next-mtp
+step sgmtp-compare python3 recipes/sglang/compare.py "$RESULTS"/sgmtp/baseline.json "$RESULTS"/sgmtp/save.json \
+    "$RESULTS"/sgmtp/save2.json "$RESULTS"/sgmtp/load.json
 fi
 
 # 7. two GPUs: the decoder split over two ranks (torch symmetric memory, then NCCL) and

@@ -35,6 +35,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _jit_root(tmp_path_factory, monkeypatch) -> Path:
+    """Every test's JIT caches (SAVEs' priming runs, LOADs' installs) go to a directory of its
+    own, never the user's ``~/.cache/foundry/jit``."""
+    root = tmp_path_factory.mktemp("jit-root")
+    monkeypatch.setenv("FOUNDRY_JIT_ROOT", str(root))
+    return root
+
+
 @pytest.fixture
 def archive_copy(tmp_path: Path):
     """Copy a committed fixture archive into the test's own directory."""

@@ -58,7 +58,7 @@ def test_catalog_missing_or_not_decodable(archive_copy):
     ("edit", "message", "field"),
     [
         (lambda c: c.update(format="something-else"), "not a Foundry file of this kind", "format"),
-        (lambda c: c.update(format_version=2), "written by a newer Foundry", "format_version"),
+        (lambda c: c.update(format_version=3), "written by a newer Foundry", "format_version"),
         (lambda c: c.update(format_version=0), "unsupported format version", "format_version"),
         (lambda c: c.update(format_version="1"), "Expected `int | null`, got `str`", "format_version"),
         (lambda c: c.update(surprise=True), "unknown field `surprise`", None),
@@ -224,7 +224,7 @@ def test_module_blob_is_checked(archive_copy):
 
 def test_cli_reports_one_line_and_exit_2(archive_copy):
     path = archive_copy("compiled-triton")
-    edit_json(catalog(path), lambda c: c.update(format_version=2))
+    edit_json(catalog(path), lambda c: c.update(format_version=3))
     runner = CliRunner()
     for args in (
         ["archive", "inspect", str(path)],

@@ -1,7 +1,7 @@
 """The ``FOUNDRY_*`` environment contract (foundry/env.py): one table of variables,
 written by the launcher and read back, by real child processes started through the
 launcher's environment, the same on every side: the contract itself, the session
-options, the SGLang plugin's configuration and the native hook's parsers."""
+options, the SGLang and vLLM plugins' configurations and the native hook's parsers."""
 
 from __future__ import annotations
 
@@ -88,6 +88,7 @@ def _values() -> st.SearchStrategy[RunEnvironment]:
         save_first_run=paths, layout_pad=st.integers(0, 9000), region_base=numbers, region_size=numbers,
         region_threads=st.sampled_from(THREAD_POLICIES), hook_echo=st.booleans(), hook_symbols=st.booleans(),
         load_captures=st.booleans(), import_base=numbers, hook_lib=paths, sglang_config=paths, sglang_report=paths,
+        sglang_gc=st.sampled_from(("skip", "keep")),
     )  # fmt: skip
 
 
@@ -197,7 +198,8 @@ import dataclasses, json, sys
 from foundry.env import RunEnvironment
 from foundry.errors import FoundryError
 from foundry.integrations.sglang.config import load_config
-from foundry.runtime.launch import rank_runs
+from foundry.integrations.vllm.config import load_config as load_vllm_config
+from foundry.runtime.launch import jit, rank_runs
 from foundry.runtime.native.hook import Hook, library_path
 from foundry.runtime.sessions.open import load_options, open_session
 
@@ -215,7 +217,8 @@ except FoundryError as err:
 out["options"] = load_options()
 out["plugin"] = {k: getattr(load_config(), k) for k in ("mode", "archive", "region_base", "region_size", "warmup",
                                                         "from_launcher")}
-out["launcher"] = {"hook_lib": str(library_path()), "save_id": rank_runs.save_id()}
+out["vllm_plugin"] = {k: getattr(load_vllm_config(), k) for k in out["plugin"]}
+out["launcher"] = {"hook_lib": str(library_path()), "save_id": rank_runs.save_id(), "jit_root": str(jit.jit_root())}
 hook = Hook.attach()
 out["hook"] = dataclasses.asdict(hook.config())
 out["region"] = dataclasses.asdict(hook.region())
@@ -253,12 +256,15 @@ def _checks(expected: RunEnvironment, seen: dict) -> dict[Reader | str, dict[str
                     FOUNDRY_BUILD_THREADS=(e.build_threads, options["build_threads"]),
                     FOUNDRY_INSTANTIATE=(e.instantiate, options["instantiate"]),
                     FOUNDRY_RELOCATE=(e.relocate, options["relocate"]))  # fmt: skip
-    plugin = seen["plugin"]
-    sglang = {"FOUNDRY_MODE": (e.mode, plugin["mode"]), "FOUNDRY_ARCHIVE": (str(e.archive), plugin["archive"]),
-              "FOUNDRY_REGION_BASE": (e.region_base, plugin["region_base"]),
-              "FOUNDRY_REGION_SIZE": (e.region_size, plugin["region_size"]),
-              "FOUNDRY_LOAD_WARMUP": (e.load_warmup, plugin["warmup"]),
-              "launched": (True, plugin["from_launcher"])}  # fmt: skip
+
+    def plugin_checks(plugin: dict) -> dict[str, tuple]:
+        return {"FOUNDRY_MODE": (e.mode, plugin["mode"]), "FOUNDRY_ARCHIVE": (str(e.archive), plugin["archive"]),
+                "FOUNDRY_REGION_BASE": (e.region_base, plugin["region_base"]),
+                "FOUNDRY_REGION_SIZE": (e.region_size, plugin["region_size"]),
+                "FOUNDRY_LOAD_WARMUP": (e.load_warmup, plugin["warmup"]),
+                "launched": (True, plugin["from_launcher"])}  # fmt: skip
+
+    sglang, vllm = plugin_checks(seen["plugin"]), plugin_checks(seen["vllm_plugin"])
     hook, region = seen["hook"], seen["region"]
     hooks = {"FOUNDRY_MODE": (e.mode, hook["mode"]), "FOUNDRY_RANK": (e.rank, hook["rank"]),
              "FOUNDRY_REGION_BASE": (e.region_base, hook["region_base"]),
@@ -277,16 +283,19 @@ def _checks(expected: RunEnvironment, seen: dict) -> dict[Reader | str, dict[str
     if e.region_size is None:
         hooks["region"] = ([e.mode, defaults["FOUNDRY_ENV_DEFAULT_REGION_SIZE"]], hooks["region"][1])
     launchers = {"FOUNDRY_HOOK_LIB": (str(e.hook_lib), seen["launcher"]["hook_lib"]),
-                 "FOUNDRY_SAVE_ID": (e.save_id or "", seen["launcher"]["save_id"])}  # fmt: skip
-    return {"contract": contract, Reader.SESSION: sessions, Reader.SGLANG: sglang, Reader.HOOK: hooks,
-            Reader.LAUNCHER: launchers}  # fmt: skip
+                 "FOUNDRY_SAVE_ID": (e.save_id or "", seen["launcher"]["save_id"]),
+                 "FOUNDRY_JIT_ROOT": (str(e.jit_root), seen["launcher"]["jit_root"])}  # fmt: skip
+    return {"contract": contract, Reader.SESSION: sessions, Reader.SGLANG: sglang, Reader.VLLM: vllm,
+            Reader.HOOK: hooks, Reader.LAUNCHER: launchers}  # fmt: skip
 
 
 def _user_settings(tmp_path: Path, hook_library: Path) -> dict[str, str]:
     """What a user sets around `foundry run`, beside what the launcher writes."""
     return {"PATH": "/usr/bin:/bin", "FOUNDRY_HOOK_LIB": str(hook_library), "FOUNDRY_HOOK_SYMBOLS": "1",
+            "FOUNDRY_JIT_ROOT": str(tmp_path / "jit"),
             "FOUNDRY_LOAD_CAPTURES": "allow", "FOUNDRY_IMPORT_BASE": "0x710000000000",
-            "FOUNDRY_SGLANG_REPORT": str(tmp_path / "report.json"), "FOUNDRY_LAYOUT_PAD": "....",
+            "FOUNDRY_SGLANG_REPORT": str(tmp_path / "report.json"), "FOUNDRY_VLLM_REPORT": str(tmp_path / "v.json"),
+            "FOUNDRY_LAYOUT_PAD": "....",
             "FOUNDRY_SAVE_FIRST_RUN": "/an/earlier/run", "FOUNDRY_RELOCATE": "1"}  # fmt: skip
 
 
@@ -294,7 +303,8 @@ def test_a_child_started_through_the_launcher_parses_every_variable_alike_on_eve
     record = Archive.open(SAVE_A).session(0).region
     user = _user_settings(tmp_path, with_hook)
     common = {"hook_symbols": True, "load_captures": True, "import_base": 0x710000000000, "hook_lib": with_hook,
-              "sglang_report": tmp_path / "report.json", "hook_echo": True}  # fmt: skip
+              "sglang_report": tmp_path / "report.json", "vllm_report": tmp_path / "v.json",
+              "hook_echo": True, "jit_root": tmp_path / "jit"}  # fmt: skip
     shifted = record.base + (16 << 30)
     runs = {
         "relocating load": (
@@ -338,10 +348,15 @@ def test_a_child_started_through_the_launcher_parses_every_variable_alike_on_eve
 #: Reads made with the contract's own reader (Variable.read), at moments a child cannot
 #: reach on a CPU (a scheduler's hooks, SaveSession.finish): the contract's readback is theirs.
 THROUGH_THE_CONTRACT = {
-    (Reader.SGLANG, "FOUNDRY_OVERWRITE"): ("foundry/integrations/sglang/plugin.py", "OVERWRITE"),
-    (Reader.SGLANG, "FOUNDRY_SAVE_FIRST_RUN"): ("foundry/integrations/sglang/plugin.py", "SAVE_FIRST_RUN"),
+    (Reader.SGLANG, "FOUNDRY_OVERWRITE"): ("foundry/integrations/common/session.py", "OVERWRITE"),
+    (Reader.SGLANG, "FOUNDRY_SAVE_FIRST_RUN"): ("foundry/integrations/common/session.py", "SAVE_FIRST_RUN"),
     (Reader.SGLANG, "FOUNDRY_SGLANG_REPORT"): ("foundry/integrations/sglang/plugin.py", "SGLANG_REPORT"),
+    (Reader.SGLANG, "FOUNDRY_SGLANG_GC"): ("foundry/integrations/sglang/plugin.py", "SGLANG_GC"),
     (Reader.SGLANG, "FOUNDRY_SGLANG_CONFIG"): ("foundry/integrations/sglang/config.py", "SGLANG_CONFIG"),
+    (Reader.VLLM, "FOUNDRY_OVERWRITE"): ("foundry/integrations/common/session.py", "OVERWRITE"),
+    (Reader.VLLM, "FOUNDRY_SAVE_FIRST_RUN"): ("foundry/integrations/common/session.py", "SAVE_FIRST_RUN"),
+    (Reader.VLLM, "FOUNDRY_VLLM_REPORT"): ("foundry/integrations/vllm/plugin.py", "VLLM_REPORT"),
+    (Reader.VLLM, "FOUNDRY_VLLM_CONFIG"): ("foundry/integrations/vllm/config.py", "VLLM_CONFIG"),
     (Reader.SESSION, "FOUNDRY_SAVE_ID"): ("foundry/runtime/sessions/save.py", "SAVE_ID"),
 }
 

@@ -51,8 +51,14 @@ def cubin(tmp_path_factory) -> Path:
 
 
 def foundry_run(mode: str, archive: Path, cubin: Path, *args: str, extra: tuple[str, ...] = ()) -> dict:
-    cmd = [sys.executable, "-m", "foundry", "run", "--mode", mode, "--archive", str(archive), *extra, "--",
-           sys.executable, str(ROOT / "tests" / "session_probe.py"), str(cubin), *args]  # fmt: skip
+    return probe_run("session_probe.py", mode, archive, (str(cubin), *args), extra)
+
+
+def probe_run(probe: str, mode: str, archive: Path, args: tuple[str, ...], extra: tuple[str, ...]) -> dict:
+    """A child probe of tests/ under `foundry run` (mode off: run plainly); the last JSON line it printed."""
+    cmd = [sys.executable, str(ROOT / "tests" / probe), *args]
+    if mode != "off":
+        cmd = [sys.executable, "-m", "foundry", "run", "--mode", mode, "--archive", str(archive), *extra, "--", *cmd]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -266,13 +272,7 @@ def test_a_live_symmetric_buffer_that_drifted_is_refused_before_replay(tmp_path,
 
 
 def late_run(mode: str, archive: Path, *args: str, extra: tuple[str, ...] = ()) -> dict:
-    cmd = [sys.executable, "-m", "foundry", "run", "--mode", mode, "--archive", str(archive), *extra, "--",
-           sys.executable, str(ROOT / "tests" / "late_probe.py"), *args]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert lines, f"rc {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
-    return json.loads(lines[-1])
+    return probe_run("late_probe.py", mode, archive, args, extra)
 
 
 @pytest.fixture(scope="module")

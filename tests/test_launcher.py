@@ -108,7 +108,8 @@ def test_foundry_run_on_the_command_line(tmp_path, with_hook):
         return subprocess.run([sys.executable, "-m", "foundry", "run", *args], capture_output=True, text=True)
 
     code = "import os; print(os.environ['FOUNDRY_MODE'], open('/proc/self/personality').read().strip())"
-    wrote_nothing = run("--mode", "save", "--archive", str(tmp_path / "a"), "--", sys.executable, "-c", code)
+    wrote_nothing = run("--mode", "save", "--no-jit-caches", "--archive", str(tmp_path / "a"), "--", sys.executable,
+                        "-c", code)  # fmt: skip
     assert wrote_nothing.stdout.split() == ["save", "00040000"], wrote_nothing.stderr  # no randomisation
     assert wrote_nothing.returncode == 2 and "wrote no archive" in wrote_nothing.stderr
     failing = run("--mode", "save", "--archive", str(tmp_path / "a"), "--", sys.executable, "-c", "raise SystemExit(5)")

@@ -24,6 +24,7 @@ NOT_REGION_KINDS = {
     ("foundry/inspect/summary.py", "rng"): "a graph's philox cells, a key of the JSON summary",
     ("foundry/integrations/sglang/plugin.py", "backend"): "an attribute of SGLang's graph configuration",
     ("foundry/integrations/sglang/warmup_skip.py", "alloc"): "an action of torch's allocator history",
+    ("foundry/integrations/vllm/engine_config.py", "backend"): "a field of vLLM's compilation and attention configs",
     ("foundry/runtime/sessions/load_relocation.py", "backend"): "a key of LOAD's relocation report",
     ("foundry/runtime/sessions/save.py", "rng"): "a graph entry's philox record",
     ("tui/describe.py", "backend"): "the label of a kernel's claim",

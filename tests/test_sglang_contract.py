@@ -70,7 +70,14 @@ def test_the_wheel_is_the_checked_version(wheel):
 )
 def test_every_hook_point_exists_with_its_parameters(wheel, point):
     tree = _module(wheel, point.module)
-    found = _find(tree, point.target.removeprefix(point.module + ".").split("."))
+    if point.defined_in is not None:  # a function the module imports by name: patched where it calls it
+        imported = {(node.module, alias.name) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                    for alias in node.names if alias.asname is None}  # fmt: skip
+        assert (point.defined_in, point.attribute) in imported, f"{point.module} no longer imports {point.attribute}"
+        tree = _module(wheel, point.defined_in)
+        found = _find(tree, [point.attribute])
+    else:
+        found = _find(tree, point.target.removeprefix(point.module + ".").split("."))
     assert isinstance(found, ast.FunctionDef), f"{point.target} is not in sglang's sources"
     args = found.args
     assert tuple(a.arg for a in (*args.posonlyargs, *args.args)) == point.parameters

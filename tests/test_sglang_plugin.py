@@ -154,7 +154,7 @@ def test_servers_the_plugin_cannot_persist_are_refused_by_field():
     refused = {
         "sglang.tp_size": args(tp_size=2),
         "sglang.enable_memory_saver": args(enable_memory_saver=True),
-        "sglang.speculative_algorithm": args(speculative_algorithm="EAGLE"),
+        "sglang.speculative_algorithm": args(speculative_algorithm="DFLASH"),  # EAGLE: tests/test_sglang_speculative.py
         "sglang.cuda_graph_backend_prefill": args(
             cuda_graph_config=types.SimpleNamespace(prefill=types.SimpleNamespace(backend="tc_piecewise")),
             disable_prefill_cuda_graph=True,  # the resolved config wins over the flag, as in ServerArgs
@@ -186,7 +186,7 @@ def test_a_refusal_inside_a_hook_is_said_in_one_line_and_still_stops_the_schedul
     said = capsys.readouterr().err.strip().splitlines()
     assert said == [f"foundry: scheduler (tp rank 0) load refused: {err.value}"]
     assert plugin.KV_BUDGET in said[0]
-    state.finished = True  # a failure that is not drift (a second model runner) is said as one
+    state.finished = True  # a failure that is not drift (the graph phase ending twice) is said as one
     with pytest.raises(FoundryError) as second:
         plugin._on_graphs_done(None)
     assert capsys.readouterr().err.strip() == f"foundry: scheduler (tp rank 0) load failed: {second.value}"
@@ -215,7 +215,8 @@ def test_the_report_splits_the_graph_phase_into_sglangs_warmups_and_foundrys_gra
 
     session = types.SimpleNamespace(graph=graph, finish=lambda: {"counters": {"stream_captures": 4}},
                                     warmup=lambda fn: fn(), entries=[], device=0, model={})  # fmt: skip
-    state = plugin.SchedulerState(PluginConfig(mode="save", archive=str(tmp_path)), session, 0, model_checked=True)
+    state = plugin.SchedulerState(PluginConfig(mode="save", archive=str(tmp_path)), session, 0,
+                                  configs={"target": "ab" * 32})  # fmt: skip
     monkeypatch.setattr(plugin, "_state", state)
     # torch's allocation history (a CUDA build of torch) cannot exist here either
     from foundry.integrations.sglang import warmup_skip
@@ -267,7 +268,7 @@ def test_a_load_skips_the_warmups_only_where_save_found_it_safe(monkeypatch):
         graph=lambda *a, **k: types.SimpleNamespace(outputs="restored outputs"),
     )
     monkeypatch.setattr(plugin, "_state", plugin.SchedulerState(PluginConfig(mode="load", archive="/a"), session, 0,
-                                                                model_checked=True))  # fmt: skip
+                                                                configs={"target": "ab" * 32}))  # fmt: skip
     plugin._capture_one(None, backend, 8, lambda: forwards.append(1))
     assert forwards == [] and backend._outputs[8] == "restored outputs"
 

@@ -1,6 +1,7 @@
-"""The SGLang recipe's readers, run as scripts: compare.py over the wave and the
-restored graphs' replays, tpot.py over SGLang's decode log lines (in the format
-SGLang 0.5.17's metrics reporter writes them)."""
+"""The SGLang recipe's readers, run as scripts: compare.py over the wave, the
+restored graphs' replays and speculative acceptance, tpot.py over SGLang's decode
+log lines (in the format SGLang 0.5.17's metrics reporter writes them); and the
+recipe's standalone draft model."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "sglang"
 
@@ -72,3 +75,62 @@ def test_tpot_refuses_too_few_steps(tmp_path):
     log.write_text("tpot batch 256\n" + "\n".join(decode_line(256, 9000.0) for _ in range(40)) + "\n")
     out = run("tpot.py", str(log))
     assert out.returncode == 2 and "too few: 40" in out.stdout
+
+
+def spec_report(tmp_path: Path, name: str, accepted: list[int], proposed: int = 30) -> str:
+    """A run under speculative decoding: per prompt, SGLang's verify steps and drafts."""
+    outputs = [{"output_ids": [5 + i, 6, 7], "logprobs": [-0.5, -0.25, -1.0],
+                "spec": {"spec_verify_ct": 10, "spec_num_correct_drafts": a, "spec_num_proposed_drafts": proposed}}
+               for i, a in enumerate(accepted)]  # fmt: skip
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({"outputs": outputs}))
+    return str(path)
+
+
+def test_compare_checks_speculative_counts_and_the_accept_rate(tmp_path):
+    base = spec_report(tmp_path, "base", [30, 24])
+    same = spec_report(tmp_path, "same", [30, 24])
+    fewer = spec_report(tmp_path, "fewer", [30, 23])
+    out = run("compare.py", base, same)
+    assert out.returncode == 0, out.stdout
+    assert f"speculative: 20 verify steps, 54 of 60 drafts accepted (rate 0.900)  {base}" in out.stdout
+    out = run("compare.py", base, fewer)
+    assert out.returncode == 1
+    assert "prompt 1: speculative counts differ (spec_num_correct_drafts 24 vs 23)" in out.stdout
+    assert run("compare.py", "--min-accept-rate", "0.5", base, same).returncode == 0
+    low = spec_report(tmp_path, "low", [3, 2])
+    out = run("compare.py", low, spec_report(tmp_path, "low2", [3, 2]), "--min-accept-rate", "0.5")
+    assert out.returncode == 1 and "accept rate 0.083, below 0.5" in out.stdout
+    plain = report(tmp_path, "plain", None)  # no speculative counts at all: no rate to hold
+    out = run("compare.py", plain, plain, "--min-accept-rate", "0.5")
+    assert out.returncode == 1 and "accept rate not recorded" in out.stdout
+    for bad in ("2", "much"):
+        out = run("compare.py", base, same, "--min-accept-rate", bad)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1
+
+
+def recipe():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sglang_recipe_run_drafts", RECIPE / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_standalone_draft_is_the_targets_own_config_in_a_directory_of_its_own(tmp_path):
+    module = recipe()
+    model = tmp_path / "foundry-sglang-standalone"
+    config = {**module.CONFIG, "num_hidden_layers": 2}
+    draft = module.draft_model("standalone", model, config, {})
+    assert draft == tmp_path / "foundry-sglang-standalone-draft"
+    assert json.loads((draft / "config.json").read_text()) == config
+    module.draft_model("standalone", model, config, {"num_hidden_layers": 1})  # drift: another draft model
+    assert json.loads((draft / "config.json").read_text()) == {**config, "num_hidden_layers": 1}
+    assert module.draft_model("qwen3-next-mtp", model, config, {}) == model  # the MTP head: the target's path
+    assert module.draft_model("tiny", model, config, {}) is None
+    with pytest.raises(SystemExit, match="needs a preset with a standalone draft"):
+        module.draft_model("qwen3-next-mtp", model, config, {"num_hidden_layers": 1})
+    assert set(module.DRAFTS) <= set(module.PRESETS)
+    for name in ("standalone", "ngram", "qwen3-next-mtp"):
+        assert module.PRESETS[name][1]["speculative_algorithm"] in ("STANDALONE", "NGRAM", "NEXTN")

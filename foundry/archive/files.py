@@ -9,6 +9,7 @@ import re
 import socket
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 import msgspec
@@ -204,3 +205,28 @@ def contained_path(root: Path, relative: str, *, field: str, source: Path) -> Pa
     except ValueError:
         raise ArchiveError("path leaves the archive", path=str(source), field=field, found=relative) from None
     return path
+
+
+def iter_bounded(path: Path, limit: int, *, what: str, size: int | None = None) -> Iterator[bytes]:
+    """The bytes of a file checked as :func:`read_bounded` checks it, in pieces of at most
+    1 MiB (memory does not grow with the file); a file that changes size while it is
+    read is refused after its last piece."""
+    fd = _open_regular(path, what=what)
+    try:
+        length = _checked_size(fd, path, limit, what=what, size=size)
+        read = 0
+        while True:
+            try:
+                chunk = os.read(fd, MiB)
+            except OSError as err:
+                raise ArchiveError(f"{what} cannot be read: {err.strerror}", path=str(path)) from None
+            if not chunk:
+                break
+            read += len(chunk)
+            if read > length:
+                break
+            yield chunk
+    finally:
+        os.close(fd)
+    if read != length:
+        raise ArchiveError(f"{what} changed size while being read", path=str(path), expected=length, found=read)

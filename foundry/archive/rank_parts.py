@@ -29,13 +29,13 @@ from foundry.archive.reader import decode_typed
 from foundry.archive.schema import (
     ARCHIVE_FORMAT,
     CATALOG_FILE,
-    FORMAT_VERSION,
     Catalog,
     Environment,
     ModuleBlob,
     ModuleIndex,
     ModuleState,
     RankEntry,
+    catalog_version,
 )
 from foundry.env import SAVE_ID
 from foundry.errors import ArchiveError
@@ -120,7 +120,7 @@ def make_catalog(environment: Environment, world_size: int, ranks: tuple[RankEnt
     keys in sorted order."""
     return Catalog(
         format=ARCHIVE_FORMAT,
-        format_version=FORMAT_VERSION,
+        format_version=catalog_version(None),
         tool_version=__version__,
         created=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         environment=environment,

@@ -8,7 +8,7 @@ import fnmatch
 import re
 import threading
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 
@@ -28,11 +28,13 @@ from foundry.archive.schema import (
     GraphEntry,
     ModuleState,
     Session,
+    catalog_version,
     session_version,
 )
 from foundry.errors import ArchiveError, IRError
-from foundry.graphir.codec import decode_graph
-from foundry.graphir.graph import GraphIR
+
+if TYPE_CHECKING:
+    from foundry.graphir.graph import GraphIR
 
 T = TypeVar("T")
 
@@ -154,6 +156,12 @@ class Archive:
             _check_sha(blob.sha256, path=path, field=f"modules.blobs[{i}].sha256")
         if cat.modules.state is ModuleState.ABSENT and cat.modules.blobs:
             raise ArchiveError("module state 'absent' but blobs are listed", path=str(path), field="modules")
+        if cat.jit is not None:
+            _check_sha(cat.jit.sha256, path=path, field="jit.sha256")
+        if cat.format_version < catalog_version(cat):  # an older Foundry would have misread it
+            raise ArchiveError("the catalog holds fields of a later format version", path=str(path),
+                               field="format_version", expected=catalog_version(cat),
+                               found=cat.format_version)  # fmt: skip
 
     @property
     def ranks(self) -> list[int]:
@@ -302,6 +310,8 @@ class Archive:
         LOAD, diff and verify need; inspect, lint and the TUI pass
         ``deep=False`` and check structure only, which keeps them safe on any
         input and fast on large archives."""
+        from foundry.graphir.codec import decode_graph  # here: opening an archive imports no IR
+
         entry = name if isinstance(name, GraphEntry) else self.entry(rank, name)
         data = self.graph_bytes(rank, entry)
         path = self.graph_path(rank, entry)

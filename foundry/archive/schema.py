@@ -12,13 +12,15 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from foundry.archive.jit_schema import JitIndex
 from foundry.archive.outputs import OutputValue
 from foundry.graphir.kernel import FuncAttributeName
 from foundry.graphir.limits import I32, I64, U32, U64, at_most
 
 ARCHIVE_FORMAT = "foundry-archive"
 SESSION_FORMAT = "foundry-session"
-FORMAT_VERSION = 1  # of the catalog
+# of the catalog: 2 adds ``jit`` (the JIT caches); written at the lowest version that holds its content
+FORMAT_VERSION = 2
 # of sessions: 2 adds ``GlobalRecord.loader_words``, 3 ``GlobalRecord.host_words``. A session
 # is written at the lowest version that holds its content, so an archive without them stays
 # readable by older Foundry.
@@ -87,6 +89,12 @@ class Catalog(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ranks: Annotated[tuple[RankEntry, ...], at_most(MAX_WORLD_SIZE)]
     modules: ModuleIndex
     model: dict[str, str] = {}
+    jit: JitIndex | None = None  # the JIT caches the archive carries (``jit/``), version 2
+
+
+def catalog_version(catalog: Catalog | None) -> int:
+    """The lowest catalog format version that holds ``catalog`` (None: a new one, without caches)."""
+    return 2 if catalog is not None and catalog.jit is not None else 1
 
 
 class AllocationRecord(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):

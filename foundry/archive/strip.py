@@ -1,7 +1,9 @@
-"""Make an archive small: drop its module images and warm-up bytes, and say so.
+"""Make an archive small: drop its module images, warm-up bytes and JIT caches, and say so.
 
 A stripped archive still inspects, lints and diffs; a LOAD refuses it, naming
-``modules.state``.
+``modules.state``. Stripping only the JIT caches (``caches_only``) keeps the archive
+loadable: its LOADs then compile what the caches held, and nothing of the archive's
+host code is left in it (``jit.state`` is ``stripped``, the manifest kept for inspect).
 
 Stripping is atomic: the catalog is its commit point. A rank whose session
 changes (its warm-up bytes go) gets the new session under the other of two
@@ -20,6 +22,8 @@ from pathlib import Path
 import msgspec
 
 from foundry.archive.files import atomic_write, contained_path, encode_record, read_bounded, sha256_hex
+from foundry.archive.jit_manifest import blob_path, read_manifest
+from foundry.archive.jit_schema import JitState
 from foundry.archive.reader import Archive, decode_typed
 from foundry.archive.schema import CATALOG_FILE, ModuleIndex, ModuleState, RankEntry, Session
 from foundry.errors import ArchiveError
@@ -36,15 +40,19 @@ class _Plan:
     remove: list[Path] = field(default_factory=list)
 
 
-def strip(archive: Archive, *, keep_warmup: bool = False) -> dict[str, int]:
+def strip(archive: Archive, *, keep_warmup: bool = False, caches_only: bool = False) -> dict[str, int]:
     """Strip ``archive`` in place; returns what was removed (files, bytes)."""
-    plan = _plan(archive, keep_warmup)
+    plan = _Plan(ranks=list(archive.catalog.ranks)) if caches_only else _plan(archive, keep_warmup)
     for path, data in plan.sessions:
         atomic_write(path, data)
     modules = archive.catalog.modules
-    if modules.state is ModuleState.COMPLETE:
+    if modules.state is ModuleState.COMPLETE and not caches_only:
         modules = ModuleIndex(ModuleState.STRIPPED, modules.blobs)
-    catalog = msgspec.structs.replace(archive.catalog, ranks=tuple(plan.ranks), modules=modules)
+    jit = archive.catalog.jit
+    if jit is not None:  # blobs of a complete or (a killed strip's) stripped manifest
+        plan.remove += [blob_path(archive.root, e.sha256) for e in read_manifest(archive.root, jit).entries]
+        jit = msgspec.structs.replace(jit, state=JitState.STRIPPED)
+    catalog = msgspec.structs.replace(archive.catalog, ranks=tuple(plan.ranks), modules=modules, jit=jit)
     if catalog != archive.catalog:
         atomic_write(archive.root / CATALOG_FILE, encode_record(catalog))  # the commit point
     return _remove(plan.remove)
@@ -103,7 +111,7 @@ def _leftovers(session_path: Path, session: Session) -> list[Path]:
 
 def _remove(paths: list[Path]) -> dict[str, int]:
     removed = {"files": 0, "bytes": 0}
-    for path in paths:
+    for path in dict.fromkeys(paths):  # content-addressed blobs may be named twice
         if path.is_file() and not path.is_symlink():
             removed["files"] += 1
             removed["bytes"] += path.stat().st_size

@@ -177,7 +177,7 @@ class ArchiveWriter:
             catalog.unlink(missing_ok=True)
         elif catalog.exists():  # overwrite: invalidate first, then clear what the old archive owned
             catalog.unlink()
-            for owned in [*self.root.glob("rank[0-9]*"), self.root / "modules"]:
+            for owned in [*self.root.glob("rank[0-9]*"), self.root / "modules", self.root / "jit"]:
                 if owned.is_dir() and not owned.is_symlink():
                     shutil.rmtree(owned)
         self.environment = environment

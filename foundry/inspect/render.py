@@ -28,6 +28,22 @@ def human_bytes(n: int) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+def render_jit(console: Console, jit: dict | None) -> None:
+    """The JIT caches line, and a table of them, saying whether the archive carries host code."""
+    if jit is None:
+        console.print("  JIT caches: none")
+        return
+    host = "yes: a LOAD installs it only with --trust-cached-code" if jit["host_code"] else "no"
+    console.print(f"  JIT caches: {jit['state']}, {jit['files']} files, {jit['bytes'] / 2**20:.1f} MiB; "
+                  f"host code: {host}")  # fmt: skip
+    table = Table(title="JIT caches", title_justify="left")
+    for col in ("cache", "files", "MiB", "host code files"):
+        table.add_column(col, justify="left" if col == "cache" else "right")
+    for row in jit["caches"]:
+        table.add_row(row["cache"], str(row["files"]), f"{row['bytes'] / 2**20:.1f}", str(row["host_files"]))
+    console.print(table)
+
+
 def render_summary(console: Console, s: ArchiveSummary, *, top: int = 15) -> None:
     cat = s.catalog
     env = cat["environment"]
@@ -41,6 +57,7 @@ def render_summary(console: Console, s: ArchiveSummary, *, top: int = 15) -> Non
     console.print(f"  world size {cat['world_size']}; module images: {modules['state']} ({modules['images']})")
     if cat["model"]:
         console.print(p("  model: " + ", ".join(f"{k}={v}" for k, v in sorted(cat["model"].items()))))
+    render_jit(console, cat.get("jit"))
 
     graphs = Table(title="Graphs", title_justify="left")
     for col in ("rank", "graph", "shape", "nodes", "kinds", "collectives", "unresolved", "fingerprint"):

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from foundry.archive.jit_manifest import read_manifest
 from foundry.archive.reader import Archive
 from foundry.backends.classify import collective_counts
 from foundry.backends.registry import BackendRegistry
@@ -164,6 +165,7 @@ def summarize(archive: Archive, registry: BackendRegistry, *, rank: int | None =
         "world_size": cat.world_size,
         "modules": {"state": cat.modules.state.value, "images": len(cat.modules.blobs)},
         "model": dict(cat.model),
+        "jit": jit_facts(archive),
     }
     summary = ArchiveSummary(str(archive.root), catalog)
     ranks = archive.ranks if rank is None else [rank]
@@ -193,6 +195,22 @@ def summarize(archive: Archive, registry: BackendRegistry, *, rank: int | None =
             row["graphs"] += 1
             row["operands"] += used[region.name]
     return summary
+
+
+def jit_facts(archive: Archive) -> dict[str, Any] | None:
+    """The JIT caches the archive carries, per cache (None: none): files, bytes, how many
+    are host code, which a LOAD installs only when the user trusts the archive's code."""
+    jit = archive.catalog.jit
+    if jit is None:
+        return None
+    caches: dict[str, dict[str, int]] = {}
+    for entry in read_manifest(archive.root, jit).entries:
+        row = caches.setdefault(entry.cache.value, {"files": 0, "bytes": 0, "host_files": 0})
+        row["files"] += 1
+        row["bytes"] += entry.size
+        row["host_files"] += entry.host_code
+    return {"state": jit.state.value, "files": jit.files, "bytes": jit.bytes, "host_code": jit.host_code,
+            "caches": [{"cache": name, **row} for name, row in sorted(caches.items())]}  # fmt: skip
 
 
 def restore_facts(archive: Archive, rank: int) -> dict[str, Any]:

@@ -14,6 +14,22 @@
   57 GiB in bf16), ``mem_fraction_static`` 0.6 and the default decode graph set, so
   SGLang's fused-MoE Triton kernels are inside the graphs. Its region must hold the
   weights and the KV pool: ``foundry run --region-size 0x1a00000000`` (104 GiB).
+- ``standalone``: the tiny Qwen3 with a standalone draft model (``STANDALONE``, 3
+  steps, top-1, 4 draft tokens): the draft is the target's own config in a directory
+  of its own (``<model-dir>-draft``), so SGLang's seeded dummy weights make it the
+  same model and greedy drafts are accepted. SGLang's default graph sets for its
+  three runners (``target_verify``, ``draft_decode``, ``draft_extend``: batch sizes
+  up to the 48 requests SGLang runs with speculative decoding by default).
+  ``--draft-model-set KEY=VALUE`` changes the draft's config.json (drift: another
+  draft model).
+- ``ngram``: the tiny Qwen3 with n-gram drafts (``NGRAM``: no draft model, only the
+  target's ``target_verify`` graphs), SGLang's default graph set.
+- ``qwen3-next``: a hybrid Qwen3-Next (4 layers: three gated delta-net layers, then
+  full attention; 8 experts, top 2; hidden 256): decode graphs for batch sizes 1, 2,
+  4, 8 read the linear-attention state pool.
+- ``qwen3-next-mtp``: the same model drafting with its own MTP head (``NEXTN``, 3
+  steps, top-1; the draft model path is the target's), SGLang's default graph sets.
+  With dummy weights the MTP head's drafts are rarely accepted.
 
 Prefill graphs are off in every preset (``--set cuda_graph_backend_prefill=full`` asks for
 full ones). 16 prompts given as input ids (lengths 1-64) in batches of 1, 2, 4, 8 and 1,
@@ -28,7 +44,9 @@ with ``--set decode_log_interval=1 --set log_level=info``). The
 Foundry plugin's report (``FOUNDRY_SGLANG_REPORT``) is included when a session ran,
 and SGLang's own start-up timings (``Engine``'s, or parsed from the HTTP server's
 "Engine startup timings" line), the seconds until the server took requests and each
-batch's seconds.
+batch's seconds. Under speculative decoding each output also keeps the counts
+SGLang reports in its ``meta_info`` (verify steps, drafts proposed and accepted),
+which ``recipes/sglang/compare.py`` compares and sums into an accept rate.
 """
 
 from __future__ import annotations
@@ -64,13 +82,34 @@ QWEN3_30B_A3B = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_
                  "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
                  "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "decoder_sparse_step": 1,
                  "norm_topk_prob": True, "mlp_only_layers": []}  # fmt: skip
+# a small Qwen3-Next: layers 0-2 gated delta-net (linear attention), layer 3 full attention, MoE everywhere
+QWEN3_NEXT = {"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "hidden_size": 256,
+              "intermediate_size": 512, "num_hidden_layers": 4, "full_attention_interval": 4,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "partial_rotary_factor": 0.25,
+              "rope_theta": 10000000.0, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 64,
+              "linear_value_head_dim": 64, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+              "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
+              "shared_expert_intermediate_size": 128, "decoder_sparse_step": 1, "norm_topk_prob": True,
+              "mlp_only_layers": []}  # fmt: skip
 # the default decode graph set: no cuda_graph_bs_decode, so SGLang resolves it from max_running_requests
 DEFAULT_GRAPHS = {"cuda_graph_bs_decode": None, "max_running_requests": 256}
+# speculative decoding at SGLang's default graph sets: its default of 48 running requests sizes them
+SPEC_GRAPHS = {"cuda_graph_bs_decode": None, "max_running_requests": None}
+DRAFT_STEPS = {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}
 PRESETS = {
     "tiny": ({}, {}),
     "qwen3-8b": (QWEN3_8B, {**DEFAULT_GRAPHS, "mem_fraction_static": 0.3, "max_total_tokens": 65536}),
     "qwen3-30b-a3b": (QWEN3_30B_A3B, {**DEFAULT_GRAPHS, "mem_fraction_static": 0.6, "max_total_tokens": 65536}),
+    "standalone": ({}, {**SPEC_GRAPHS, **DRAFT_STEPS, "speculative_algorithm": "STANDALONE"}),
+    "ngram": ({}, {**SPEC_GRAPHS, "speculative_algorithm": "NGRAM"}),
+    "qwen3-next": (QWEN3_NEXT, {}),
+    "qwen3-next-mtp": (QWEN3_NEXT, {**SPEC_GRAPHS, **DRAFT_STEPS, "speculative_algorithm": "NEXTN"}),
 }
+# where a preset's draft model lives: a directory of its own with the target's config ("copy": a standalone
+# draft, the same seeded dummy weights), or the target's own directory ("target": its MTP head)
+DRAFTS = {"standalone": "copy", "qwen3-next-mtp": "target"}
+# what SGLang's meta_info reports of speculative decoding, per request (TokenizerManager)
+SPEC_FIELDS = ("spec_verify_ct", "spec_num_correct_drafts", "spec_num_proposed_drafts")
 BATCHES = (1, 2, 4, 8, 1)
 NEW_TOKENS = 32
 
@@ -267,7 +306,24 @@ def _wave(generate) -> list[dict]:
 
 def _output(out: dict) -> dict:
     meta = out["meta_info"]
-    return {"output_ids": out["output_ids"], "logprobs": [lp[0] for lp in meta.get("output_token_logprobs", [])]}
+    output = {"output_ids": out["output_ids"], "logprobs": [lp[0] for lp in meta.get("output_token_logprobs", [])]}
+    spec = {key: meta[key] for key in SPEC_FIELDS if key in meta}
+    if spec:  # speculative decoding: this request's verify steps and drafts
+        output["spec"] = spec
+    return output
+
+
+def draft_model(preset: str, model: Path, config: dict, changes: dict) -> Path | None:
+    """The draft model's directory for ``preset``, its config.json written (see DRAFTS), or None."""
+    kind = DRAFTS.get(preset)
+    if changes and kind != "copy":
+        raise SystemExit(f"--draft-model-set needs a preset with a standalone draft, not {preset!r}")
+    if kind != "copy":
+        return model if kind == "target" else None
+    draft = model.with_name(model.name + "-draft")
+    draft.mkdir(parents=True, exist_ok=True)
+    (draft / "config.json").write_text(json.dumps({**config, **changes}))
+    return draft
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -287,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="override a server argument (drift tests: LOAD with another one)")  # fmt: skip
     parser.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE",
                         help="override an entry of the model's config.json")  # fmt: skip
+    parser.add_argument("--draft-model-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override an entry of a standalone draft's config.json (drift: another draft "
+                        "model)")  # fmt: skip
     args = parser.parse_args(argv)
     model_preset, server_preset = PRESETS[args.preset]
     server = {**SERVER, **server_preset, **overrides(args.set, "--set")}
@@ -296,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     model.mkdir(parents=True, exist_ok=True)
     config = {**CONFIG, **model_preset, **overrides(args.model_set, "--model-set")}
     (model / "config.json").write_text(json.dumps(config))
+    draft = draft_model(args.preset, model, config, overrides(args.draft_model_set, "--draft-model-set"))
+    if draft is not None:
+        server.setdefault("speculative_draft_model_path", str(draft))
     work = Path(tempfile.mkdtemp(prefix="foundry-sglang-"))
     os.environ.setdefault("FOUNDRY_SGLANG_REPORT", str(work / "foundry-report.json"))
     Path(os.environ["FOUNDRY_SGLANG_REPORT"] + ".replays").unlink(missing_ok=True)  # this run's alone

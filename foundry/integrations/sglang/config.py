@@ -1,75 +1,20 @@
-"""The plugin's configuration: what ``foundry run`` set, or a TOML file.
-
-``foundry run --mode save|load --archive DIR -- python -m sglang.launch_server ...``
-sets ``FOUNDRY_MODE``, ``FOUNDRY_ARCHIVE`` and the region (:mod:`foundry.env`); the
-plugin reads those. Without it, ``FOUNDRY_SGLANG_CONFIG`` names a TOML file::
-
-    mode = "load"                  # save | load | off
-    archive = "/srv/archives/qwen3"
-    region_base = 0x600000000000   # optional: LOAD relocates when it differs from SAVE's
-    region_size = 68719476736      # optional, bytes
-    warmup = "restore"             # optional, LOAD: skip SGLang's warm-up forwards (default "replay")
-
-and the plugin itself prepares the scheduler processes SGLang spawns (the hook
-preloaded, the same variables set). Neither: the plugin stays off.
-"""
+"""The SGLang plugin's configuration: what ``foundry run`` set, or the TOML file
+``FOUNDRY_SGLANG_CONFIG`` names (:mod:`foundry.integrations.common.config`, shared
+with the vLLM plugin, says what it holds)."""
 
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Literal
 
-import msgspec
+from foundry.env import SGLANG_CONFIG
+from foundry.integrations.common import config as shared
+from foundry.integrations.common.config import PluginConfig
 
-from foundry.env import SGLANG_CONFIG, RunEnvironment, launched
-from foundry.errors import FoundryError
-
-
-class PluginConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    mode: Literal["off", "save", "load"] = "off"
-    archive: str | None = None
-    region_base: int | None = None
-    region_size: int | None = None
-    warmup: Literal["replay", "restore"] = "replay"  # LOAD: repeat SGLang's warm-up forwards, or skip them
-    from_launcher: bool = False  # set by `foundry run`: the environment is prepared already
-
-    def __post_init__(self) -> None:
-        if self.mode != "off" and not self.archive:
-            raise FoundryError(f"mode {self.mode} needs an archive", field="archive")
-        if self.region_size is not None and self.region_size < 1 << 30:
-            raise FoundryError("the region must be at least 1 GiB", field="region_size", found=self.region_size)
+__all__ = ["PluginConfig", "load_config"]
 
 
 def load_config(environ: Mapping[str, str] | None = None) -> PluginConfig:
-    """The configuration for this process (see the module docstring)."""
+    """The configuration for this process (``environ``: default, this process's environment)."""
     env = os.environ if environ is None else environ
-    if launched(env):
-        return _from_launcher(env)
-    path = SGLANG_CONFIG.read(env)
-    if path is None:
-        return PluginConfig()
-    return _from_file(path)
-
-
-def _from_launcher(env: Mapping[str, str]) -> PluginConfig:
-    run = RunEnvironment.from_env(env)
-    archive = None if run.archive is None else str(run.archive)
-    return PluginConfig(run.mode, archive, run.region_base, run.region_size, run.load_warmup, from_launcher=True)
-
-
-def _from_file(path: Path) -> PluginConfig:
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as err:
-        raise FoundryError(f"cannot read the plugin configuration: {err.strerror}", path=str(path)) from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise FoundryError(f"the plugin configuration is not TOML: {err}", path=str(path)) from None
-    if "from_launcher" in data:
-        raise FoundryError("unknown setting", path=str(path), field="from_launcher")
-    try:
-        return msgspec.convert(data, PluginConfig)
-    except msgspec.ValidationError as err:
-        raise FoundryError(f"invalid plugin configuration: {err}", path=str(path)) from None
+    return shared.load_config(env, SGLANG_CONFIG.read(env))

@@ -9,24 +9,17 @@ changed. The plugin refuses any other SGLang version before patching anything.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from foundry.integrations.common import hookpoints
+from foundry.integrations.common.hookpoints import HookPoint
 
-from foundry.errors import FoundryError
+__all__ = ["CHECKED_VERSIONS", "HOOK_POINTS", "HookPoint", "check_version"]
 
 CHECKED_VERSIONS = ("0.5.17",)
 
 _BACKEND = "sglang.srt.model_executor.runner_backend"
-
-
-@dataclass(frozen=True)
-class HookPoint:
-    target: str  # module path, then class and function: a.b.c.Class.method or a.b.c.function
-    module: str  # the module that defines it
-    parameters: tuple[str, ...]  # positional parameter names in the checked versions
-    why: str
-    hook: str  # SGLang's HookType: BEFORE, AROUND or AFTER
-    handler: str  # the function in foundry.integrations.sglang.plugin that runs there
-
+_DECODE = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
+_KV = "sglang.srt.mem_cache.kv_cache_configurator"
+_RUNNER = "sglang.srt.model_executor.model_runner"
 
 HOOK_POINTS = (
     HookPoint("sglang.srt.managers.scheduler.Scheduler.__init__", "sglang.srt.managers.scheduler",
@@ -34,13 +27,19 @@ HOOK_POINTS = (
                "moe_dp_rank", "dp_rank"),
               "start the session in each scheduler process before its first CUDA allocation",
               "BEFORE", "_on_scheduler_start"),
-    HookPoint("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes",
-              "sglang.srt.mem_cache.kv_cache_configurator", ("self", "pre_model_load_memory"),
+    HookPoint(f"{_RUNNER}.ModelRunner.load_model", _RUNNER, ("self",),
+              "compare each model runner's configuration (the target's, a draft model's) with SAVE's before its "
+              "weights are allocated", "BEFORE", "_on_model_load"),
+    HookPoint(f"{_KV}.KVCacheConfigurator._profile_available_bytes", _KV, ("self", "pre_model_load_memory"),
               "SAVE records the KV budget it profiled; LOAD uses that budget instead of profiling again",
               "AROUND", "_kv_budget"),
+    HookPoint(f"{_KV}.KVCacheConfigurator._handle_max_mamba_cache", _KV, ("self", "total_rest_memory"),
+              "hybrid models: SAVE records the linear-attention state pool's size it derived from free memory; "
+              "LOAD sizes the pool as SAVE did", "AROUND", "_mamba_pool"),
     HookPoint(f"{_BACKEND}.full_cuda_graph_backend.FullCudaGraphBackend.__init__",
               f"{_BACKEND}.full_cuda_graph_backend", ("self", "cuda_graph_runner"),
-              "note which runner (decode, prefill, ...) a backend captures for", "AFTER", "_note_runner"),
+              "note which graph runner (decode, target_verify, draft_decode, ...) and model runner a backend "
+              "captures for; refuse runners the plugin does not persist", "AFTER", "_note_runner"),
     HookPoint(f"{_BACKEND}.full_cuda_graph_backend.FullCudaGraphBackend.capture_one",
               f"{_BACKEND}.full_cuda_graph_backend",
               ("self", "shape_key", "forward_fn", "capture_inputs", "post_warmup_hook"),
@@ -49,19 +48,17 @@ HOOK_POINTS = (
               f"{_BACKEND}.breakable_cuda_graph_backend",
               ("self", "shape_key", "forward_fn", "capture_inputs", "post_warmup_hook"),
               "breakable graphs are not persisted: passed through, and the log says so", "AROUND", "_pass_through"),
-    HookPoint("sglang.srt.model_executor.model_runner.ModelRunner.init_cuda_graphs",
-              "sglang.srt.model_executor.model_runner", ("self", "capture_decode_cuda_graph"),
-              "after every graph: SAVE writes the archive, LOAD checks every archived graph was restored",
-              "AFTER", "_on_graphs_done"),
+    HookPoint(f"{_DECODE}.freeze_gc", _DECODE, ("enable_cudagraph_gc",),
+              "a LOAD that restores the warm-ups' bytes freezes the collector around the capture loop without the "
+              "two full collections SGLang runs there (nothing of such a LOAD follows SAVE's trace)", "AROUND",
+              "_freeze_gc", defined_in="sglang.srt.model_executor.runner.base_cuda_graph_runner"),
+    HookPoint("sglang.srt.managers.scheduler.Scheduler.init_all_cuda_graphs", "sglang.srt.managers.scheduler",
+              ("self",),
+              "after every model runner's graphs (the target's, then a draft model's): SAVE writes the archive, "
+              "LOAD checks every archived graph was restored", "AFTER", "_on_graphs_done"),
 )  # fmt: skip
 
 
 def check_version(version: str) -> None:
     """Refuse an SGLang version the hook points were not checked against."""
-    if version not in CHECKED_VERSIONS:
-        raise FoundryError(
-            "this SGLang version was not checked against Foundry's hook points; nothing was patched",
-            field="sglang.version",
-            expected=list(CHECKED_VERSIONS),
-            found=version,
-        )
+    hookpoints.check_version("sglang", version, CHECKED_VERSIONS)

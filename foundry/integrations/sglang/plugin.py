@@ -9,10 +9,17 @@ to start. In a scheduler:
 1. ``Scheduler.__init__`` (before): open the SAVE or LOAD session and reserve the
    deterministic region before the first CUDA allocation; LOAD compares the
    server arguments that shape memory with SAVE's, by name; report the rank active.
-2. ``KVCacheConfigurator._profile_available_bytes``: SAVE records the KV budget it
+2. ``ModelRunner.load_model`` (before): each model runner's configuration (the
+   target's, and under speculative decoding the draft model's) is recorded at
+   SAVE and compared at LOAD before its weights are allocated.
+3. ``KVCacheConfigurator._profile_available_bytes``: SAVE records the KV budget it
    profiled; LOAD takes that budget (refusing when less memory is free), so the
-   KV pool and every later allocation land where they did at SAVE.
-3. ``FullCudaGraphBackend.capture_one``: SGLang's two warm-up forwards run as
+   KV pool and every later allocation land where they did at SAVE. For hybrid
+   models ``_handle_max_mamba_cache``, called inside it, sizes the
+   linear-attention state pool: SAVE records that size, LOAD takes it.
+4. ``FullCudaGraphBackend.__init__`` (after): the graph runner the backend
+   captures for (:mod:`foundry.integrations.sglang.runners`) and its model runner.
+5. ``FullCudaGraphBackend.capture_one``: SGLang's two warm-up forwards run as
    always (SAVE records torch's allocations from the first on); then SAVE
    captures through the session, LOAD installs the restored graph and its
    outputs where SGLang keeps them. A LOAD with ``--warmup restore`` skips the
@@ -20,36 +27,54 @@ to start. In a scheduler:
    that safe (:mod:`foundry.integrations.sglang.warmup_skip`). Breakable graphs
    are passed through: SGLang captures them itself in SAVE and LOAD, the hook
    told so, and the log says so.
-4. ``ModelRunner.init_cuda_graphs`` (after): SAVE judges whether a LOAD may skip
-   the warm-ups and writes the archive; LOAD checks that every archived graph was
-   restored and nothing was captured.
+6. ``Scheduler.init_all_cuda_graphs`` (after): every model runner has captured
+   (the target's graphs, then the draft model's); SAVE judges whether a LOAD may
+   skip the warm-ups and writes the one archive; LOAD checks that every archived
+   graph of every graph runner was restored and nothing was captured.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import importlib.metadata
-import json
-import os
-import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from foundry.env import OVERWRITE, SAVE_FIRST_RUN, SGLANG_REPORT
+from foundry.env import SGLANG_GC, SGLANG_REPORT
 from foundry.errors import DriftError, FoundryError
+from foundry.integrations.common import patching, startup
+from foundry.integrations.common import session as shared
+from foundry.integrations.common.session import say as _say
 from foundry.integrations.sglang.config import PluginConfig, load_config
 from foundry.integrations.sglang.hookpoints import HOOK_POINTS, check_version
+from foundry.integrations.sglang.runners import graph_name, phase_of, role_of
 from foundry.integrations.sglang.server_args import check_server_args, model_config_digest, server_fingerprint
+from foundry.integrations.sglang.speculative import check_speculative, model_runners
 from foundry.integrations.sglang.warmup_skip import SAFE, VERDICT
 
-RUNNERS = {"DecodeCudaGraphRunner": "decode", "PrefillCudaGraphRunner": "prefill"}
 KV_BUDGET = "sglang.kv_budget_bytes"
-MODEL_CONFIG = "sglang.model_config_sha256"
+MAMBA_POOL = "sglang.mamba_cache_size"  # hybrid models: slots of the linear-attention state pool
+# each model runner's configuration digest, by role
+MODEL_CONFIGS = {"target": "sglang.model_config_sha256", "draft": "sglang.draft_model_config_sha256"}
 # prefill backends the plugin handles: full graphs are persisted, breakable ones passed through
 # (SGLang captures them in SAVE and LOAD alike); tc_piecewise lives in torch.compile's caches
 PREFILL_BACKENDS = ("disabled", "full", "breakable")
+
+
+def _phase_seconds() -> dict[str, float]:
+    return {"warmup_forwards_s": 0.0, "graphs_s": 0.0}
+
+
+@dataclass
+class RunnerGraphs:
+    """One model runner's graphs in a scheduler (the target's, a draft model's): the
+    names by graph runner phase, in capture order, and the seconds they took."""
+
+    phases: dict[str, list[str]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=_phase_seconds)
 
 
 @dataclass
@@ -59,16 +84,20 @@ class SchedulerState:
     config: PluginConfig
     session: Any
     rank: int
-    graphs: list[str] = field(default_factory=list)
+    graphs: list[str] = field(default_factory=list)  # every graph, in capture order
+    expected_runners: tuple[str, ...] = ("target",)  # the model runners this server's scheduler holds
+    runners: dict[str, RunnerGraphs] = field(default_factory=dict)  # by model runner role, as they capture
+    configs: dict[str, str] = field(default_factory=dict)  # model runner role -> its configuration's digest
     passed_through: set[str] = field(default_factory=set)
-    model_checked: bool = False
+    hybrid: bool = False  # the model has a linear-attention state pool (its size is pinned)
     graph_phase: bool = False  # the first shape's warm-up has begun
     recording_error: str | None = None  # SAVE: why torch's allocation history is not recorded
     finished: bool = False
     # seconds in SGLang's eager warm-up forwards, in capturing (SAVE) or restoring (LOAD), and in
     # every Foundry call on the scheduler's path (session start, graphs, finish with its waits)
-    seconds: dict[str, float] = field(default_factory=lambda: {"warmup_forwards_s": 0.0, "graphs_s": 0.0,
-                                                               "foundry_s": 0.0})  # fmt: skip
+    seconds: dict[str, float] = field(default_factory=lambda: {**_phase_seconds(), "foundry_s": 0.0})
+    prefetch: Any = None  # LOAD: Triton's cache key computed on a thread (startup.Prefetch)
+    skipped_collections: bool = False  # LOAD: SGLang's collections around the capture loop were left out
 
 
 _state: SchedulerState | None = None
@@ -95,26 +124,10 @@ def installed_version() -> str:
         raise FoundryError("SGLang is not installed in this environment", field="sglang.version") from None
 
 
-def _say(message: str) -> None:
-    # SGLang loads plugins before it configures logging in a scheduler: plain stderr
-    print(f"foundry: {message}", file=sys.stderr, flush=True)
-
-
 def _prepare_children(config: PluginConfig) -> None:
     """Without `foundry run`: preload the hook into the schedulers SGLang spawns and
     describe the session to them (spawned processes inherit this environment)."""
-    from pathlib import Path
-
-    from foundry.runtime.launch import launcher
-
-    run = launcher.RunConfig(config.mode, Path(config.archive or ""), config.region_base, config.region_size,
-                             config.warmup)  # fmt: skip
-    env = launcher.environment(run)  # built from os.environ: what it dropped, this process drops too
-    for key in set(os.environ) - set(env):
-        del os.environ[key]
-    os.environ.update(env)
-    if config.mode == "save":
-        launcher.preexec(run)()  # no address-space randomisation, inherited by every child
+    shared.prepare_children(config)
 
 
 def _install() -> None:
@@ -127,14 +140,7 @@ def _install() -> None:
 def _check_patched() -> None:
     """SGLang applies hooks target by target and logs, rather than raises, a target it
     could not patch: every one must be in place before the session starts."""
-    import pkgutil
-
-    for point in HOOK_POINTS:
-        module_and_class, _, attribute = point.target.rpartition(".")
-        owner = pkgutil.resolve_name(module_and_class)
-        if not hasattr(getattr(owner, attribute, None), "__wrapped__"):
-            raise FoundryError("SGLang did not apply one of the plugin's hooks", field="sglang.hooks",
-                               found=point.target)  # fmt: skip
+    patching.check_patched(HOOK_POINTS, "sglang")
 
 
 def _argument(args: tuple, kwargs: dict, index: int, name: str) -> Any:
@@ -144,30 +150,18 @@ def _argument(args: tuple, kwargs: dict, index: int, name: str) -> Any:
 # -- hooks ---------------------------------------------------------------------------
 
 
-def _says_refusals(hook: Callable[..., Any]) -> Callable[..., Any]:
-    """A hook's Foundry error stops the scheduler (SGLang logs it with a traceback and
-    shuts the server down); the log also gets one line that says what was refused
-    (drift) or what failed."""
+def _who() -> str:
+    return "scheduler" if _state is None else f"scheduler (tp rank {_state.rank}) {_state.config.mode}"
 
-    @functools.wraps(hook)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return hook(*args, **kwargs)
-        except FoundryError as err:
-            who = "scheduler" if _state is None else f"scheduler (tp rank {_state.rank}) {_state.config.mode}"
-            _say(f"{who} {'refused' if isinstance(err, DriftError) else 'failed'}: {err}")
-            raise
 
-    return run
+# A hook's Foundry error stops the scheduler (SGLang logs it with a traceback and shuts the
+# server down); the log also gets one line that says what was refused (drift) or what failed.
+_says_refusals = shared.says_refusals(_who)
 
 
 @_says_refusals
 def _on_scheduler_start(*args: Any, **kwargs: Any) -> None:
     global _state
-    from foundry.runtime.sessions.load import LoadSession
-    from foundry.runtime.sessions.open import load_options
-    from foundry.runtime.sessions.save import SaveSession
-
     begun = time.perf_counter()
     config = load_config()
     if config.mode == "off":
@@ -178,23 +172,45 @@ def _on_scheduler_start(*args: Any, **kwargs: Any) -> None:
     rank = _argument(args, kwargs, 4, "tp_rank") or 0
     _check_supported(server_args)
     live = server_fingerprint(server_args, installed_version())
-    if config.mode == "save":
-        # the region's bytes at the end of the graph phase: what a LOAD skipping the warm-ups restores
-        session: Any = SaveSession(config.archive, device=device, rank=rank, model=live, warmup_bytes_until="finish",
-                                   overwrite=OVERWRITE.read())  # fmt: skip
-    else:
-        from foundry.archive.reader import Archive
 
-        options = load_options()
-        archive = Archive.open(config.archive)
-        if options["warmup"] == "restore":  # before the session, which would refuse the missing bytes less clearly
+    def check_archive(archive: Any, options: dict[str, Any]) -> None:
+        if options["warmup"] == "restore":
             check_warmup_skip(archive.catalog.model)
-        session = LoadSession(archive, device=device, rank=rank, **options)
-        check_server_args(session.archive.catalog.model, live)
-    session.start()
-    _state = SchedulerState(config, session, rank)
+
+    # SAVE keeps the region's bytes to the end of the graph phase: what a LOAD skipping the warm-ups restores
+    started = shared.start_session(config, device=device, rank=rank, live=live, check_archive=check_archive,
+                                    warmup_bytes_until="finish")  # fmt: skip
+    _state = SchedulerState(config, started, rank, expected_runners=model_runners(server_args))
+    if config.mode == "load":  # Triton's cache key, which the graph phase's first Triton launch would compute
+        _state.prefetch = startup.prefetch_triton_key()
     _state.seconds["foundry_s"] += time.perf_counter() - begun
     _say(f"scheduler (tp rank {rank}) active: mode {config.mode}, archive {config.archive}")
+
+
+@_says_refusals
+def _freeze_gc(original: Any, enable_cudagraph_gc: bool) -> Any:
+    """SGLang collects garbage fully before and after its capture loop (about 0.9 s in a
+    server's scheduler). A LOAD that restores the warm-ups' bytes keeps only the freeze:
+    nothing of it follows SAVE's allocation trace, so garbage left uncollected moves no
+    allocation a graph reads; ``FOUNDRY_SGLANG_GC=keep`` keeps SGLang's collections."""
+    if (
+        _state is None
+        or _state.config.mode != "load"
+        or _state.config.warmup != "restore"
+        or SGLANG_GC.read() == "keep"
+    ):
+        return original(enable_cudagraph_gc)
+    _state.skipped_collections = True
+    return _frozen() if not enable_cudagraph_gc else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _frozen() -> Any:
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def check_warmup_skip(model: dict[str, str]) -> None:
@@ -214,9 +230,7 @@ def _check_supported(server_args: Any) -> None:
     if getattr(server_args, "enable_memory_saver", False):
         raise FoundryError("the memory saver moves graph memory; it cannot be used with Foundry",
                            field="sglang.enable_memory_saver")  # fmt: skip
-    if getattr(server_args, "speculative_algorithm", None):
-        raise FoundryError("speculative decoding (several model runners) is not persisted yet",
-                           field="sglang.speculative_algorithm", found=server_args.speculative_algorithm)  # fmt: skip
+    check_speculative(server_args)
     decode = _phase_backend(server_args, "decode")
     if decode not in ("full", "disabled"):
         raise FoundryError("decode graphs are persisted with the full backend only",
@@ -244,48 +258,58 @@ def _phase_backend(server_args: Any, phase: str) -> str:
 
 
 @_says_refusals
+def _on_model_load(model_runner: Any, *args: Any, **kwargs: Any) -> None:
+    """A model runner's configuration, before its weights are allocated: SAVE records
+    its digest, LOAD refuses one that differs from SAVE's (by role: target or draft)."""
+    if _state is None:
+        return
+    role = role_of(model_runner)
+    if role in _state.configs:
+        raise FoundryError(f"a second {role} model runner; the plugin persists one target and one draft per "
+                           "scheduler", field="sglang.model_runners", found=role)  # fmt: skip
+    digest = model_config_digest(model_runner)
+    key = MODEL_CONFIGS[role]
+    if _state.config.mode == "save":
+        _state.session.model[key] = digest
+    else:
+        check_server_args(_state.session.archive.catalog.model, {key: digest})
+    _state.configs[role] = digest
+
+
+@_says_refusals
 def _kv_budget(original: Any, configurator: Any, *args: Any, **kwargs: Any) -> int:
     profiled = original(configurator, *args, **kwargs)
     if _state is None:
         return profiled
-    # a later run of a SAVE sizes its pool like the first
-    first_run = SAVE_FIRST_RUN.read() if _state.config.mode == "save" else None
-    if _state.config.mode == "save" and not first_run:
-        _state.session.model[KV_BUDGET] = str(profiled)
-        return profiled
-    if first_run:
-        from foundry.archive.reader import Archive
+    return shared.pinned_budget(_state.session, _state.config.mode, profiled, KV_BUDGET, "SGLang")
 
-        recorded = Archive.open(first_run).catalog.model.get(KV_BUDGET)
-        _state.session.model[KV_BUDGET] = str(recorded)
-    else:
-        recorded = _state.session.archive.catalog.model.get(KV_BUDGET)
-    if recorded is None:
-        raise DriftError("the archive records no KV budget (not saved by the SGLang plugin)", field=KV_BUDGET)
-    if profiled < int(recorded):
-        raise DriftError("less GPU memory is free for the KV cache than at SAVE", field=KV_BUDGET,
-                         expected=int(recorded), found=profiled)  # fmt: skip
-    return int(recorded)
+
+@_says_refusals
+def _mamba_pool(original: Any, configurator: Any, *args: Any, **kwargs: Any) -> Any:
+    """Hybrid models: SGLang sizes the linear-attention state pool (``max_mamba_cache_size``
+    slots) from free memory unless told; SAVE records the size, LOAD takes SAVE's (refusing
+    when it derived fewer slots: less memory is free). The bytes this returns feed the KV
+    budget, which :func:`_kv_budget` pins as a whole."""
+    rest = original(configurator, *args, **kwargs)
+    if _state is None:
+        return rest
+    from sglang.srt.runtime_context import get_context, get_schedule
+
+    _state.hybrid = True
+    derived = int(get_schedule().max_mamba_cache_size)
+    pinned = shared.pinned_budget(_state.session, _state.config.mode, derived, MAMBA_POOL, "SGLang",
+                                  what="the linear-attention state pool")  # fmt: skip
+    if pinned != derived:
+        get_context().override("foundry.pinned_mamba_pool", max_mamba_cache_size=pinned)
+    return rest
 
 
 @_says_refusals
 def _note_runner(result: Any, backend: Any, cuda_graph_runner: Any = None, *args: Any, **kwargs: Any) -> None:
-    name = type(cuda_graph_runner).__name__
-    backend._foundry_runner = RUNNERS.get(name, name.removesuffix("CudaGraphRunner").lower() or "graph")
-    backend._foundry_model_runner = getattr(cuda_graph_runner, "model_runner", None)
-
-
-def graph_name(runner: str, shape_key: Any) -> str:
-    """The archive name of one captured shape: ``decode.bs8``, ``prefill.t512``, ..."""
-    size = getattr(shape_key, "size", shape_key)
-    name = f"{runner}.{'t' if runner == 'prefill' else 'bs'}{size}"
-    stream = getattr(shape_key, "stream_idx", None)
-    variant = getattr(shape_key, "variant_label", None)
-    if stream is not None:
-        name += f".s{stream}"
-    if variant:
-        name += "." + "".join(c if c.isalnum() or c in "._-" else "_" for c in str(variant))
-    return name
+    if _state is None:
+        return
+    backend._foundry_runner = phase_of(cuda_graph_runner)  # refuses a graph runner the plugin does not persist
+    backend._foundry_role = role_of(getattr(cuda_graph_runner, "model_runner", None))
 
 
 @_says_refusals
@@ -293,9 +317,9 @@ def _capture_one(original: Any, backend: Any, shape_key: Any, forward_fn: Any, c
                  post_warmup_hook: Any = None) -> None:  # fmt: skip
     if _state is None:
         return original(backend, shape_key, forward_fn, capture_inputs, post_warmup_hook)
-    runner = getattr(backend, "_foundry_runner", "graph")
-    if not _state.model_checked:
-        _check_model(backend)
+    runner = getattr(backend, "_foundry_runner", None)
+    role = getattr(backend, "_foundry_role", "target")
+    name = _next_graph(runner, shape_key)
     backend._device_module.synchronize()  # work queued before this shape is not its warm-up's
     if not _state.graph_phase:
         _begin_graph_phase()
@@ -312,25 +336,40 @@ def _capture_one(original: Any, backend: Any, shape_key: Any, forward_fn: Any, c
     _state.session.warmup(warm_up)  # a LOAD restoring the warm-up's bytes skips it
     backend._device_module.synchronize()
     warmed = time.perf_counter()
-    name = graph_name(runner, shape_key)
     graph = _state.session.graph(name, forward_fn, shape_key=getattr(shape_key, "size", None), runner=runner)
-    _state.seconds["warmup_forwards_s"] += warmed - started
-    _state.seconds["graphs_s"] += time.perf_counter() - warmed
-    _state.seconds["foundry_s"] += time.perf_counter() - warmed
+    done = time.perf_counter()
+    graphs = _state.runners.setdefault(role, RunnerGraphs())
+    for seconds in (_state.seconds, graphs.seconds):
+        seconds["warmup_forwards_s"] += warmed - started
+        seconds["graphs_s"] += done - warmed
+    _state.seconds["foundry_s"] += done - warmed
     backend._graphs[shape_key] = graph
     backend._outputs[shape_key] = graph.outputs
     _state.graphs.append(name)
+    graphs.phases.setdefault(runner, []).append(name)
     if _state.config.mode == "load":
         graph.first_replay = functools.partial(_note_replay, name)
+
+
+def _next_graph(runner: str | None, shape_key: Any) -> str:
+    """The archive name of the shape about to be captured, refused when the graph phase
+    is over or the name is taken (two runners, or one capturing a shape twice)."""
+    assert _state is not None
+    if runner is None:  # the backend was built without the plugin's note (a hook not in place)
+        raise FoundryError("a graph backend whose graph runner is unknown", field="sglang.graph_runner")
+    name = graph_name(runner, shape_key)
+    if _state.finished:
+        raise FoundryError("a graph captured after the scheduler's graph phase ended (captured again?)",
+                           field="sglang.graphs", found=name)  # fmt: skip
+    if name in _state.graphs:
+        raise FoundryError("two graphs of one name in one scheduler", field="sglang.graphs", found=name)
+    return name
 
 
 def _note_replay(name: str) -> None:
     """A restored graph's first replay, appended to the report's path + ``.replays``
     (SGLang replays after the report is written): the proof that the server ran it."""
-    out = SGLANG_REPORT.read()
-    if out is not None:
-        with open(f"{out}.replays", "a") as handle:
-            handle.write(name + "\n")
+    shared.note_replay(SGLANG_REPORT.read(), name)
 
 
 def _begin_graph_phase() -> None:
@@ -341,17 +380,6 @@ def _begin_graph_phase() -> None:
     _state.graph_phase = True
     if _state.config.mode == "save":
         _state.recording_error = warmup_skip.start_recording()
-
-
-def _check_model(backend: Any) -> None:
-    assert _state is not None
-    model_runner = getattr(backend, "_foundry_model_runner", None)
-    digest = model_config_digest(model_runner)
-    if _state.config.mode == "save":
-        _state.session.model[MODEL_CONFIG] = digest
-    else:
-        check_server_args(_state.session.archive.catalog.model, {MODEL_CONFIG: digest})
-    _state.model_checked = True
 
 
 @_says_refusals
@@ -373,8 +401,8 @@ def _on_graphs_done(result: Any, *args: Any, **kwargs: Any) -> None:
     if _state is None:
         return result
     if _state.finished:
-        raise FoundryError("a second model runner captured graphs; the plugin persists one per scheduler",
-                           field="sglang.model_runners")  # fmt: skip
+        raise FoundryError("the scheduler's graph phase ended twice", field="sglang.graphs")
+    _check_model_runners()
     _state.finished = True
     begun = time.perf_counter()
     if _state.config.mode == "save" and _state.graph_phase:
@@ -385,30 +413,55 @@ def _on_graphs_done(result: Any, *args: Any, **kwargs: Any) -> None:
     if _state.config.mode == "load":
         _check_restored(report)
     report["sglang_graphs"] = list(_state.graphs)
+    report["sglang_model_runners"] = {role: {"graph_runners": graphs.phases, "seconds": graphs.seconds}
+                                      for role, graphs in _state.runners.items()}  # fmt: skip
     report[VERDICT] = (_state.session.model if _state.config.mode == "save"
                        else _state.session.archive.catalog.model).get(VERDICT)  # fmt: skip
     _state.seconds["foundry_s"] += time.perf_counter() - begun
     report["sglang_seconds"] = dict(_state.seconds)
+    report["sglang_startup"] = _startup_report()
     counters = report.get("counters", {})
+    by_runner = ", ".join(f"{phase} {len(names)}" for graphs in _state.runners.values()
+                          for phase, names in graphs.phases.items())  # fmt: skip
     _say(f"scheduler (tp rank {_state.rank}) {_state.config.mode}: {len(_state.graphs)} graphs "
-         f"{'saved' if _state.config.mode == 'save' else 'restored'}, "
+         f"{'saved' if _state.config.mode == 'save' else 'restored'}{f' ({by_runner})' if by_runner else ''}, "
          f"{counters.get('stream_captures', 0)} stream captures, "
          f"{counters.get('passthrough_captures', 0)} passed through")  # fmt: skip
-    out = SGLANG_REPORT.read()
-    if out is not None:
-        with open(out, "w") as handle:
-            json.dump(report, handle, indent=1, default=str)
+    shared.write_report(SGLANG_REPORT.read(), report)
     return result
 
 
+def _startup_report() -> dict[str, Any]:
+    """What this scheduler moved off SGLang's graph phase (see _freeze_gc and common.startup)."""
+    assert _state is not None
+    prefetch = _state.prefetch
+    key = None if prefetch is None else {"seconds": prefetch.seconds(), "error": prefetch.error}
+    return {"skipped_collections": _state.skipped_collections, "triton_key": key}
+
+
+def _check_model_runners() -> None:
+    """Every model runner the server holds had its configuration compared (a hook that
+    was not reached would let a draft model change unnoticed)."""
+    assert _state is not None
+    unseen = [role for role in _state.expected_runners if role not in _state.configs]
+    if unseen:
+        raise FoundryError("a model runner's configuration was never compared with SAVE's",
+                           field="sglang.model_runners", expected=list(_state.expected_runners),
+                           found=sorted(_state.configs))  # fmt: skip
+
+
 def _judge_warmup_skip(session: Any) -> str:
-    """SAVE's verdict on a LOAD that skips SGLang's warm-ups (see warmup_skip)."""
+    """SAVE's verdict on a LOAD that skips SGLang's warm-ups (see warmup_skip); not judged
+    for several model runners or a hybrid model's state pool."""
     from foundry.integrations.sglang import warmup_skip
 
     assert _state is not None
     irs = [ir for ir, _ in session.entries]
     recorded = _state.recording_error or warmup_skip.stop_recording(session.device)
-    if isinstance(recorded, str):  # never recorded, or unreadable: the verdict says why
+    unjudged = warmup_skip.unjudged(_state.runners, _state.hybrid)
+    if unjudged is not None:
+        recorded = unjudged
+    if isinstance(recorded, str):  # never recorded, unreadable or not judged: the verdict says why
         return warmup_skip.verdict(irs, recorded)
     blocks, segments = recorded
     info = session.hook.region()
@@ -418,11 +471,4 @@ def _judge_warmup_skip(session: Any) -> str:
 
 def _check_restored(report: dict[str, Any]) -> None:
     assert _state is not None
-    archived = [entry.name for entry in _state.session.record.graphs]
-    missing = sorted(set(archived) - set(_state.graphs))
-    if missing:
-        raise DriftError("the server did not ask for every archived graph (another batch-size list?)",
-                         field="sglang.graphs", expected=archived[:8], found=missing[:8])  # fmt: skip
-    captures = report.get("counters", {}).get("stream_captures", 0)
-    if captures:
-        raise DriftError("the LOAD captured graphs", field="stream_captures", found=captures)
+    shared.check_restored(_state.session, _state.graphs, report, "sglang.graphs")

@@ -12,7 +12,9 @@ SAVE therefore records torch's allocation history over the graph phase. At its e
 the history gives the blocks allocated in that phase, outside the graph pools,
 and still alive. Every graph operand is checked against them, and the archive
 records the verdict under ``sglang.warmup_skip``. A LOAD that skips the warm-ups
-refuses an archive whose verdict is not ``safe``.
+refuses an archive whose verdict is not ``safe``. Servers with several model
+runners (speculative decoding) and hybrid models are not judged
+(:func:`unjudged`): their verdict is ``unknown``.
 """
 
 from __future__ import annotations
@@ -99,6 +101,21 @@ def live_phase_blocks(snapshot: Mapping[str, Any], device: int) -> list[tuple[in
     except (KeyError, IndexError, TypeError, ValueError) as err:
         return f"torch's allocator snapshot has another shape ({type(err).__name__}: {err})"
     return sorted((a, s) for a, s in live.items() if a not in graph_segments)
+
+
+def unjudged(model_runners: Iterable[str], hybrid: bool) -> str | None:
+    """Why SAVE does not judge a skipping LOAD at all, or None. Several model runners
+    (speculative decoding): the draft model's graph runners allocate their buffers
+    between the target's captures and their own, not in a warm-up, so a LOAD skipping
+    the warm-ups makes them after the restored range, elsewhere than SAVE. A hybrid
+    model: the warm-up forwards write its linear-attention state pool, allocated before
+    the graph phase, whose bytes are not among those restored."""
+    runners = sorted(model_runners)
+    if len(runners) > 1:
+        return f"not judged for several model runners ({', '.join(runners)}: speculative decoding)"
+    if hybrid:
+        return "not judged for a hybrid model (its linear-attention state pool is written by the warm-ups)"
+    return None
 
 
 def verdict(irs: Iterable[GraphIR], blocks: list[tuple[int, int]] | str) -> str:

@@ -18,12 +18,20 @@ Each later run also has glibc fill fresh and freed heap blocks with its own byte
 blocks back unfilled), so a leftover from the heap differs between the runs even
 where the layout moved nothing: cuDNN's kernel parameters held 24 such bytes that
 three unperturbed runs of one SAVE agreed on and another SAVE's runs did not.
+
+A LOAD replaces the launcher with the program (``exec``): no second Python process
+waits beside it, and the launcher's own imports stay few (no IR, no backends, no
+sessions) so that it adds little to the program's start-up; it says how long it took,
+from its process's start to the exec. JIT caches (:mod:`.jit`): a SAVE records them
+with a priming run first, a LOAD installs them before the program starts.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -36,7 +44,6 @@ from foundry.env import RunEnvironment
 from foundry.errors import DriftError, FoundryError, HookError
 from foundry.runtime.launch import rank_runs
 from foundry.runtime.native.hook import LIBRARY, library_path
-from foundry.runtime.sessions.validate import check_relocation
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,9 @@ class RunConfig:
     region_threads: str = "owner"  # which threads may allocate in the region: owner or any
     save_id: str | None = None  # SAVE of several ranks: FOUNDRY_SAVE_ID for this run (default: inherited)
     heap_fill: int = 0  # SAVE runs after the first: MALLOC_PERTURB_, the byte glibc fills heap blocks with
+    jit_caches: bool = False  # SAVE: record the JIT caches (a priming run first); LOAD: install the archive's
+    trust_cached_code: bool = False  # LOAD: install the caches' host code too (code from the archive runs)
+    cache_env: tuple[tuple[str, str], ...] = ()  # SAVE runs: the cache variables of the SAVE's own caches
 
 
 ADDR_NO_RANDOMIZE = 0x0040000
@@ -97,6 +107,7 @@ def environment(config: RunConfig, base_env: dict[str, str] | None = None) -> di
         base, size, relocate = _load_region(config)
     preload = [str(lib), *[p for p in env.get("LD_PRELOAD", "").split(":") if p and Path(p).name != LIBRARY]]
     env = _run_environment(config, base, size, relocate).apply(env)
+    env.update(config.cache_env)
     env["LD_PRELOAD"] = ":".join(preload)
     if config.mode == "save" and config.fixed_layout:
         env["PYTHONHASHSEED"] = "0"
@@ -117,6 +128,8 @@ def _load_region(config: RunConfig) -> tuple[int, int, bool]:
         raise DriftError("the archive has no region record (it was not saved with the hook)", field="region")
     relocate = config.region_base is not None and config.region_base != region.base
     if relocate:
+        from foundry.runtime.sessions.validate import check_relocation  # only here: it imports the IR
+
         check_relocation(config.warmup, saved_base=region.base, live_base=config.region_base)
     return (config.region_base if relocate else region.base), config.region_size or region.size, relocate
 
@@ -144,13 +157,16 @@ def _run_environment(config: RunConfig, base: int | None, size: int | None, relo
     )
 
 
-def _start(command: list[str], config: RunConfig, stop: Callable[[], bool] | None = None) -> int:
+def _start(command: list[str], config: RunConfig, stop: Callable[[], bool] | None = None,
+           env: dict[str, str] | None = None) -> int:  # fmt: skip
     """Run the program; its exit code. With ``stop``, it is polled while the program
-    runs, and once true the program is terminated (killed after 10 s)."""
+    runs, and once true the program is terminated (killed after 10 s). ``env``: this
+    environment instead of the configuration's."""
     import subprocess
 
     try:
-        child = subprocess.Popen(command, env=environment(config), preexec_fn=preexec(config))
+        child = subprocess.Popen(command, env=environment(config) if env is None else env,
+                                 preexec_fn=None if env is not None else preexec(config))  # fmt: skip
     except FileNotFoundError:
         raise FoundryError("command not found", found=command[0]) from None
     except OSError as err:
@@ -176,11 +192,20 @@ def _start(command: list[str], config: RunConfig, stop: Callable[[], bool] | Non
         raise
 
 
-def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Callable[[str], None] = print) -> int:
+def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Callable[[str], None] = print,
+        replace_process: bool = False) -> int:  # fmt: skip
     """Run ``command`` under the hook; a SAVE runs it ``save_runs`` times in fresh
     processes and marks in the archive every parameter byte the runs disagree on
     (:func:`foundry.runtime.launch.merge.merge_saves`); with several ranks, every rank's
-    launcher does so together. Returns the exit code."""
+    launcher does so together. Returns the exit code. A LOAD with ``replace_process``
+    (``foundry run``) becomes the program instead and does not return."""
+    if config.mode == "load":
+        return _load(config, command, log, replace_process)
+    if config.mode == "save" and config.jit_caches:
+        from foundry.runtime.launch import jit
+
+        again = partial(run, command=command, save_runs=save_runs, log=log)
+        return jit.save_with_caches(config, lambda c: again(c), partial(_start_plain, command, config), log)
     if config.mode == "save" and (config.archive / CATALOG_FILE).exists() and not config.overwrite:
         raise FoundryError("already holds an archive (pass --overwrite to replace it)", path=str(config.archive))
     ranks = config.mode == "save" and config.world_size > 1
@@ -217,6 +242,49 @@ def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Calla
         if code != 0:
             return code
     return 0
+
+
+def _load(config: RunConfig, command: list[str], log: Callable[[str], None], replace_process: bool) -> int:
+    """A LOAD: the archive's JIT caches installed, then the program, in this process when
+    ``replace_process``."""
+    env = environment(config)
+    if config.jit_caches:
+        from foundry.runtime.launch import jit
+
+        env.update(jit.load_caches(config.archive, trust_host_code=config.trust_cached_code, log=log))
+    if not replace_process:
+        return _start(command, config, env=env)
+    since = seconds_since_start()
+    log(f"foundry: launcher: {'?' if since is None else f'{since:.3f}'} s from its start to the program's exec")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(command[0], command, env)
+    except FileNotFoundError:
+        raise FoundryError("command not found", found=command[0]) from None
+    except OSError as err:
+        raise FoundryError(f"cannot start the program: {err.strerror or err}", found=command[0]) from None
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def seconds_since_start() -> float | None:
+    """How long this process has run, from the kernel's record of its start (in clock
+    ticks, 10 ms on most systems); None where /proc does not say."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        started = int(stat[stat.rindex(")") + 2 :].split()[19]) / os.sysconf("SC_CLK_TCK")
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - started
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _start_plain(command: list[str], config: RunConfig, variables: dict[str, str]) -> int:
+    """The program as a plain run (``FOUNDRY_MODE=off``, no hook) with ``variables``: a
+    SAVE's priming run."""
+    env = RunEnvironment(mode="off").apply(variables)
+    preload = [p for p in env.get("LD_PRELOAD", "").split(":") if p and Path(p).name != LIBRARY]
+    env["LD_PRELOAD"] = ":".join(preload)
+    return _start(command, config, env=env)
 
 
 def _later_run(config: RunConfig, run_index: int, save_id: str | None = None) -> RunConfig:

@@ -1,0 +1,97 @@
+"""What a LOAD moves off SGLang's graph phase: Triton's cache key computed on a thread
+(foundry.integrations.common.startup), and SGLang's collections around its capture loop
+left out when the warm-ups' bytes are restored (plugin._freeze_gc). Triton is not installed
+on CPU machines: a stand-in module plays ``triton.runtime.cache``, and the test says so."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import sys
+import threading
+import types
+
+import pytest
+
+from foundry.integrations.common import startup
+from foundry.integrations.sglang import plugin
+from foundry.integrations.sglang.config import PluginConfig
+
+
+@pytest.fixture
+def fake_triton(monkeypatch):
+    """A stand-in for triton.runtime.cache (Triton needs a GPU build here): its key
+    function records the thread it ran on and waits to be released."""
+    ran, release = [], threading.Event()
+
+    def triton_key() -> str:
+        ran.append(threading.current_thread().name)
+        release.wait(5)
+        return "3.6.0-key"
+
+    cache = types.ModuleType("triton.runtime.cache")
+    cache.triton_key = triton_key
+    for name, module in {"triton": types.ModuleType("triton"), "triton.runtime": types.ModuleType("triton.runtime"),
+                         "triton.runtime.cache": cache}.items():  # fmt: skip
+        monkeypatch.setitem(sys.modules, name, module)
+    return ran, release
+
+
+def test_the_key_is_computed_on_a_thread_while_the_caller_goes_on(fake_triton):
+    ran, release = fake_triton
+    prefetch = startup.prefetch_triton_key()
+    assert prefetch is not None and prefetch.seconds() is None  # still running: the caller was not held
+    release.set()
+    prefetch.thread.join(5)
+    assert ran == ["foundry-triton-key"] and prefetch.seconds() is not None and prefetch.error is None
+
+
+def test_without_triton_nothing_is_started(monkeypatch):
+    monkeypatch.setitem(sys.modules, "triton", None)  # as if it were not installed
+    assert startup.prefetch_triton_key() is None
+
+
+def test_a_failing_key_is_reported_not_raised():
+    prefetch = startup.Prefetch("boom", lambda: 1 / 0)
+    prefetch.thread.join(5)
+    assert prefetch.error.startswith("ZeroDivisionError")
+
+
+class Collections:
+    """SGLang's freeze_gc as a stand-in original: records that it ran."""
+
+    def __init__(self) -> None:
+        self.calls: list[bool] = []
+
+    def __call__(self, enable_cudagraph_gc: bool):
+        self.calls.append(enable_cudagraph_gc)
+        return contextlib.nullcontext()
+
+
+def _state(monkeypatch, mode: str, warmup: str) -> None:
+    config = PluginConfig(mode=mode, archive="/a", warmup=warmup)
+    monkeypatch.setattr(plugin, "_state", plugin.SchedulerState(config, object(), 0))
+
+
+def test_a_load_restoring_the_warmups_freezes_without_collecting(monkeypatch):
+    _state(monkeypatch, "load", "restore")
+    original, seen = Collections(), []
+    monkeypatch.setattr(gc, "collect", lambda *a: seen.append("collect") or 0)
+    monkeypatch.setattr(gc, "freeze", lambda: seen.append("freeze"))
+    monkeypatch.setattr(gc, "unfreeze", lambda: seen.append("unfreeze"))
+    with plugin._freeze_gc(original, False):
+        seen.append("capture loop")
+    assert seen == ["freeze", "capture loop", "unfreeze"]  # SGLang's freeze kept, its two collections left out
+    assert original.calls == [] and plugin._state.skipped_collections
+
+
+@pytest.mark.parametrize(("mode", "warmup", "gc_choice"), [("load", "replay", None), ("save", "replay", None),
+                                                           ("load", "restore", "keep")])  # fmt: skip
+def test_sglangs_collections_stay_everywhere_else(monkeypatch, mode, warmup, gc_choice):
+    _state(monkeypatch, mode, warmup)
+    if gc_choice:
+        monkeypatch.setenv("FOUNDRY_SGLANG_GC", gc_choice)
+    original = Collections()
+    with plugin._freeze_gc(original, False):
+        pass
+    assert original.calls == [False] and not plugin._state.skipped_collections
