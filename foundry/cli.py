@@ -97,7 +97,36 @@ json_option = click.option("--json", "as_json", is_flag=True, help="machine-read
 rank_option = click.option("--rank", type=click.IntRange(min=0), default=None, help="only this rank")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+_HELP_REQUESTED = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
+
+
+class _Commands(click.Group):
+    """The ``foundry`` group. A usage error (an unknown option, a bad value, a missing
+    argument) is a refusal like any other: one line on stderr, or one JSON object on stdout
+    with ``--json``, and exit 2; click's own form of it is four lines."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:  # fmt: skip
+        argv = list(sys.argv[1:] if args is None else args)
+        if not standalone_mode:
+            return super().main(argv, prog_name, complete_var, False, **extra)
+        as_json = "--json" in (argv[: argv.index("--")] if "--" in argv else argv)  # not a program's own flags
+        try:
+            code = super().main(argv, prog_name, complete_var, False, **extra)
+        except _HELP_REQUESTED as err:  # a group named without its command: its help, as click shows it
+            err.show()
+            sys.exit(err.exit_code)
+        except click.ClickException as err:  # usage errors among them
+            hint = f" (see '{err.ctx.command_path} --help')" if isinstance(err, click.UsageError) and err.ctx else ""
+            message = err.format_message() + hint
+            _fail(message, err.exit_code, as_json, {"error": type(err).__name__, "message": message})
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else EXIT_OK)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="foundry")
 def main() -> None:
     """Foundry: inspect, lint and diff archives of persisted CUDA graphs."""
