@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -29,6 +30,7 @@ from rich.text import Text
 
 from foundry.archive import Archive
 from foundry.archive.sample import sample_path
+from foundry.archive.schema import CATALOG_FILE
 from foundry.errors import FoundryError
 
 from .archive_tools import reseal
@@ -107,6 +109,35 @@ async def test_a_nan_launch_attribute_is_an_error_in_the_pane(tmp_path):
         assert "Cannot read graph 'decode.bs1' of rank 0" in plain(pane.shown)
         await press(pilot, "escape", "down")  # back in the tree: the other graphs still open
         assert screen.query_one(NodeTable).graph.entry.name == "decode.bs2"
+
+
+# -- before the terminal is taken over ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["a", "b", "c"], "give one ARCHIVE to browse, or two"),
+        (["/no/such/archive"], "no such archive"),
+        (["CATALOG-FIELD"], r"unknown field `\\x1b\[2J"),
+    ],
+)
+def test_an_archive_or_flag_the_tui_cannot_start_with_is_one_escaped_line(cli, tmp_path, argv, match):
+    """``foundry-tui`` refuses as ``foundry`` does: one line on stderr, exit 2, the archive's
+    escapes escaped (a catalog field named with a screen clear)."""
+    if argv == ["CATALOG-FIELD"]:
+        path = Path(shutil.copytree(sample_path(), tmp_path / "archive"))
+        catalog = json.loads((path / CATALOG_FILE).read_text())
+        catalog["\x1b[2J\x1b]0;all ok\x07x"] = 1
+        (path / CATALOG_FILE).write_text(json.dumps(catalog))
+        argv = [str(path)]
+    outcome = cli.run(*argv, prog="foundry-tui")
+    assert outcome.rc == 2 and not outcome.timed_out, str(outcome)
+    lines = outcome.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("foundry-tui: error: ") and outcome.stdout == "", str(outcome)
+    assert not CONTROL.search(outcome.stderr) and "Traceback" not in outcome.stderr, str(outcome)
+    assert re.search(match, lines[0]), lines[0]
 
 
 # -- tampered archives, generated (the CLI's generators: tests/test_fuzz.py) ----------------------
