@@ -484,7 +484,7 @@ def _leaf_commands() -> dict[tuple[str, ...], click.Command]:
     return dict(walk(foundry_main, ()))
 
 
-def _argv(words: tuple[str, ...], command: click.Command, archive: Path) -> list[str] | None:
+def _command_argv(words: tuple[str, ...], command: click.Command, archive: Path) -> list[str] | None:
     """``words`` with every required parameter filled, each archive one being ``archive``;
     None for a command that reads no archive."""
     argv, reads = list(words), False
@@ -544,7 +544,7 @@ def _cut(path: Path) -> Path:
 
 def test_every_command_is_checked_for_bad_input():
     """The commands below are the group's: one that reads an archive and is not covered fails here."""
-    readers = {words for words, command in _leaf_commands().items() if _argv(words, command, SAMPLE)}
+    readers = {words for words, command in _leaf_commands().items() if _command_argv(words, command, SAMPLE)}
     assert readers >= {("archive", "inspect"), ("archive", "diff"), ("archive", "verify"), ("archive", "strip"),
                        ("graph", "lint"), ("graph", "show"), ("graph", "export"), ("run",)}  # fmt: skip
 
@@ -557,7 +557,7 @@ def test_no_command_answers_bad_input_with_an_internal_error(cli, tmp_path, bad)
         for flags in ([], ["--json"]) if any(p.name == "as_json" for p in command.params) else ([],):
             where = tmp_path / "-".join(words) / ("json" if flags else "text")
             where.mkdir(parents=True)
-            argv = _argv(words, command, BAD_ARCHIVES[bad](where))
+            argv = _command_argv(words, command, BAD_ARCHIVES[bad](where))
             if argv is None:
                 continue
             head, tail = (argv[: argv.index("--")], argv[argv.index("--") :]) if "--" in argv else (argv, [])
@@ -597,7 +597,7 @@ def test_no_command_answers_wrong_flags_with_more_than_one_line(cli, how):
         flags = _wrong_flags(command, how)
         if flags is None:
             continue
-        argv = _argv(words, command, SAMPLE) or list(words)
+        argv = _command_argv(words, command, SAMPLE) or list(words)
         head, tail = (argv[: argv.index("--")], argv[argv.index("--") :]) if "--" in argv else (argv, [])
         outcome = cli.run(*head, *flags, *tail)
         text = assert_refused(outcome)
