@@ -35,7 +35,7 @@ from foundry.errors import FoundryError
 
 from .archive_tools import reseal
 from .conftest import FIXTURES
-from .hostile import CONTROL, edit_document, hostile_names
+from .hostile import CONTROL, HOSTILE, edit_document, hostile_names
 from .test_fuzz import edit_tree
 from .test_hostile import _window, _with_window
 from .test_tui import SIZE, app_for, pilot_test, plain, press, settle
@@ -180,6 +180,25 @@ async def _browse_every_graph(root: Path) -> None:
         assert isinstance(app.screen, BrowseScreen)
 
 
+def _make_a_string_hostile(data: st.DataObject, tree: object) -> None:
+    """Append :data:`HOSTILE` (markup, a screen clear, an OSC title) to one name in ``tree``: a
+    kernel's, a region's or a graph's, or a graph's runner (what the panes render)."""
+    leaves: list[tuple[dict | list, object]] = []
+
+    def walk(node: object) -> None:
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, value in items:
+            if isinstance(value, str) and key in ("name", "runner"):
+                leaves.append((node, key))
+            else:
+                walk(value)
+
+    walk(tree)
+    if leaves:
+        parent, key = leaves[data.draw(st.integers(0, len(leaves) - 1), label="string")]
+        parent[key] += HOSTILE
+
+
 @settings(max_examples=int(os.environ.get("FOUNDRY_FUZZ_EXAMPLES", "8")), derandomize=True, deadline=None,
           suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
 @given(data=st.data())
@@ -192,11 +211,15 @@ def test_the_tui_opens_tampered_archives_and_shows_their_errors_in_the_pane(data
             target = graphs[data.draw(st.integers(0, len(graphs) - 1), label="graph")]
             document = msgspec.msgpack.decode(target.read_bytes())
             edit_tree(data, document, as_json=False)
+            if data.draw(st.booleans(), label="a string made hostile"):  # what a pane renders: names, kernels
+                _make_a_string_hostile(data, document)
             target.write_bytes(msgspec.msgpack.encode(document))
         reseal(root)
         if data.draw(st.booleans(), label="session edited"):
             session = json.loads((root / "rank0" / "session.json").read_text())
             edit_tree(data, session, as_json=True)
+            if data.draw(st.booleans(), label="a name in the session made hostile"):  # what the tree shows
+                _make_a_string_hostile(data, session)
             (root / "rank0" / "session.json").write_text(json.dumps(session))
             reseal(root, graphs=False)
         try:
