@@ -112,8 +112,11 @@ class FoundryGroup(click.Group):
     """The root group: every usage error one line (or one JSON object), like every other refusal,
     and a subcommand typed without its group pointed to its place."""
 
-    def main(self, args: list[str] | None = None, prog_name: str | None = None, **extra: Any) -> Any:  # type: ignore[override]
+    def main(self, args: list[str] | None = None, prog_name: str | None = None,  # type: ignore[override]
+             standalone_mode: bool = True, **extra: Any) -> Any:  # fmt: skip
         args = sys.argv[1:] if args is None else list(args)
+        if not standalone_mode:  # a caller that handles click's exceptions itself
+            return super().main(args, prog_name, standalone_mode=False, **extra)
         try:
             code = super().main(args, prog_name, standalone_mode=False, **extra)
         except click.exceptions.NoArgsIsHelpError as err:  # a group without its command: the help it asks for
@@ -246,9 +249,9 @@ def _relocation_check(a: Archive, b: Archive, as_json: bool) -> int:
         where += f" node {f.node}" if f.node is not None else ""
         detail = f" ({f.a} -> {f.b})" if f.a or f.b else ""
         out.print(f"finding: {printable(where)}: {printable(f.what)}{printable(detail)}")
-    if len(report.findings) > 50:
-        out.print(f"... and {len(report.findings) - 50} more findings")
-    out.print("every change is a relocation" if not report.findings else f"{len(report.findings)} finding(s)")
+    if report.finding_count > 50:
+        out.print(f"... and {report.finding_count - 50} more findings")
+    out.print("every change is a relocation" if not report.findings else f"{report.finding_count} finding(s)")
     return EXIT_FINDINGS if report.findings else EXIT_OK
 
 

@@ -13,13 +13,15 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import click
 import pytest
 
 from foundry.archive.sample import sample_path
 from foundry.archive.schema import CATALOG_FILE
+from foundry.cli import main as foundry_main
 
 from .archive_tools import edit_json, graph_file, reseal
 from .conftest import FIXTURES
@@ -464,3 +466,141 @@ def test_diff_sees_a_graph_changed_under_a_stale_fingerprint(cli, tmp_path):
     assert graphs["decode.bs2"]["status"] == "changed" and not json.loads(outcome.stdout)["identical"]
     assert [c["field"] for n in graphs["decode.bs2"]["nodes"] for c in n["changes"]] == ["grid"]
     assert cli.run("archive", "diff", SAMPLE, SAMPLE).rc == 0  # the same archive twice is still identical
+
+
+# -- 14: no internal error from any command on bad input ----------------------------------------------
+
+
+def _leaf_commands() -> dict[tuple[str, ...], click.Command]:
+    """Every command of the ``foundry`` group, by its words: a new command is checked here too."""
+
+    def walk(command: click.Command, words: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], click.Command]]:
+        if isinstance(command, click.Group):
+            for name, sub in sorted(command.commands.items()):
+                yield from walk(sub, (*words, name))
+        else:
+            yield words, command
+
+    return dict(walk(foundry_main, ()))
+
+
+def _command_argv(words: tuple[str, ...], command: click.Command, archive: Path) -> list[str] | None:
+    """``words`` with every required parameter filled, each archive one being ``archive``;
+    None for a command that reads no archive."""
+    argv, reads = list(words), False
+    for param in command.params:
+        if isinstance(param, click.Argument) and param.nargs == -1:  # foundry run's program
+            continue
+        if not param.required:
+            continue
+        if param.name in ("path", "a", "b", "archive", "archive_arg"):
+            value, reads = str(archive), True
+        elif param.name == "name":
+            value = "decode.bs1"
+        elif param.name == "mode":
+            value = "load"  # a SAVE runs its program: not a reader of archives
+        elif isinstance(param.type, click.Choice):
+            value = str(param.type.choices[0])
+        else:
+            raise AssertionError(f"foundry {' '.join(words)}: no bad input known for {param.name!r}: add one here")
+        argv += [param.opts[0], value] if isinstance(param, click.Option) else [value]
+    if words == ("run",):
+        argv += ["--", "true"]
+    return argv if reads else None
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+BAD_ARCHIVES: dict[str, Callable[[Path], Path]] = {
+    "no such path": lambda p: p / "missing",
+    "a regular file": lambda p: (p / "file").write_text("not an archive\n") and p / "file",
+    "an empty directory": lambda p: (p / "empty").mkdir() or p / "empty",
+    "a catalog that is a FIFO": lambda p: _bad_catalog(p, _fifo),
+    "a catalog that is a directory": lambda p: _bad_catalog(p, lambda c: c.mkdir()),
+    "a catalog that is a link": lambda p: _bad_catalog(p, lambda c: c.symlink_to(SAMPLE / CATALOG_FILE)),
+    "a catalog of binary garbage": lambda p: _bad_catalog(p, lambda c: c.write_bytes(b"\xff\xfe\x00\x1b[2J" * 64)),
+    "a catalog that is JSON null": lambda p: _bad_catalog(p, lambda c: c.write_text("null")),
+    "a catalog that is a JSON list": lambda p: _bad_catalog(p, lambda c: c.write_text("[1, 2]")),
+    "a catalog cut short": lambda p: _bad_catalog(p, lambda c: c.write_bytes((SAMPLE / CATALOG_FILE).read_bytes()[:9])),
+    "a session removed": lambda p: (copy(p) / "rank0" / "session.json").unlink() or p / "archive",
+    "a graph file cut short": lambda p: _cut(copy(p)),
+}  # fmt: skip
+
+
+def _bad_catalog(tmp: Path, make: Callable[[Path], object]) -> Path:
+    path = copy(tmp)
+    (path / CATALOG_FILE).unlink()
+    make(path / CATALOG_FILE)
+    return path
+
+
+def _cut(path: Path) -> Path:
+    target = graph_file(path, "decode.bs1")
+    target.write_bytes(target.read_bytes()[:1000])
+    return path
+
+
+def test_every_command_is_checked_for_bad_input():
+    """The commands below are the group's: one that reads an archive and is not covered fails here."""
+    readers = {words for words, command in _leaf_commands().items() if _command_argv(words, command, SAMPLE)}
+    assert readers >= {("archive", "inspect"), ("archive", "diff"), ("archive", "verify"), ("archive", "strip"),
+                       ("graph", "lint"), ("graph", "show"), ("graph", "export"), ("run",)}  # fmt: skip
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_ARCHIVES))
+def test_no_command_answers_bad_input_with_an_internal_error(cli, tmp_path, bad):
+    """Every command that reads an archive, given one that cannot be read, refuses it in one line
+    (one JSON object with ``--json``) and exit 2: never exit 70, a traceback or a hang."""
+    for words, command in _leaf_commands().items():
+        for flags in ([], ["--json"]) if any(p.name == "as_json" for p in command.params) else ([],):
+            where = tmp_path / "-".join(words) / ("json" if flags else "text")
+            where.mkdir(parents=True)
+            argv = _command_argv(words, command, BAD_ARCHIVES[bad](where))
+            if argv is None:
+                continue
+            head, tail = (argv[: argv.index("--")], argv[argv.index("--") :]) if "--" in argv else (argv, [])
+            outcome = cli.run(*head, *flags, *tail, timeout=60)
+            if (words, bad) in UNREAD:
+                assert_clean_output(outcome)
+            else:
+                assert_refused(outcome)
+
+
+#: What a command does not read, so that it may succeed on it: strip rewrites the catalog and
+#: sessions and removes module images, never reading a graph.
+UNREAD = {(("archive", "strip"), "a graph file cut short")}
+
+
+def _wrong_flags(command: click.Command, how: str) -> list[str] | None:
+    """Flags ``command`` must refuse, or None where it has none of the kind (``foundry run`` hands
+    options it does not know to its program)."""
+    integers = [p for p in command.params if isinstance(p, click.Option) and isinstance(p.type, click.IntRange)]
+    if how == "an unknown option":
+        return None if command.context_settings.get("ignore_unknown_options") else ["--no-such-flag"]
+    if how == "an unknown option with --json":
+        return ["--json", "--no-such-flag"] if any(p.name == "as_json" for p in command.params) else None
+    if not integers:
+        return None
+    value = "one" if how == "an integer that is not one" else str(integers[0].type.min - 1)
+    return [f"{integers[0].opts[0]}={value}"]
+
+
+@pytest.mark.parametrize("how", ["an unknown option", "an unknown option with --json", "an integer out of range",
+                                 "an integer that is not one"])  # fmt: skip
+def test_no_command_answers_wrong_flags_with_more_than_one_line(cli, how):
+    """A usage error is a refusal like any other: one line on stderr (one JSON object on stdout with
+    ``--json``), exit 2; click's own form of it is four lines."""
+    checked = 0
+    for words, command in _leaf_commands().items():
+        flags = _wrong_flags(command, how)
+        if flags is None:
+            continue
+        argv = _command_argv(words, command, SAMPLE) or list(words)
+        head, tail = (argv[: argv.index("--")], argv[argv.index("--") :]) if "--" in argv else (argv, [])
+        outcome = cli.run(*head, *flags, *tail)
+        text = assert_refused(outcome)
+        assert "Usage:" not in outcome.stderr + outcome.stdout and "--help" in text, str(outcome)
+        checked += 1
+    assert checked >= 5

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import pytest
 
 from foundry.runtime.native.hook import Hook
-from foundry.runtime.native.ipc import Ipc, IpcError, IpcHandle, decode, import_address
+from foundry.runtime.native.ipc import VERSION, Ipc, IpcError, IpcHandle, decode, import_address
 
 PAYLOAD = b"region bytes shared over foundry ipc"
 EXPORTER = r"""
@@ -45,6 +45,22 @@ def exporting(hook_library, code: str) -> Iterator[tuple[subprocess.Popen, bytes
         proc.wait(timeout=30)
 
 
+def forged_handle(pid: int, key: bytes = bytes(8)) -> bytes:
+    """A well-formed handle of this version naming ``pid`` (no export behind it)."""
+    raw = bytearray(64)
+    raw[0:4] = (0x43504946).to_bytes(4, "little")
+    raw[4:6] = VERSION.to_bytes(2, "little")
+    raw[8:12] = pid.to_bytes(4, "little")
+    raw[56:64] = key
+    return bytes(raw)
+
+
+def socket_name(raw: bytes) -> str:
+    """The abstract socket a handle's exporter listens on (version 1 handles: the pid alone)."""
+    pid, version = int.from_bytes(raw[8:12], "little"), int.from_bytes(raw[4:6], "little")
+    return f"\0foundry-ipc-{pid}" if version == 1 else f"\0foundry-ipc-{pid}-{raw[56:64].hex()}"
+
+
 @pytest.fixture
 def exporter(hook_library):
     with exporting(hook_library, EXPORTER % PAYLOAD.decode()) as started:
@@ -64,7 +80,7 @@ def test_a_handle_carries_where_the_memory_sits(exporter):
     with pytest.raises(IpcError, match="does not fit"):
         import_address(0x7F0000000000, 0x100000, handle)
     with pytest.raises(IpcError, match="another version"):
-        decode(raw[:4] + (2).to_bytes(2, "little") + raw[6:])
+        decode(raw[:4] + (VERSION + 1).to_bytes(2, "little") + raw[6:])
     with pytest.raises(IpcError, match="not a Foundry IPC handle"):
         decode(bytes(64))
 
@@ -99,19 +115,17 @@ def test_a_wrong_token_is_refused_even_after_a_real_import(exporter, ipc):
 
 def test_an_impostor_on_the_exporters_socket_gets_no_token(ipc, hook_library):
     """Abstract socket names carry no permissions: a process that is not the handle's
-    exporter may listen on its name. The importer checks who answers first."""
+    exporter may listen on its name (here one that knows the handle's socket key). The
+    importer checks who answers first, and says that it is not the exporter."""
     import socket
 
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         impostor = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        impostor.bind(f"\0foundry-ipc-{sleeper.pid}")
+        raw = forged_handle(sleeper.pid, key=bytes(range(8)))
+        impostor.bind(socket_name(raw))
         impostor.listen(1)
-        raw = bytearray(64)
-        raw[0:4] = (0x43504946).to_bytes(4, "little")
-        raw[4:6] = (1).to_bytes(2, "little")
-        raw[8:12] = sleeper.pid.to_bytes(4, "little")
-        with pytest.raises(IpcError, match="no longer exists"):  # the answering pid is not the exporter's
+        with pytest.raises(IpcError, match="is not the exporter"):  # the answering pid is not the exporter's
             ipc.open(bytes(raw))
         impostor.close()
     finally:
@@ -134,25 +148,53 @@ def test_a_stale_exporter_is_refused(ipc):
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead = int(done.stdout)
     time.sleep(0.1)
-    raw = bytearray(64)
-    raw[0:4] = (0x43504946).to_bytes(4, "little")
-    raw[4:6] = (1).to_bytes(2, "little")
-    raw[8:12] = dead.to_bytes(4, "little")
     with pytest.raises(IpcError, match="no longer exists"):
-        ipc.open(bytes(raw))
+        ipc.open(forged_handle(dead))
+
+
+REPORTING_EXPORTER = r"""
+import ctypes, json, os, sys
+sys.path.insert(0, sys.argv[2])
+from foundry.runtime.native.hook import Hook
+from foundry.runtime.native.ipc import Ipc
+hook = Hook.open_library(sys.argv[1])
+fd = os.memfd_create("foundry-ipc-test")
+os.write(fd, b"not for another user")
+print(Ipc(hook.lib).export(fd, rank_slot=0, region_base=0x600000000000, offset=0, size=4096).hex(), flush=True)
+sys.stdin.readline()
+print(json.dumps(hook.events()), flush=True)  # what the exporter's server did meanwhile
+sys.stdin.readline()
+"""
+ANOTHER_USERS_IMPORTER = r"""
+import ctypes, os, sys
+sys.path.insert(0, sys.argv[2])
+from foundry.runtime.native.ipc import Ipc, IpcError
+ipc = Ipc(ctypes.CDLL(sys.argv[1]))
+os.setgid(65534); os.setuid(65534)  # everything loaded: now become another user
+try:
+    ipc.open(bytes.fromhex(sys.argv[3]))
+except IpcError as e:
+    print(e)
+"""
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching to another user needs root")
-def test_another_user_is_refused(exporter, hook_library):
-    _, raw = exporter
+def test_another_user_is_refused_by_the_exporter_and_told_so(hook_library):
+    """The exporter refuses an importer of another user as it accepts it; the importer
+    reports that refusal (not a check of its own) and the exporter's log shows it."""
+    import json
+
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = ("import ctypes, os, sys\nsys.path.insert(0, sys.argv[2])\n"
-            "from foundry.runtime.native.ipc import Ipc, IpcError\nipc = Ipc(ctypes.CDLL(sys.argv[1]))\n"
-            "os.setgid(65534); os.setuid(65534)  # everything loaded: now become another user\n"
-            "try:\n    ipc.open(bytes.fromhex(sys.argv[3]))\nexcept IpcError as e:\n    print(e)\n")  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code, str(hook_library), root, raw.hex()], capture_output=True,
-                         text=True, timeout=60)  # fmt: skip
-    assert "another user" in out.stdout, out.stdout + out.stderr
+    with exporting(hook_library, REPORTING_EXPORTER) as (proc, raw):
+        out = subprocess.run([sys.executable, "-c", ANOTHER_USERS_IMPORTER, str(hook_library), root, raw.hex()],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        proc.stdin.write("report\n")
+        proc.stdin.flush()
+        events = json.loads(proc.stdout.readline())
+    assert "the exporter refused: this importer runs as another user than the exporter" in out.stdout, (
+        out.stdout + out.stderr
+    )
+    assert any("refused a connection from uid 65534" in e for e in events), events
 
 
 def test_the_import_zone_is_where_the_configuration_puts_it(hook_library):
@@ -252,3 +294,100 @@ def test_withdrawn_export_numbers_are_reused_and_their_old_handles_refused(hook_
         assert ipc.close(raw) == 0
         with pytest.raises(IpcError, match="wrong token"):
             ipc.open(old)  # a handle of the export that had the number before
+
+
+WAITING_EXPORTER = r"""
+import ctypes, os, sys
+sys.path.insert(0, sys.argv[2])
+from foundry.runtime.native.ipc import Ipc
+ipc = Ipc(ctypes.CDLL(sys.argv[1]))
+print(os.getpid(), flush=True)
+sys.stdin.readline()  # someone may take the socket name this pid would once have had
+fd = os.memfd_create("foundry-ipc-test")
+os.write(fd, b"exported anyway")
+print(ipc.export(fd, rank_slot=0, region_base=0x600000000000, offset=0, size=4096).hex(), flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_process_holding_the_pid_socket_name_cannot_stop_an_export(hook_library, ipc):
+    """The socket name carries a random key: squatting ``@foundry-ipc-<pid>`` (all another
+    local user could guess) no longer makes the export fail."""
+    import socket
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "-c", WAITING_EXPORTER, str(hook_library), root], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    squatter = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        pid = int(proc.stdout.readline())
+        squatter.bind(f"\0foundry-ipc-{pid}")
+        squatter.listen(1)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline().strip()
+        assert line, proc.stderr.read() if proc.poll() is not None else "no handle"
+        raw = bytes.fromhex(line)
+        assert socket_name(raw) != f"\0foundry-ipc-{pid}"
+        fd = ipc.open(raw)
+        assert os.pread(fd, 15, 0) == b"exported anyway"
+        assert ipc.close(raw) == 0
+    finally:
+        squatter.close()
+        proc.stdin.write("done\n")
+        proc.stdin.flush()
+        proc.wait(timeout=30)
+
+
+def test_clients_that_connect_and_say_nothing_do_not_stall_the_server(exporter, ipc):
+    import socket
+
+    _, raw = exporter
+    silent = []
+    for _ in range(100):  # more than the server waits on at once
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        client.connect(socket_name(raw))
+        silent.append(client)
+    try:
+        started = time.perf_counter()
+        fd = ipc.open(raw)
+        took = time.perf_counter() - started
+        assert os.pread(fd, len(PAYLOAD), 0) == PAYLOAD
+        assert took < 1.0, f"the import waited {took:.1f} s behind clients that said nothing"
+        assert ipc.close(raw) == 0
+    finally:
+        for client in silent:
+            client.close()
+
+
+IMPOSTOR_OF_ANOTHER_USER = r"""
+import os, socket, sys, time
+os.setgid(65534); os.setuid(65534)
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.bind("\0" + sys.argv[1])
+s.listen(1)
+print("listening", flush=True)
+conn, _ = s.accept()
+print("token sent" if conn.recv(64) else "nothing sent", flush=True)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to another user needs root")
+def test_a_peer_of_another_user_is_blamed_as_the_peer(ipc):
+    """Another user's process answering on the exporter's socket is named as that, not as
+    the exporter refusing this importer."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    raw = forged_handle(sleeper.pid, key=bytes(range(8, 16)))
+    impostor = subprocess.Popen([sys.executable, "-c", IMPOSTOR_OF_ANOTHER_USER, socket_name(raw)[1:]],
+                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert impostor.stdout.readline().strip() == "listening"
+        with pytest.raises(IpcError) as err:
+            ipc.open(raw)
+        assert "answering on the exporter's socket runs as another user" in str(err.value)
+        assert "the importer runs as another user" not in str(err.value)
+        assert impostor.communicate(timeout=30)[0].strip() == "nothing sent"  # the token stayed here
+    finally:
+        for proc in (sleeper, impostor):
+            proc.kill()
+            proc.wait()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import NoReturn
 
 from foundry.tui.model import OpenedArchive
 from foundry.tui.screens.browse import BrowseScreen
@@ -25,6 +26,7 @@ from foundry import __version__
 from foundry.archive.sample import SAMPLE_NAME
 from foundry.backends.registry import BackendRegistry
 from foundry.errors import FoundryError
+from foundry.text import printable
 
 EXIT_OK, EXIT_ERROR = 0, 2
 
@@ -74,8 +76,16 @@ class FoundryApp(App[int]):
             self.push_screen(HelpScreen(self.screen, list(self.BINDINGS)))
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line on stderr and exit 2, as the ``foundry`` command gives it."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"foundry-tui: error: {printable(message)} (see 'foundry-tui --help')", file=sys.stderr)
+        sys.exit(EXIT_ERROR)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="foundry-tui",
         description="Browse a Foundry archive (ranks -> graphs -> nodes), or diff two archives.",
         epilog=f"With no ARCHIVE the bundled sample ({SAMPLE_NAME}) opens. Press ? inside for the keys.",
@@ -104,10 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         opened = open_archives(args.archives)
     except FoundryError as err:
-        print(f"foundry-tui: error: {err}", file=sys.stderr)
+        print(f"foundry-tui: error: {printable(str(err))}", file=sys.stderr)  # the archive's text, escaped
         return EXIT_ERROR
     except OSError as err:
-        print(f"foundry-tui: error: {err.filename or ''}: {err.strerror or err}", file=sys.stderr)
+        print(f"foundry-tui: error: {printable(str(err.filename or ''))}: {err.strerror or err}", file=sys.stderr)
         return EXIT_ERROR
     if not (sys.stdout.isatty() and sys.stdin.isatty()):  # it would draw escape codes into a file and wait
         which = "stdout" if not sys.stdout.isatty() else "stdin"

@@ -210,7 +210,7 @@ def graphs_with(summary: ArchiveSummary, what: str) -> list[tuple[int, str]]:
     """``(rank, graph)`` of the graphs the summary says hold ``collectives`` or ``unresolved`` operands."""
     if what == "collectives":
         return [(g.rank, g.name) for g in summary.graphs if sum(g.collectives.values())]
-    return [(g.rank, g.name) for g in summary.graphs if g.unresolved]
+    return [(g.rank, g.name) for g in summary.graphs if g.unresolved_count]
 
 
 def next_graph(order: Sequence[tuple[int, str]], candidates: Sequence[tuple[int, str]], current: tuple[int, str]):

@@ -21,11 +21,13 @@ GiB = 1 << 30
 
 class Limits(msgspec.Struct, frozen=True):
     """Largest file a reader accepts, per kind; larger ones are refused unread. Launch
-    plans are held to the graph limit (a plan is its graph packed)."""
+    plans are held to the graph limit (a plan is its graph packed). ``sessions`` bounds
+    the sessions of all ranks together (a reader keeps the ones it has read)."""
 
     catalog: int = 16 * MiB
-    session: int = 64 * MiB
-    graph: int = 2 * GiB
+    session: int = 64 * MiB  # real sessions: 0.3 MiB (a few graphs, 1,700 device globals)
+    sessions: int = 64 * MiB  # 4x 8 ranks of vLLM's 2,000 graphs (about 1 KiB of session each)
+    graph: int = 32 * MiB  # 4x a graph of 7,000 nodes of 1.1-1.2 KiB: see foundry.graphir.limits
     module: int = 2 * GiB
     warmup: int = 256 * GiB  # region bytes: read by LOAD only, hashed in pieces by verify
 

@@ -18,6 +18,8 @@ from foundry.archive.schema import (
     ARCHIVE_FORMAT,
     CATALOG_FILE,
     FORMAT_VERSION,
+    MAX_ARCHIVE_GRAPHS,
+    MAX_WORLD_SIZE,
     PLAN_SUFFIX,
     SESSION_FORMAT,
     SESSION_VERSION,
@@ -36,7 +38,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-MAX_WORLD_SIZE = 65_536
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _FIELD = re.compile(r" - at `\$\.?(.*)`$")
 
@@ -114,6 +115,8 @@ class Archive:
         self.catalog = catalog
         self.limits = limits
         self._sessions: dict[int, Session] = {}
+        self._session_bytes = 0  # of the sessions read: all of them are kept
+        self._graph_count = 0  # in the sessions read
         self._lock = threading.Lock()  # the TUI reads sessions from worker threads
 
     @classmethod
@@ -179,7 +182,20 @@ class Archive:
                 f"archive has no rank {rank}", path=str(self.root), field="ranks", expected=self.ranks, found=rank
             )
         path = contained_path(self.root, entry.session, field="session", source=self.root / CATALOG_FILE)
-        data = read_bounded(path, self.limits.session, what=f"rank {rank} session")
+        left = self.limits.sessions - self._session_bytes  # the sessions of all ranks together have a limit too
+        try:
+            data = read_bounded(path, min(self.limits.session, left), what=f"rank {rank} session")
+        except ArchiveError as err:
+            if err.field == "size" and left < self.limits.session:
+                raise ArchiveError(
+                    "the sessions of all ranks together are larger than the reader accepts",
+                    path=str(path),
+                    field="size",
+                    expected=f"<= {self.limits.sessions} bytes in all",
+                    found=f"{self._session_bytes} bytes before this one, then {err.found}",
+                ) from None
+            raise
+        self._session_bytes += len(data)
         found = sha256_hex(data)
         if found != entry.sha256:
             raise ArchiveError(
@@ -191,6 +207,11 @@ class Archive:
         _check_header(data, expected=SESSION_FORMAT, path=path, newest=SESSION_VERSION)
         session = decode_typed(data, Session, path=path)
         self._check_session(session, rank, path)
+        self._graph_count += len(session.graphs)
+        if self._graph_count > MAX_ARCHIVE_GRAPHS:
+            raise ArchiveError("the archive's ranks hold more graphs in all than a reader accepts",
+                               path=str(path), field="graphs", expected=f"<= {MAX_ARCHIVE_GRAPHS}",
+                               found=self._graph_count)  # fmt: skip
         return session
 
     def _check_session(self, session: Session, rank: int, path: Path) -> None:

@@ -8,14 +8,14 @@ by its version, not by the first field this version does not know.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
 from foundry.archive.jit_schema import JitIndex
 from foundry.archive.outputs import OutputValue
 from foundry.graphir.kernel import FuncAttributeName
-from foundry.graphir.limits import I32, I64, U32, U64
+from foundry.graphir.limits import I32, I64, U32, U64, at_most
 
 ARCHIVE_FORMAT = "foundry-archive"
 SESSION_FORMAT = "foundry-session"
@@ -25,6 +25,17 @@ FORMAT_VERSION = 2
 # is written at the lowest version that holds its content, so an archive without them stays
 # readable by older Foundry.
 SESSION_VERSION = 3
+
+# Counts a session may hold, checked before the elements are decoded: at least 4x the largest
+# real archives (vLLM's ~2,000 piecewise graphs per rank on 8 ranks; SGLang's MoE preset, 52
+# graphs; SAVE traces of tens of allocations, sessions of 1,700 device globals).
+MAX_WORLD_SIZE = 65_536  # ranks of an archive (their sessions together: files.Limits.sessions)
+MAX_ARCHIVE_GRAPHS = 65_536  # graphs of all ranks together (checked as sessions are read)
+MAX_GRAPHS = 16_384  # graphs of one rank
+MAX_TRACE = 262_144  # allocations of one rank's region
+MAX_IMAGES = 65_536  # module images of one rank, and blobs of an archive
+MAX_GLOBALS = 65_536  # device globals of one image
+MAX_BACKENDS = 256  # state records of one rank
 
 CATALOG_FILE = "foundry-archive.json"
 PLAN_SUFFIX = ".fgb"
@@ -63,7 +74,7 @@ class ModuleBlob(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class ModuleIndex(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     state: ModuleState
-    blobs: tuple[ModuleBlob, ...] = ()
+    blobs: Annotated[tuple[ModuleBlob, ...], at_most(MAX_IMAGES)] = ()
 
 
 class Catalog(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -75,7 +86,7 @@ class Catalog(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     created: str
     environment: Environment
     world_size: int
-    ranks: tuple[RankEntry, ...]
+    ranks: Annotated[tuple[RankEntry, ...], at_most(MAX_WORLD_SIZE)]
     modules: ModuleIndex
     model: dict[str, str] = {}
     jit: JitIndex | None = None  # the JIT caches the archive carries (``jit/``), version 2
@@ -118,7 +129,7 @@ class RegionRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     trace_sha256: str
     warmup_allocations: U64 = 0  # allocations before the first capture: what a LOAD repeats
     warmup_offset: U64 = 0  # the cursor when the first capture began
-    trace: tuple[AllocationRecord, ...] = ()
+    trace: Annotated[tuple[AllocationRecord, ...], at_most(MAX_TRACE)] = ()
     warmup_bytes: WarmupBytes | None = None
 
 
@@ -146,7 +157,7 @@ class ImageRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     sha256: str
     globals_known: bool  # False: the image's globals could not be listed (e.g. compressed fatbin)
-    globals: tuple[GlobalRecord, ...] = ()
+    globals: Annotated[tuple[GlobalRecord, ...], at_most(MAX_GLOBALS)] = ()
 
 
 def session_version(images: tuple[ImageRecord, ...] | list[ImageRecord]) -> int:
@@ -220,7 +231,7 @@ class Session(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     format: str
     format_version: int
     rank: U32
-    graphs: tuple[GraphEntry, ...]
+    graphs: Annotated[tuple[GraphEntry, ...], at_most(MAX_GRAPHS)]
     region: RegionRecord | None = None
-    backends: tuple[BackendState, ...] = ()
-    images: tuple[ImageRecord, ...] = ()
+    backends: Annotated[tuple[BackendState, ...], at_most(MAX_BACKENDS)] = ()
+    images: Annotated[tuple[ImageRecord, ...], at_most(MAX_IMAGES)] = ()

@@ -5,19 +5,33 @@ parameter buffers stay raw bytes instead of base64, and decoding is faster.
 People read graphs through ``foundry graph show`` / ``export`` or the TUI.
 Encoding is canonical (nodes by id, edges by endpoints, operands by node, site
 and offset, regions by name), so archive -> IR -> archive is byte-stable.
-Decoding is typed (msgspec, unknown fields refused) and ends with
-:meth:`GraphIR.check`; nothing in the document is evaluated.
+Decoding is typed (msgspec, unknown fields refused), bounded (every array by
+:mod:`foundry.graphir.limits`; nodes are decoded one at a time, within the
+graph's totals) and ends with :meth:`GraphIR.check`; nothing in the document is
+evaluated.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Annotated, Literal
 
 import msgspec
 
 from foundry.errors import IRError
 from foundry.graphir.graph import Edge, GraphIR, MetaValue
-from foundry.graphir.nodes import Node
+from foundry.graphir.limits import (
+    MAX_EDGES,
+    MAX_GRAPH_ATTRIBUTES,
+    MAX_GRAPH_PARAMS,
+    MAX_GRAPH_UNDEFINED_RUNS,
+    MAX_META,
+    MAX_NODES,
+    MAX_REGIONS,
+    Name,
+    at_most,
+)
+from foundry.graphir.nodes import KernelNode, Node
 from foundry.graphir.operands import OperandColumns, OperandManifest
 from foundry.graphir.regions import Region
 
@@ -28,20 +42,65 @@ GRAPH_VERSION = 2
 
 
 class GraphDocument(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    """A graph as stored; every array bounded (:mod:`foundry.graphir.limits`)."""
+
     format: Literal["foundry-graph"]
     version: int
-    name: str
-    meta: dict[str, MetaValue]
-    regions: tuple[Region, ...]
-    nodes: tuple[Node, ...]
-    edges: tuple[Edge, ...]
+    name: Name
+    meta: Annotated[dict[Name, MetaValue], at_most(MAX_META)]
+    regions: Annotated[tuple[Region, ...], at_most(MAX_REGIONS)]
+    nodes: Annotated[tuple[Node, ...], at_most(MAX_NODES)]
+    edges: Annotated[tuple[Edge, ...], at_most(MAX_EDGES)]
+    operands: OperandColumns
+
+
+class _StoredDocument(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    """A :class:`GraphDocument` as read: its nodes left raw, to be decoded one at a time."""
+
+    format: Literal["foundry-graph"]
+    version: int
+    name: Name
+    meta: Annotated[dict[Name, MetaValue], at_most(MAX_META)]
+    regions: Annotated[tuple[Region, ...], at_most(MAX_REGIONS)]
+    nodes: Annotated[tuple[msgspec.Raw, ...], at_most(MAX_NODES)]
+    edges: Annotated[tuple[Edge, ...], at_most(MAX_EDGES)]
     operands: OperandColumns
 
 
 GRAPH_SUFFIX = ".msgpack"
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(GraphDocument)
+_decoder = msgspec.msgpack.Decoder(_StoredDocument)
+_node_decoder = msgspec.msgpack.Decoder(Node)
+_AT = re.compile(r" - at `\$(.*)`$")
+
+
+def _decode_nodes(raws: tuple[msgspec.Raw, ...]) -> tuple[Node, ...]:
+    """Decode the nodes in order, refusing the graph as soon as its kernels hold more
+    parameters, undefined runs or launch attributes in all than the limits allow: memory
+    stays bounded by the totals, not by what the file manages to pack into its bytes."""
+    nodes: list[Node] = []
+    params = runs = attributes = 0
+    limits = (MAX_GRAPH_PARAMS, MAX_GRAPH_UNDEFINED_RUNS, MAX_GRAPH_ATTRIBUTES)
+    for i, raw in enumerate(raws):
+        try:
+            node = _node_decoder.decode(raw)
+        except msgspec.ValidationError as err:  # the path from the document's root, as a whole decode says it
+            text = str(err)
+            found = _AT.search(text)
+            where = f"$.nodes[{i}]{found.group(1) if found else ''}"
+            raise msgspec.ValidationError(f"{text[: found.start()] if found else text} - at `{where}`") from None
+        if isinstance(node, KernelNode):
+            params += len(node.layout.offsets)
+            runs += len(node.undefined)
+            attributes += len(node.launch.attributes)
+            if params > limits[0] or runs > limits[1] or attributes > limits[2]:
+                raise IRError("the graph's kernels hold more parameters, undefined runs or launch attributes "
+                              "than a graph may", field="nodes", node=i,
+                              expected="<= {} parameters, {} undefined runs, {} launch attributes".format(*limits),
+                              found=[params, runs, attributes])  # fmt: skip
+        nodes.append(node)
+    return tuple(nodes)
 
 
 def graph_version(ir: GraphIR) -> int:
@@ -105,4 +164,7 @@ def decode_graph(data: bytes, *, deep: bool = True) -> GraphIR:
     ``msgspec.ValidationError``/``msgspec.DecodeError``/``RecursionError`` for
     malformed input; the archive reader turns both into one ``ArchiveError``.
     """
-    return from_document(_decoder.decode(data), deep=deep)
+    stored = _decoder.decode(data)
+    document = GraphDocument(stored.format, stored.version, stored.name, stored.meta, stored.regions,
+                             _decode_nodes(stored.nodes), stored.edges, stored.operands)  # fmt: skip
+    return from_document(document, deep=deep)

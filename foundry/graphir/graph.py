@@ -18,7 +18,7 @@ import msgspec
 
 from foundry.errors import IRError
 from foundry.graphir.kernel import KernelIdentity
-from foundry.graphir.limits import I64, U8, U32
+from foundry.graphir.limits import I64, U8, U32, Name
 from foundry.graphir.nodes import KernelNode, MemcpyNode, MemsetNode, Node
 from foundry.graphir.operands import WORD, Operand, OperandManifest, OperandSite
 from foundry.graphir.regions import UNRESOLVED, Region
@@ -51,7 +51,7 @@ class Edge(msgspec.Struct, frozen=True, gc=False, array_like=True, forbid_unknow
     data: EdgeData = EdgeData()
 
 
-MetaValue = str | I64
+MetaValue = Name | I64
 
 
 class GraphIR:

@@ -4,13 +4,26 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Literal, NamedTuple
+from typing import Annotated, Literal, NamedTuple
 
 import msgspec
 
 from foundry.errors import IRError
 from foundry.graphir.demangle import demangle
-from foundry.graphir.limits import DIM, I32, SHA256, U32, is_fraction, is_int, is_uint
+from foundry.graphir.limits import (
+    DIM,
+    I32,
+    MAX_ATTRIBUTES,
+    MAX_NAME,
+    MAX_PARAMS,
+    SHA256,
+    U32,
+    Name,
+    at_most,
+    is_fraction,
+    is_int,
+    is_uint,
+)
 
 
 class KernelIdentity(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
@@ -23,7 +36,7 @@ class KernelIdentity(msgspec.Struct, frozen=True, gc=False, forbid_unknown_field
     name is derived, not stored: it is a pure function of ``name``.
     """
 
-    name: str
+    name: Annotated[str, at_most(MAX_NAME)]
     image: SHA256 | None = None
 
     @property
@@ -141,8 +154,8 @@ class ParamLayout(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=T
     tuples of ints decode far faster than one record per parameter.
     """
 
-    offsets: tuple[U32, ...] = ()
-    sizes: tuple[U32, ...] = ()
+    offsets: Annotated[tuple[U32, ...], at_most(MAX_PARAMS)] = ()
+    sizes: Annotated[tuple[U32, ...], at_most(MAX_PARAMS)] = ()
 
     @classmethod
     def of(cls, slots: list[ParamSlot] | tuple[ParamSlot, ...]) -> ParamLayout:
@@ -179,7 +192,7 @@ class ParamLayout(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=T
 
 #: A launch attribute's value: a scalar, a tuple (cluster dims), or a named
 #: record (the access policy window).
-AttributeValue = int | float | tuple[int, ...] | dict[str, int | float]
+AttributeValue = int | float | Annotated[tuple[int, ...], at_most(3)] | Annotated[dict[Name, int | float], at_most(5)]
 
 
 class LaunchAttribute(msgspec.Struct, frozen=True, gc=False, array_like=True, forbid_unknown_fields=True):
@@ -188,7 +201,7 @@ class LaunchAttribute(msgspec.Struct, frozen=True, gc=False, array_like=True, fo
     driver field (:data:`ATTRIBUTES`): a NaN address or an unknown name is refused when
     the graph is decoded."""
 
-    name: str
+    name: Name
     value: AttributeValue
 
     def __post_init__(self) -> None:
@@ -248,7 +261,7 @@ class LaunchConfig(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=
     grid: tuple[DIM, DIM, DIM]
     block: tuple[DIM, DIM, DIM]
     shared_mem: U32 = 0
-    attributes: tuple[LaunchAttribute, ...] = ()
+    attributes: Annotated[tuple[LaunchAttribute, ...], at_most(MAX_ATTRIBUTES)] = ()
 
     def describe(self) -> str:
         text = f"grid={self.grid} block={self.block} smem={self.shared_mem}"

@@ -8,13 +8,13 @@ which of them are pointers and where they point (``operands.py``).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 import msgspec
 
 from foundry.graphir.kernel import FuncAttribute, KernelIdentity, LaunchConfig, ParamLayout
 from foundry.graphir.kinds import NodeKind
-from foundry.graphir.limits import U32, U64
+from foundry.graphir.limits import MAX_ATTRIBUTES, MAX_PARAM_BYTES, MAX_UNDEFINED_RUNS, U32, U64, Name, at_most
 
 #: How a copy's source or destination is addressed (``CUmemorytype``).
 MemoryType = Literal["host", "device", "array", "unified"]
@@ -36,12 +36,12 @@ class KernelNode(msgspec.Struct, frozen=True, gc=False, tag="kernel", forbid_unk
     kernel: KernelIdentity
     launch: LaunchConfig
     layout: ParamLayout
-    params: bytes
+    params: Annotated[bytes, at_most(MAX_PARAM_BYTES)]
     arg_mode: Literal["params", "extra"] = "params"
-    func_attrs: tuple[FuncAttribute, ...] = ()
+    func_attrs: Annotated[tuple[FuncAttribute, ...], at_most(MAX_ATTRIBUTES)] = ()
     # (offset, length) runs of ``params`` the launcher left uninitialised: they
     # differed between two captures of the same step (see foundry.graphir.passes.definedness)
-    undefined: tuple[tuple[U32, U32], ...] = ()
+    undefined: Annotated[tuple[tuple[U32, U32], ...], at_most(MAX_UNDEFINED_RUNS)] = ()
     packed_size: U32 | msgspec.UnsetType = msgspec.UNSET  # unset (not written) unless shorter
 
     kind: ClassVar[NodeKind] = NodeKind.KERNEL
@@ -134,7 +134,7 @@ class UnsupportedNode(msgspec.Struct, frozen=True, gc=False, tag="unsupported", 
 
     id: U32
     node_type: NodeKind
-    detail: str = ""
+    detail: Name = ""
 
     @property
     def kind(self) -> NodeKind:

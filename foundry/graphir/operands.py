@@ -21,7 +21,7 @@ from typing import Annotated
 
 import msgspec
 
-from foundry.graphir.limits import U32, U64
+from foundry.graphir.limits import MAX_OPERANDS, U32, U64, at_most
 from foundry.graphir.regions import UNRESOLVED
 
 WORD = 8  # bytes of a device pointer
@@ -69,17 +69,20 @@ class Operand(msgspec.Struct, frozen=True, gc=False, array_like=True, forbid_unk
         return f"{self.region}+0x{self.region_offset:x}"
 
 
+_Index = Annotated[int, msgspec.Meta(ge=-1, lt=1 << 31)]
+
+
 class OperandColumns(msgspec.Struct, gc=False, forbid_unknown_fields=True):
     """The manifest as stored: parallel columns; ``region`` indexes the graph's
     region list (sorted by name), -1 meaning unresolved."""
 
-    node: list[U32] = []
-    site: list[OperandSite] = []
-    param: list[Annotated[int, msgspec.Meta(ge=-1, lt=1 << 31)]] = []  # -1: not a parameter
-    offset: list[U32] = []
-    value: list[U64] = []
-    region: list[Annotated[int, msgspec.Meta(ge=-1, lt=1 << 31)]] = []  # -1: unresolved
-    region_offset: list[U64] = []
+    node: Annotated[list[U32], at_most(MAX_OPERANDS)] = []
+    site: Annotated[list[OperandSite], at_most(MAX_OPERANDS)] = []
+    param: Annotated[list[_Index], at_most(MAX_OPERANDS)] = []  # -1: not a parameter
+    offset: Annotated[list[U32], at_most(MAX_OPERANDS)] = []
+    value: Annotated[list[U64], at_most(MAX_OPERANDS)] = []
+    region: Annotated[list[_Index], at_most(MAX_OPERANDS)] = []  # -1: unresolved
+    region_offset: Annotated[list[U64], at_most(MAX_OPERANDS)] = []
 
     def __len__(self) -> int:
         return len(self.node)

@@ -17,7 +17,7 @@ from enum import StrEnum
 import msgspec
 
 from foundry.errors import IRError
-from foundry.graphir.limits import SIZE, U64
+from foundry.graphir.limits import SIZE, U64, Name
 
 #: The region of a word known to be a pointer that lies in no known allocation.
 UNRESOLVED = "unresolved"
@@ -35,7 +35,7 @@ class RegionKind(StrEnum):
 class Region(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
     """A named address range ``[base, base + size)``."""
 
-    name: str
+    name: Name
     kind: RegionKind
     base: U64
     size: SIZE

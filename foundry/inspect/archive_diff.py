@@ -4,7 +4,9 @@ Graphs are compared by fingerprint first; only a changed graph is decoded and
 compared node by node (:func:`foundry.graphir.passes.diff.diff_graphs`). Two graphs
 whose fingerprints differ only because each SAVE marked other bytes undefined are
 the same (``undefined_only``), once both records are checked honest. The diff is a
-pure function; the CLI and the TUI only render it.
+pure function; the CLI and the TUI only render it. Its graphs share one budget of
+what they list (:data:`foundry.graphir.passes.diff.LISTED`), so the diff of two
+archives however large stays bounded; what is not listed is counted.
 """
 
 from __future__ import annotations
@@ -17,7 +19,15 @@ import msgspec
 from foundry.archive.reader import Archive
 from foundry.graphir.fingerprint import fingerprint
 from foundry.graphir.graph import GraphIR
-from foundry.graphir.passes.diff import REBUILT, FieldChange, GraphDiff, Status, diff_graphs, mark_differences
+from foundry.graphir.passes.diff import (
+    LISTED,
+    REBUILT,
+    FieldChange,
+    GraphDiff,
+    Status,
+    diff_graphs,
+    mark_differences,
+)
 
 
 @dataclass
@@ -55,11 +65,13 @@ class ArchiveDiff:
                         "b": n.b,
                         "label": n.label,
                         "changes": [vars(c) for c in n.changes],
+                        "changes_not_listed": n.changes_not_listed,
                     }
                     for n in g.nodes
                 ],
                 "edges_only_a": g.edges_only_a,
                 "edges_only_b": g.edges_only_b,
+                "not_listed": {"nodes": g.nodes_not_listed, "edges": g.edges_not_listed, "marks": g.marks_not_listed},
             }
 
         return {
@@ -110,6 +122,7 @@ def diff_archives(a: Archive, b: Archive) -> ArchiveDiff:
     are the same only when their recorded fingerprints agree and are their graphs'
     own (recomputed); a stale record gets the node-by-node comparison."""
     result = ArchiveDiff(str(a.root), str(b.root), _environment_changes(a, b))
+    listed = LISTED  # what the graphs' diffs list, together
     for rank in sorted(set(a.ranks) | set(b.ranks)):
         entries_a = {e.name: e for e in a.entries(rank)} if rank in a.ranks else {}
         entries_b = {e.name: e for e in b.entries(rank)} if rank in b.ranks else {}
@@ -125,12 +138,13 @@ def diff_archives(a: Archive, b: Archive) -> ArchiveDiff:
             if ea.fingerprint == eb.fingerprint and honest:
                 result.graphs.append(GraphDiff(rank, name, Status.SAME, ea.fingerprint, eb.fingerprint))
             else:
-                graph = diff_graphs(ga, gb, rank=rank)
+                graph = diff_graphs(ga, gb, rank=rank, listed=listed)
                 graph.fingerprint_a, graph.fingerprint_b = ea.fingerprint, eb.fingerprint
                 if graph.status is Status.SAME:  # no field differs: honest records that agree over both marks
                     graph.undefined_only = honest and _same_under_both_marks(ga, gb)
                     graph.status = Status.SAME if graph.undefined_only else Status.CHANGED
                     if graph.undefined_only:
-                        graph.marks_differ = mark_differences(ga, gb)
+                        graph.marks_differ, graph.marks_not_listed = mark_differences(ga, gb, listed=listed)
+                listed -= graph.listed
                 result.graphs.append(graph)
     return result

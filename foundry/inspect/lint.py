@@ -3,7 +3,8 @@
 An expectation holds for every selected graph on every selected rank; with
 ``total`` it holds for the sum over the selection instead. Rules report
 findings with a severity: errors (and failed expectations) make lint fail,
-warnings are shown and fail only under ``strict``.
+warnings are shown and fail only under ``strict``. At most :data:`LISTED_FINDINGS`
+findings are listed, however large the archive; the rest are counted by severity.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from foundry.graphir.nodes import KernelNode, Node, UnsupportedNode
 from foundry.graphir.regions import RegionKind
 from foundry.inspect.choose import selection, suggestion, unknown
 from foundry.inspect.fanout import map_graphs
+
+LISTED_FINDINGS = 10_000  # findings a report lists; the rest are counted
 
 
 class Severity(StrEnum):
@@ -220,12 +223,24 @@ class GraphCounts:
 @dataclass
 class LintReport:
     graphs: list[GraphCounts] = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)  # the first LISTED_FINDINGS
     expectations: list[ExpectationResult] = field(default_factory=list)
+    not_listed: Counter[Severity] = field(default_factory=Counter)  # findings past the listed ones
+
+    def add(self, finding: Finding) -> None:
+        """List ``finding``, or count it once the report lists as many as it may."""
+        if len(self.findings) < LISTED_FINDINGS:
+            self.findings.append(finding)
+        else:
+            self.not_listed[finding.severity] += 1
+
+    def count(self, severity: Severity) -> int:
+        """Findings of ``severity``, listed or not."""
+        return sum(f.severity is severity for f in self.findings) + self.not_listed[severity]
 
     def failed(self, *, strict: bool = False) -> bool:
         severities = {Severity.ERROR, Severity.WARNING} if strict else {Severity.ERROR}
-        return any(f.severity in severities for f in self.findings) or any(not e.ok for e in self.expectations)
+        return any(self.count(s) for s in severities) or any(not e.ok for e in self.expectations)
 
     def to_dict(self, *, strict: bool = False) -> dict:
         return {
@@ -235,6 +250,7 @@ class LintReport:
             ],
             "expectations": [msgspec.structs.asdict(e) for e in self.expectations],
             "findings": [msgspec.structs.asdict(f) for f in self.findings],
+            "findings_not_listed": {str(k): v for k, v in sorted(self.not_listed.items())},
         }
 
 
@@ -283,7 +299,8 @@ def lint(
         archive, selected, lint_graph, (registry, rules), workers=workers, meanwhile=meanwhile
     ):
         report.graphs.append(GraphCounts(r, entry.name, counts))
-        report.findings.extend(findings)
+        for finding in findings:
+            report.add(finding)
         if not total:
             report.expectations.extend(
                 ExpectationResult(e.kind, e.count, counts[e.kind], counts[e.kind] == e.count, r, entry.name)

@@ -37,13 +37,28 @@ class RelocationFinding:
     b: str = ""
 
 
+LISTED_FINDINGS = 10_000  # findings a report lists; the rest are counted
+
+
 @dataclass
 class RelocationReport:
     deltas: dict[str, int] = field(default_factory=dict)
     graphs: int = 0
     operands_moved: int = 0
     operands_fixed: int = 0  # in regions that did not move
-    findings: list[RelocationFinding] = field(default_factory=list)
+    findings: list[RelocationFinding] = field(default_factory=list)  # the first LISTED_FINDINGS
+    findings_not_listed: int = 0
+
+    def add(self, finding: RelocationFinding) -> None:
+        """List ``finding``, or count it once the report lists as many as it may."""
+        if len(self.findings) < LISTED_FINDINGS:
+            self.findings.append(finding)
+        else:
+            self.findings_not_listed += 1
+
+    @property
+    def finding_count(self) -> int:
+        return len(self.findings) + self.findings_not_listed
 
     def to_dict(self) -> dict:
         return {
@@ -52,6 +67,7 @@ class RelocationReport:
             "operands_moved": self.operands_moved,
             "operands_fixed": self.operands_fixed,
             "findings": [vars(f) for f in self.findings],
+            "findings_not_listed": self.findings_not_listed,
         }
 
 
@@ -98,7 +114,7 @@ def check_graph_pair(a: GraphIR, b: GraphIR, report: RelocationReport, rank: int
     """Add the findings of one graph pair to ``report``."""
 
     def find(node: int | None, what: str, va: str = "", vb: str = "") -> None:
-        report.findings.append(RelocationFinding(rank, a.name, node, what, va, vb))
+        report.add(RelocationFinding(rank, a.name, node, what, va, vb))
 
     deltas = _deltas(a, b)
     if deltas is None or topology_key(a) != topology_key(b):
@@ -168,16 +184,14 @@ def check_relocations(a: Archive, b: Archive) -> RelocationReport:
         names_b = {e.name for e in b.entries(rank)} if rank in b.ranks else set()
         for entry in a.entries(rank):
             if entry.name not in names_b:
-                report.findings.append(RelocationFinding(rank, entry.name, None, "graph missing from the second SAVE"))
+                report.add(RelocationFinding(rank, entry.name, None, "graph missing from the second SAVE"))
                 continue
             check_graph_pair(a.graph(rank, entry), b.graph(rank, entry.name), report, rank)
     for rank in b.ranks:
         names_a = {e.name for e in a.entries(rank)} if rank in a.ranks else set()
         for entry in b.entries(rank):
             if entry.name not in names_a:
-                report.findings.append(RelocationFinding(rank, entry.name, None, "graph missing from the first SAVE"))
+                report.add(RelocationFinding(rank, entry.name, None, "graph missing from the first SAVE"))
     if not report.deltas:
-        report.findings.append(
-            RelocationFinding(None, "", None, "no region moved between the two SAVEs: nothing proven")
-        )
+        report.add(RelocationFinding(None, "", None, "no region moved between the two SAVEs: nothing proven"))
     return report

@@ -81,6 +81,8 @@ def render_summary(console: Console, s: ArchiveSummary, *, top: int = 15) -> Non
     kernels.add_column("kernel")
     for name, counts in ranked[:top]:
         kernels.add_row(str(sum(counts)), str(len(counts)), p(name))
+    if s.kernels_not_listed:
+        kernels.add_row(str(s.kernels_not_listed), "", "(kernels past the names a summary lists)")
     console.print(kernels)
 
     collectives = s.collectives
@@ -102,6 +104,9 @@ def render_summary(console: Console, s: ArchiveSummary, *, top: int = 15) -> Non
         regions.add_row(p(name), row["kind"], human_bytes(row["size"]), str(row["graphs"]), str(row["operands"]))
     if len(ordered) > top:
         regions.add_row(f"... {len(ordered) - top} more (--json lists all)", "", "", "", "")
+    if s.regions_not_listed:
+        regions.add_row(f"... and {s.regions_not_listed} uses of regions past the names a summary lists", "", "",
+                        "", "")  # fmt: skip
     console.print(regions)
 
     _render_restore(console, s)
@@ -109,7 +114,8 @@ def render_summary(console: Console, s: ArchiveSummary, *, top: int = 15) -> Non
     if not unresolved:
         console.print("Unresolved pointers: none")
         return
-    table = Table(title=f"Unresolved pointers ({len(unresolved)})", title_justify="left", style="red")
+    count = len(unresolved) + s.unresolved_not_listed
+    table = Table(title=f"Unresolved pointers ({count})", title_justify="left", style="red")
     for col in ("rank", "graph", "node", "where", "value"):
         table.add_column(col)
     for u in unresolved[:top]:
@@ -129,12 +135,12 @@ def _render_graph_table(console: Console, s: ArchiveSummary) -> None:
     graphs), else by rich, which wraps the long cells."""
     rows = []
     for g in s.graphs:
-        unresolved = str(len(g.unresolved))
+        unresolved = str(g.unresolved_count)
         rows.append((
             str(g.rank), p(g.name), "-" if g.shape_key is None else str(g.shape_key), str(g.nodes),
             ", ".join(f"{k} {n}" for k, n in sorted(g.kinds.items())),
             p(", ".join(f"{k} {n}" for k, n in sorted(g.collectives.items())) or "-"),
-            (unresolved, "red") if g.unresolved else unresolved, p(g.fingerprint.split(":")[-1][:12]),
+            (unresolved, "red") if g.unresolved_count else unresolved, p(g.fingerprint.split(":")[-1][:12]),
         ))  # fmt: skip
     if print_table(console, "Graphs", GRAPH_COLUMNS, rows):
         return
@@ -198,8 +204,10 @@ def render_lint(console: Console, report: LintReport, *, strict: bool = False, q
         console.print(
             Text.assemble((mark[0], mark[1]), f" {e.kind}={e.expected} in {scope}: found {e.found}"), soft_wrap=True
         )
-    errors = sum(f.severity is Severity.ERROR for f in report.findings)
-    warnings = len(report.findings) - errors
+    unlisted = sum(report.not_listed.values())
+    if unlisted:
+        console.print(f"... and {unlisted} more finding(s) (a report lists {len(report.findings)})")
+    errors, warnings = report.count(Severity.ERROR), report.count(Severity.WARNING)
     failed = sum(not e.ok for e in report.expectations)
     verdict = ("FAILED", "red") if report.failed(strict=strict) else ("clean", "green")
     why = " (--strict: the warnings fail the run)" if strict and warnings else ""
@@ -218,13 +226,16 @@ def render_mark_differences(console: Console, g: GraphDiff, limit: int = 5) -> N
     """Which kernels' undefined bytes the two SAVEs marked differently."""
     if not g.marks_differ:  # the same bytes, recorded as other runs: nothing to name
         return
-    console.print(f"    rank {g.rank} {p(g.name)}: {len(g.marks_differ)} node(s) marked differently",
+    marked = len(g.marks_differ) + g.marks_not_listed
+    console.print(f"    rank {g.rank} {p(g.name)}: {marked} node(s) marked differently",
                   markup=False, soft_wrap=True)  # fmt: skip
     for m in g.marks_differ[:limit]:
         console.print(f"      node {m.node} {p(m.label)}: {m.only_a} byte(s) undefined in A only, {m.only_b} in B only",
                       markup=False, soft_wrap=True)  # fmt: skip
     if len(g.marks_differ) > limit:
-        console.print(f"      ... and {len(g.marks_differ) - limit} more (--json lists every one)")
+        console.print(f"      ... and {len(g.marks_differ) - limit} more (--json lists them)")
+    if g.marks_not_listed:
+        console.print(f"      ... and {g.marks_not_listed} past what a diff lists")
 
 
 def render_diff(console: Console, d: ArchiveDiff) -> None:
@@ -255,7 +266,7 @@ def render_diff(console: Console, d: ArchiveDiff) -> None:
         if g.status is not Status.CHANGED:
             continue
         console.print(f"  fingerprint A {p(g.fingerprint_a)}\n  fingerprint B {p(g.fingerprint_b)}")
-        if not (g.nodes or g.edges_only_a or g.edges_only_b):
+        if not (g.node_count or g.edges_only_a or g.edges_only_b or g.edges_not_listed):
             console.print(
                 "  no field differs, yet the graphs do not fingerprint alike (a recorded fingerprint "
                 "that does not match its graph? `foundry archive verify` checks)"
@@ -266,6 +277,8 @@ def render_diff(console: Console, d: ArchiveDiff) -> None:
                 console.print(f"  ~ {ids} {p(n.label)}")
                 for c in n.changes:
                     console.print(Text.assemble(f"      {p(c.field)}: ", (p(c.a), "red"), " -> ", (p(c.b), "green")))
+                if n.changes_not_listed:
+                    console.print(f"      ... and {n.changes_not_listed} more changes (past what a diff lists)")
             else:
                 sign, style = ("-", "red") if n.status is Status.ONLY_A else ("+", "green")
                 console.print(Text(f"  {sign} {ids} {p(n.label)} (only in {'A' if sign == '-' else 'B'})", style=style))
@@ -273,6 +286,9 @@ def render_diff(console: Console, d: ArchiveDiff) -> None:
             console.print(Text(f"  - edge A {src} -> {dst}", style="red"))
         for src, dst in g.edges_only_b:
             console.print(Text(f"  + edge B {src} -> {dst}", style="green"))
+        if g.nodes_not_listed or g.edges_not_listed:
+            console.print(f"  ... and {g.nodes_not_listed} more differing nodes, {g.edges_not_listed} more differing "
+                          "edges (past what a diff lists)")  # fmt: skip
     rebuilt = d.rebuilt_kernels  # derived from every node change: read once
     if rebuilt:
         console.print(f"\n{len(rebuilt)} kernel(s) differ only in nvcc's per-compilation anonymous-namespace "

@@ -1,6 +1,13 @@
 """``foundry archive inspect``: what an archive holds, as plain data.
 
 The CLI renders it as tables or JSON; the TUI's summary pane renders it too.
+What it gathers over the whole archive is bounded, however many graphs that holds
+(docs/archive-format.md, "Limits"): per graph a few counts, and at most
+:data:`LISTED_UNRESOLVED` unresolved pointers, :data:`LISTED_NAMES` kernel names
+and as many region names (:data:`LISTED_NAME_CHARS` characters of names in all)
+listed; what is not listed is counted. Each graph is reduced where it was read, in a
+worker process on a large archive (:mod:`foundry.inspect.fanout`); the bounds are
+applied here, in the archive's order.
 """
 
 from __future__ import annotations
@@ -21,6 +28,10 @@ from foundry.graphir.kernel import KernelIdentity
 from foundry.graphir.nodes import KernelNode
 from foundry.inspect.fanout import map_graphs
 
+LISTED_UNRESOLVED = 1_000  # unresolved pointers listed over the archive (all are counted)
+LISTED_NAMES = 16_384  # distinct kernel names, and distinct region names, listed
+LISTED_NAME_CHARS = 16 << 20  # characters of the names listed, in all
+
 
 @dataclass
 class GraphSummary:
@@ -33,7 +44,8 @@ class GraphSummary:
     kinds: Counter[str]
     collectives: Counter[str]
     operands: int
-    unresolved: list[dict[str, Any]]
+    unresolved: list[dict[str, Any]]  # the first ones, as many as the summary lists
+    unresolved_count: int = 0  # all of them
     undefined_bytes: int = 0
     rng: bool = False
     plan: bool = False  # a launch plan: LOAD with --builder native builds it without the IR
@@ -48,6 +60,19 @@ class ArchiveSummary:
     kernel_names: dict[str, str] = field(default_factory=dict)
     regions: dict[str, dict[str, Any]] = field(default_factory=dict)
     restore: list[dict[str, Any]] = field(default_factory=list)  # per rank: what a LOAD needs
+    kernels_not_listed: int = 0  # launches of kernels whose names came after the listed ones
+    regions_not_listed: int = 0  # uses of regions whose names came after the listed ones
+    unresolved_not_listed: int = 0
+    name_chars: int = 0  # of the kernel and region names listed
+
+    def admits(self, table: dict[str, Any], name: str) -> bool:
+        """Whether ``name`` is (or may become) a key of ``table``: the listed names are bounded."""
+        if name in table:
+            return True
+        if len(table) >= LISTED_NAMES or self.name_chars + len(name) > LISTED_NAME_CHARS:
+            return False
+        self.name_chars += len(name)
+        return True
 
     @property
     def kinds(self) -> Counter[str]:
@@ -76,7 +101,7 @@ class ArchiveSummary:
                     "kinds": dict(sorted(g.kinds.items())),
                     "collectives": dict(sorted(g.collectives.items())),
                     "operands": g.operands,
-                    "unresolved": len(g.unresolved),
+                    "unresolved": g.unresolved_count,
                     "undefined_bytes": g.undefined_bytes,
                     "rng": g.rng,
                     "plan": g.plan,
@@ -92,6 +117,11 @@ class ArchiveSummary:
             "kernels": [{"name": n, "short": self.kernel_names[n], "count": c} for n, c in self.kernels.most_common()],
             "regions": [{"name": k, **v} for k, v in sorted(self.regions.items())],
             "unresolved": self.unresolved,
+            "not_listed": {
+                "kernel_launches": self.kernels_not_listed,
+                "region_uses": self.regions_not_listed,
+                "unresolved": self.unresolved_not_listed,
+            },
             "restore": self.restore,
         }
 
@@ -107,10 +137,11 @@ def kernel_launches(kernels: list[KernelNode]) -> dict[str, tuple[KernelIdentity
 
 
 def summarize_graph(ir: GraphIR, registry: BackendRegistry, *, rank: int, entry: GraphEntry,
-                    kernels: dict[str, tuple[KernelIdentity, int]] | None = None,
+                    listed: int = LISTED_UNRESOLVED, kernels: dict[str, tuple[KernelIdentity, int]] | None = None,
                     nodes: list[KernelNode] | None = None) -> GraphSummary:  # fmt: skip
-    """One graph's row of the summary (``kernels``: its :func:`kernel_launches`, and ``nodes``
-    its kernel nodes, if the caller has them)."""
+    """One graph's figures, its first ``listed`` unresolved pointers among them (``kernels``: its
+    :func:`kernel_launches`, and ``nodes`` its kernel nodes, if the caller has them)."""
+    found = ir.operands.unresolved() if ir.operands.count_unresolved() else []
     unresolved = [
         {
             "rank": rank,
@@ -121,7 +152,7 @@ def summarize_graph(ir: GraphIR, registry: BackendRegistry, *, rank: int, entry:
             "offset": o.offset,
             "value": hex(o.value),
         }
-        for o in (ir.operands.unresolved() if ir.operands.count_unresolved() else ())
+        for o in found[:listed]
     ]
     nodes = ir.kernels() if nodes is None else nodes
     table = kernel_launches(nodes) if kernels is None else kernels
@@ -141,6 +172,7 @@ def summarize_graph(ir: GraphIR, registry: BackendRegistry, *, rank: int, entry:
         collectives=collectives,
         operands=len(ir.operands),
         unresolved=unresolved,
+        unresolved_count=len(found),
         undefined_bytes=sum(length for node in nodes for _, length in node.undefined),
         rng=entry.rng is not None,
         plan=entry.plan is not None,
@@ -188,12 +220,23 @@ def summarize(archive: Archive, registry: BackendRegistry, *, rank: int | None =
     ranks = archive.ranks if rank is None else [rank]
     summary.restore = [restore_facts(archive, r) for r in ranks if r in archive.ranks]
     selection = archive.select(rank=rank)
+    listed = LISTED_UNRESOLVED  # over the archive: each graph's facts list as many of its own
     for facts in map_graphs(archive, selection, graph_facts, registry, workers=workers, meanwhile=meanwhile):
-        summary.graphs.append(facts.graph)
+        graph = facts.graph
+        graph.unresolved = graph.unresolved[:listed]
+        listed -= len(graph.unresolved)
+        summary.unresolved_not_listed += graph.unresolved_count - len(graph.unresolved)
+        summary.graphs.append(graph)
         for name, short, count in facts.kernels:
+            if not summary.admits(summary.kernels, name):
+                summary.kernels_not_listed += count
+                continue
             summary.kernels[name] += count
             summary.kernel_names.setdefault(name, short)
         for name, kind, size, operands in facts.regions:
+            if not summary.admits(summary.regions, name):
+                summary.regions_not_listed += 1
+                continue
             row = summary.regions.setdefault(name, {"kind": kind, "size": size, "graphs": 0, "operands": 0})
             row["size"] = max(row["size"], size)
             row["graphs"] += 1

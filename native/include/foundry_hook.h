@@ -103,7 +103,7 @@ typedef struct foundry_image {
 /* Sharing region memory between processes (ipc.c). A handle is 64 bytes, the size of a
  * CUipcMemHandle, so it can travel wherever one does. */
 #define FOUNDRY_IPC_MAGIC 0x43504946u /* "FIPC" */
-#define FOUNDRY_IPC_VERSION 1
+#define FOUNDRY_IPC_VERSION 2 /* 2: the exporter's socket name carries a random key */
 
 enum foundry_ipc_status {
     FOUNDRY_IPC_OK = 0,
@@ -114,6 +114,8 @@ enum foundry_ipc_status {
     FOUNDRY_IPC_EUID = -14,     /* the exporter refused: another user */
     FOUNDRY_IPC_ETOKEN = -15,   /* the exporter refused: wrong token (e.g. a reused pid) */
     FOUNDRY_IPC_EPROTO = -16,   /* a malformed exchange */
+    FOUNDRY_IPC_EPEERUID = -17, /* another user's process answers on the exporter's socket */
+    FOUNDRY_IPC_EPEER = -18,    /* a process other than the exporter answers on its socket */
 };
 
 typedef struct foundry_ipc_handle {
@@ -126,7 +128,7 @@ typedef struct foundry_ipc_handle {
     uint64_t offset;      /* the memory's offset in that region */
     uint64_t size;
     uint8_t token[16];    /* random, known only to the exporter and the handle's holders */
-    uint8_t reserved[8];
+    uint8_t socket_key[8]; /* random per exporting process: its socket is @foundry-ipc-<pid>-<key in hex> */
 } foundry_ipc_handle_t;
 
 /* Export an open file descriptor (a shareable memory handle) under a new handle. */

@@ -5,18 +5,23 @@
  * on a region allocation) and gets a 64-byte handle - the size of a CUipcMemHandle,
  * so it can travel wherever one does. The handle names the exporter's pid, an
  * export number, the rank slot, where the memory sits in the exporter's region,
- * and a random token. An importer connects to the exporter's abstract Unix socket
- * ("\0foundry-ipc-<pid>") and checks that the process answering is the handle's
- * pid and its own user (SO_PEERCRED: abstract names carry no permissions) before
- * it sends the token; the exporter's server thread checks the importer's UID and
- * the token, then passes the descriptor with SCM_RIGHTS. A process that reused a
- * dead exporter's pid does not know the token. Sockets time out after 5 s.
+ * a random token and the random key of the exporter's socket. An importer connects
+ * to the exporter's abstract Unix socket ("\0foundry-ipc-<pid>-<key>"), and checks
+ * that the process answering is the handle's pid and its own user (SO_PEERCRED:
+ * abstract names carry no permissions) before it sends the token. The key makes the
+ * name unguessable: another user cannot bind it first and so stop the export. The
+ * exporter's server thread checks each importer's UID as it connects and its token
+ * when it asks, then passes the descriptor with SCM_RIGHTS. It serves every
+ * connection from one poll loop: a client that connects and says nothing holds a
+ * slot until its 5 s run out, never the server. A process that reused a dead
+ * exporter's pid does not know the token.
  *
  * Imports are counted: each open takes one reference, each close gives one back,
  * and the descriptor is released when the last reference goes.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stddef.h>
 #include <pthread.h>
 #include <signal.h>
@@ -27,6 +32,7 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "hook.h"
@@ -35,6 +41,7 @@ _Static_assert(sizeof(foundry_ipc_handle_t) == 64, "a handle travels where a CUi
 
 #define MAX_EXPORTS 1024
 #define MAX_IMPORTS 1024
+#define MAX_PENDING 64 /* connections the server waits on at once; a new one evicts the oldest */
 
 typedef struct {
     uint32_t export_id;
@@ -52,6 +59,7 @@ static struct {
 } exports[MAX_EXPORTS];
 static uint32_t export_count;
 static int server_fd = -1;
+static uint8_t socket_key[8]; /* drawn when the server starts; the handles carry it */
 
 static struct {
     foundry_ipc_handle_t handle; /* an import is the handle's, not just its pid and number */
@@ -80,10 +88,12 @@ typedef union {
     char buf[CMSG_SPACE(sizeof(int))];
 } control_t;
 
-static socklen_t socket_address(int32_t pid, struct sockaddr_un *addr) {
+static socklen_t socket_address(int32_t pid, const uint8_t key[8], struct sockaddr_un *addr) {
     memset(addr, 0, sizeof *addr);
     addr->sun_family = AF_UNIX;
-    int n = snprintf(addr->sun_path + 1, sizeof addr->sun_path - 1, "foundry-ipc-%d", (int)pid);
+    int n = snprintf(addr->sun_path + 1, sizeof addr->sun_path - 1, "foundry-ipc-%d-", (int)pid);
+    for (int i = 0; i < 8; i++)
+        n += snprintf(addr->sun_path + 1 + n, sizeof addr->sun_path - 1 - (size_t)n, "%02x", key[i]);
     return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
 }
 
@@ -104,24 +114,31 @@ static int send_reply(int conn, int32_t status, int fd) {
         cmsg->cmsg_len = CMSG_LEN(sizeof(int));
         memcpy(CMSG_DATA(cmsg), &fd, sizeof fd);
     }
-    return sendmsg(conn, &msg, MSG_NOSIGNAL) == (ssize_t)sizeof reply ? 0 : -1;
+    /* the reply is one small datagram on a fresh connection: it never waits for room */
+    return sendmsg(conn, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)sizeof reply ? 0 : -1;
 }
 
-static void serve(int conn) {
+/* A connection just accepted: refused at once unless it comes from this process's user
+ * (before anything is read from it). Returns whether to wait for its request. */
+static int admit(int conn) {
     struct ucred peer;
     socklen_t len = sizeof peer;
-    set_timeouts(conn); /* a client that connects and says nothing cannot stall the server */
     if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) {
         send_reply(conn, FOUNDRY_IPC_EPROTO, -1);
-        return;
+        return 0;
     }
-    if (peer.uid != getuid()) { /* before reading anything from it */
+    if (peer.uid != getuid()) {
         fh_event("error: ipc: refused a connection from uid %d (pid %d)", (int)peer.uid, (int)peer.pid);
         send_reply(conn, FOUNDRY_IPC_EUID, -1);
-        return;
+        return 0;
     }
+    return 1;
+}
+
+/* A connection with something to read: its request, answered with the descriptor or a refusal. */
+static void serve(int conn) {
     request_t req;
-    if (recv(conn, &req, sizeof req, 0) != sizeof req) {
+    if (recv(conn, &req, sizeof req, MSG_DONTWAIT) != sizeof req) {
         send_reply(conn, FOUNDRY_IPC_EPROTO, -1);
         return;
     }
@@ -131,6 +148,9 @@ static void serve(int conn) {
     fd = match ? dup(fd) : -1; /* ours to send: an unexport may close the original meanwhile */
     pthread_mutex_unlock(&lock);
     if (fd < 0) {
+        struct ucred peer = {0};
+        socklen_t len = sizeof peer;
+        getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &len);
         fh_event("error: ipc: pid %d asked for export %u with a wrong token (or one withdrawn)", (int)peer.pid,
                  req.export_id);
         send_reply(conn, FOUNDRY_IPC_ETOKEN, -1);
@@ -140,29 +160,83 @@ static void serve(int conn) {
     close(fd);
 }
 
+static int64_t now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+typedef struct {
+    int fd;
+    int64_t deadline_ms;
+} pending_t;
+
+static void drop(pending_t *pending, int *count, int i) {
+    close(pending[i].fd);
+    memmove(&pending[i], &pending[i + 1], (size_t)(*count - i - 1) * sizeof *pending);
+    (*count)--;
+}
+
+/* One poll loop over the listening socket and every connection waiting to send its request. */
 static void *server_loop(void *arg) {
-    (void)arg;
+    int listen_fd = (int)(intptr_t)arg;
+    pending_t pending[MAX_PENDING];
+    struct pollfd fds[MAX_PENDING + 1];
+    int count = 0;
     for (;;) {
-        int conn = accept(server_fd, NULL, NULL);
+        int64_t now = now_ms(), wait = -1;
+        fds[0] = (struct pollfd){listen_fd, POLLIN, 0};
+        for (int i = 0; i < count; i++) {
+            fds[i + 1] = (struct pollfd){pending[i].fd, POLLIN, 0};
+            int64_t left = pending[i].deadline_ms - now;
+            if (wait < 0 || left < wait) wait = left < 0 ? 0 : left;
+        }
+        if (poll(fds, (nfds_t)count + 1, (int)wait) < 0) {
+            if (errno == EINTR) continue;
+            fh_event("error: ipc: the server stopped (poll errno %d)", errno);
+            break;
+        }
+        now = now_ms();
+        for (int i = count - 1; i >= 0; i--) { /* backwards: dropping one keeps the lower indices */
+            if (fds[i + 1].revents) {
+                serve(pending[i].fd);
+                drop(pending, &count, i);
+            } else if (pending[i].deadline_ms <= now) {
+                drop(pending, &count, i); /* said nothing in time: its slot is freed, nothing else waited */
+            }
+        }
+        if (fds[0].revents & (POLLERR | POLLNVAL)) {
+            fh_event("error: ipc: the server stopped (its socket failed)");
+            break;
+        }
+        if (!(fds[0].revents & POLLIN)) continue;
+        int conn = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (conn < 0) {
             if (errno == EBADF || errno == EINVAL || errno == ENOTSOCK) {
                 fh_event("error: ipc: the server stopped (errno %d)", errno);
-                pthread_mutex_lock(&lock);
-                server_fd = -1;
-                pthread_mutex_unlock(&lock);
-                return NULL;
+                break;
             }
-            if (errno != EINTR) usleep(10000); /* EMFILE, ECONNABORTED...: transient, keep serving */
+            if (errno != EINTR && errno != EAGAIN) usleep(10000); /* EMFILE, ECONNABORTED...: transient */
             continue;
         }
-        serve(conn);
-        close(conn);
+        if (!admit(conn)) {
+            close(conn);
+            continue;
+        }
+        if (count == MAX_PENDING) drop(pending, &count, 0); /* the oldest has waited longest */
+        pending[count++] = (pending_t){conn, now + IO_TIMEOUT_S * 1000};
     }
+    for (int i = 0; i < count; i++) close(pending[i].fd);
+    pthread_mutex_lock(&lock);
+    server_fd = -1;
+    pthread_mutex_unlock(&lock);
+    return NULL;
 }
 
 /* A forked child inherits the parent's socket but not its server thread. */
 static void forget_server(void) {
-    server_fd = -1;
+    if (server_fd >= 0) close(server_fd); /* the parent's: kept here, it would outlive the parent unserved */
+    server_fd = -1;                       /* its own server, when it exports, draws its own key */
     export_count = 0;
     memset(imports, 0, sizeof imports);
     pthread_mutex_init(&lock, NULL);
@@ -174,17 +248,18 @@ static int start_server(void) {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, register_fork_handler);
     if (server_fd >= 0) return 0; /* a forked child has none: forget_server */
-    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (getrandom(socket_key, sizeof socket_key, 0) != (ssize_t)sizeof socket_key) return -1;
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     struct sockaddr_un addr;
-    socklen_t len = socket_address((int32_t)getpid(), &addr);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&addr, len) != 0 || listen(fd, 16) != 0) {
-        fh_event("error: ipc: cannot listen on @foundry-ipc-%d (errno %d)", (int)getpid(), errno);
+    socklen_t len = socket_address((int32_t)getpid(), socket_key, &addr);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&addr, len) != 0 || listen(fd, 64) != 0) {
+        fh_event("error: ipc: cannot listen on @%s (errno %d)", addr.sun_path + 1, errno);
         if (fd >= 0) close(fd);
         return -1;
     }
     server_fd = fd;
     pthread_t thread;
-    if (pthread_create(&thread, NULL, server_loop, NULL) != 0) {
+    if (pthread_create(&thread, NULL, server_loop, (void *)(intptr_t)fd) != 0) {
         close(fd);
         server_fd = -1;
         return -1;
@@ -226,6 +301,7 @@ int foundry_ipc_export(int fd, uint16_t rank_slot, uint64_t region_base, uint64_
             out->offset = offset;
             out->size = size;
             memcpy(out->token, exports[id].token, sizeof out->token);
+            memcpy(out->socket_key, socket_key, sizeof out->socket_key);
         }
     }
     pthread_mutex_unlock(&lock);
@@ -262,19 +338,25 @@ static int peer_is_exporter(int conn, const foundry_ipc_handle_t *h) {
     struct ucred peer;
     socklen_t len = sizeof peer;
     if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) return FOUNDRY_IPC_EPROTO;
-    if (peer.uid != getuid()) return FOUNDRY_IPC_EUID;
-    return peer.pid == h->pid ? FOUNDRY_IPC_OK : FOUNDRY_IPC_ESTALE;
+    if (peer.uid == getuid()) return peer.pid == h->pid ? FOUNDRY_IPC_OK : FOUNDRY_IPC_EPEER;
+    if (peer.pid != h->pid) return FOUNDRY_IPC_EPEERUID; /* an impostor of another user */
+    /* The exporter itself, run by another user: it refuses this importer as it accepts it,
+     * before reading anything, so its answer is already on the way; report what it said. */
+    reply_t reply = {FOUNDRY_IPC_EPROTO};
+    if (recv(conn, &reply, sizeof reply, 0) == (ssize_t)sizeof reply && reply.status == FOUNDRY_IPC_EUID)
+        return FOUNDRY_IPC_EUID;
+    return FOUNDRY_IPC_EPEERUID;
 }
 
 static int fetch(const foundry_ipc_handle_t *h, int *fd_out) {
     int conn = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     struct sockaddr_un addr;
-    socklen_t len = socket_address(h->pid, &addr);
+    socklen_t len = socket_address(h->pid, h->socket_key, &addr);
+    if (conn >= 0) set_timeouts(conn); /* connect too: a full backlog waits at most that long */
     if (conn < 0 || connect(conn, (struct sockaddr *)&addr, len) != 0) {
         if (conn >= 0) close(conn);
         return FOUNDRY_IPC_ECONNECT;
     }
-    set_timeouts(conn);
     int status = peer_is_exporter(conn, h);
     if (status != FOUNDRY_IPC_OK) { /* never hand the token to an impostor */
         close(conn);

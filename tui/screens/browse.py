@@ -45,7 +45,7 @@ from foundry.archive.schema import GraphEntry
 from foundry.backends.registry import BackendRegistry
 from foundry.errors import FoundryError
 from foundry.graphir.passes.export import export
-from foundry.inspect.lint import LintReport, lint
+from foundry.inspect.lint import LintReport, Severity, lint
 from foundry.inspect.summary import ArchiveSummary, summarize
 from foundry.text import plain
 
@@ -319,8 +319,7 @@ class BrowseScreen(Screen):
     def on_browse_screen_lint_ready(self, message: BrowseScreen.LintReady) -> None:
         self.lint = message.report
         self.query_one(SummaryPane).show_lint(message.report)
-        errors = sum(f.severity.value == "error" for f in message.report.findings)
-        warnings = len(message.report.findings) - errors
+        errors, warnings = message.report.count(Severity.ERROR), message.report.count(Severity.WARNING)
         self.status.hint(f"lint: {errors} error(s), {warnings} warning(s) (l visits them, s shows the summary)")
         self._show_node(self.node_table.node_id)  # the node pane lists the node's findings
 

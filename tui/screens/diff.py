@@ -156,8 +156,11 @@ class DiffScreen(Screen):
         table.border_title = plain(f"Nodes that differ · rank {graph.rank} {graph.name}")
         if graph.status is Status.CHANGED:
             table.show(graph)
-            edges = len(graph.edges_only_a) + len(graph.edges_only_b)
-            table.border_subtitle = differing(len(graph.nodes), edges)
+            edges = len(graph.edges_only_a) + len(graph.edges_only_b) + graph.edges_not_listed
+            unlisted = graph.nodes_not_listed + graph.edges_not_listed
+            table.border_subtitle = differing(graph.node_count, edges) + (
+                f" ({unlisted} past what a diff lists)" if unlisted else ""
+            )
             self._load_pair(graph.rank, graph.name)
             node = table.current()
             if node is not None:

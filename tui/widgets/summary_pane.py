@@ -21,7 +21,7 @@ from foundry.inspect.render import human_bytes
 from foundry.inspect.summary import ArchiveSummary
 from foundry.text import plain, printable
 
-MAX_FINDINGS = 500  # rows of the findings table; the rest is counted
+MAX_ROWS = 500  # rows of each table (kernels, regions, unresolved pointers, findings); the rest is counted
 
 
 def _table(title: str, *columns: tuple[str, str]) -> Table:
@@ -51,9 +51,13 @@ def summary_renderables(summary: ArchiveSummary) -> list[RenderableType]:
         ("variants", "right"),
         ("kernel", "left"),
     )
-    for short, counts in ranked:
+    for short, counts in ranked[:MAX_ROWS]:
         kernels.add_row(str(sum(counts)), str(len(counts)), plain(short))
     parts.append(kernels)
+    if len(ranked) > MAX_ROWS or summary.kernels_not_listed:
+        more = f"... {max(0, len(ranked) - MAX_ROWS)} more kernel names"
+        unlisted = f", and {summary.kernels_not_listed} launches past the names a summary lists"
+        parts.append(Text(more + (unlisted if summary.kernels_not_listed else ""), style="dim"))
 
     collectives = summary.collectives
     if collectives:
@@ -73,14 +77,19 @@ def summary_renderables(summary: ArchiveSummary) -> list[RenderableType]:
         ("operands", "right"),
     )
     ordered = sorted(summary.regions.items(), key=lambda kv: (kv[1]["kind"] == RegionKind.TENSOR, kv[0]))
-    for name, row in ordered:
+    for name, row in ordered[:MAX_ROWS]:
         regions.add_row(plain(name), row["kind"], human_bytes(row["size"]), str(row["graphs"]), str(row["operands"]))
     parts.append(regions)
+    if len(ordered) > MAX_ROWS or summary.regions_not_listed:
+        more = f"... {max(0, len(ordered) - MAX_ROWS)} more regions"
+        unlisted = f", and {summary.regions_not_listed} uses of regions past the names a summary lists"
+        parts.append(Text(more + (unlisted if summary.regions_not_listed else ""), style="dim"))
 
     unresolved = summary.unresolved
     if unresolved:
-        table = _table(f"Unresolved pointers ({len(unresolved)})", *[(c, "left") for c in ("graph", "node", "where")])
-        for u in unresolved[:MAX_FINDINGS]:
+        count = len(unresolved) + summary.unresolved_not_listed
+        table = _table(f"Unresolved pointers ({count})", *[(c, "left") for c in ("graph", "node", "where")])
+        for u in unresolved[:MAX_ROWS]:
             where = f"param {u['param']}+{u['offset']}" if u["param"] >= 0 else u["site"]
             table.add_row(
                 plain(f"rank {u['rank']} {u['graph']}"), str(u["node"]), Text(f"{where} = {u['value']}", "red")
@@ -92,8 +101,7 @@ def summary_renderables(summary: ArchiveSummary) -> list[RenderableType]:
 
 
 def lint_renderables(report: LintReport) -> list[RenderableType]:
-    errors = sum(f.severity is Severity.ERROR for f in report.findings)
-    warnings = len(report.findings) - errors
+    errors, warnings = report.count(Severity.ERROR), report.count(Severity.WARNING)
     head = Text.assemble(
         ("Lint", "bold"),
         f": {len(report.graphs)} graphs checked, ",
@@ -106,13 +114,14 @@ def lint_renderables(report: LintReport) -> list[RenderableType]:
     table = Table(show_header=True, header_style="bold", box=None, padding=(0, 1))
     for name in ("severity", "rule", "where", "message"):
         table.add_column(name, overflow="fold")
-    for f in report.findings[:MAX_FINDINGS]:
+    for f in report.findings[:MAX_ROWS]:
         style = "red" if f.severity is Severity.ERROR else "yellow"
         where = f"rank {f.rank} {f.graph}" + (f" node {f.node}" if f.node is not None else "")
         table.add_row(Text(f.severity.value, style=style), plain(f.rule), plain(where), plain(f.message))
     parts: list[RenderableType] = [head, table]
-    if len(report.findings) > MAX_FINDINGS:
-        parts.append(Text(f"... {len(report.findings) - MAX_FINDINGS} more findings", style="dim"))
+    more = errors + warnings - min(len(report.findings), MAX_ROWS)
+    if more:
+        parts.append(Text(f"... {more} more findings", style="dim"))
     return parts
 
 

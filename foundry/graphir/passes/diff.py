@@ -12,6 +12,13 @@ A kernel whose mangled name differs only in nvcc's per-compilation anonymous-nam
 id is the same source built twice (a JIT build per machine): it is aligned as the
 same kernel and its name change is marked ``kernel.rebuilt``.
 The diff is a pure function; the CLI and the TUI only render it.
+
+A diff stays bounded however much differs: it lists differences up to a budget
+(``listed``, :data:`LISTED` by default: a node and each of its changes cost one,
+at most :data:`LISTED_CHANGES` changes per node, values cut at
+:data:`VALUE_CHARS` characters) and counts the rest; nodes are aligned by
+sequence matching only within :data:`ALIGN_CELLS` (the common head and tail of
+the two graphs are paired first), past that by position.
 """
 
 from __future__ import annotations
@@ -29,6 +36,10 @@ from foundry.graphir.nodes import KernelNode, Node, ranges_minus
 from foundry.graphir.operands import Operand
 
 REBUILT = "kernel.rebuilt"  # the subject of a kernel name that another build of its source gives
+LISTED = 20_000  # nodes, changes, edges and marks a diff lists (of one graph; the archive's diff shares it)
+LISTED_CHANGES = 256  # changes listed for one node
+VALUE_CHARS = 4_096  # characters of a value listed (the longest kernel name seen: about 2,200)
+ALIGN_CELLS = 1 << 24  # nodes of A times nodes of B that sequence matching may align
 
 
 class Status(StrEnum):
@@ -53,6 +64,10 @@ class FieldChange:
     def __post_init__(self) -> None:
         if not self.subject:
             object.__setattr__(self, "subject", self.field)
+        for side in ("a", "b"):
+            value = getattr(self, side)
+            if len(value) > VALUE_CHARS:
+                object.__setattr__(self, side, f"{value[:VALUE_CHARS]}... ({len(value)} characters)")
 
 
 @dataclass
@@ -62,6 +77,7 @@ class NodeDiff:
     b: int | None
     label: str
     changes: list[FieldChange] = field(default_factory=list)
+    changes_not_listed: int = 0
 
 
 @dataclass
@@ -86,6 +102,43 @@ class GraphDiff:
     edges_only_b: list[tuple[int, int]] = field(default_factory=list)
     undefined_only: bool = False  # SAME though the fingerprints differ: only in bytes one side marked undefined
     marks_differ: list[MarkDiff] = field(default_factory=list)  # where the two SAVEs' undefined bytes differ
+    nodes_not_listed: int = 0  # differing nodes past the diff's budget
+    edges_not_listed: int = 0
+    marks_not_listed: int = 0
+
+    @property
+    def listed(self) -> int:
+        """What this graph's diff lists, in the units of the budget."""
+        nodes = sum(1 + len(n.changes) for n in self.nodes)
+        return nodes + len(self.edges_only_a) + len(self.edges_only_b) + len(self.marks_differ)
+
+    @property
+    def node_count(self) -> int:
+        """Differing nodes, listed or not."""
+        return len(self.nodes) + self.nodes_not_listed
+
+
+class _Budget:
+    """How much more a diff may list."""
+
+    def __init__(self, listed: int) -> None:
+        self.left = listed
+
+    def node(self, result: GraphDiff, node: NodeDiff) -> None:
+        if self.left <= 0:
+            result.nodes_not_listed += 1
+            return
+        keep = min(len(node.changes), LISTED_CHANGES, self.left - 1)
+        node.changes_not_listed = len(node.changes) - keep
+        del node.changes[keep:]
+        self.left -= 1 + keep
+        result.nodes.append(node)
+
+    def take(self, items: list) -> tuple[list, int]:
+        """The items it may list, and how many it may not."""
+        keep = max(0, min(len(items), self.left))
+        self.left -= keep
+        return items[:keep], len(items) - keep
 
 
 # -- nodes ------------------------------------------------------------------------
@@ -187,46 +240,77 @@ def _attributes(node: KernelNode) -> list[tuple[str, Any]]:
 # -- graphs -----------------------------------------------------------------------
 
 
-def diff_graphs(a: GraphIR, b: GraphIR, *, rank: int = 0) -> GraphDiff:
-    """Align and compare two graphs node by node, then compare edges through the alignment."""
+def _opcodes(keys_a: list, keys_b: list) -> list[tuple[str, int, int, int, int]]:
+    """Alignment of two key sequences: the common head and tail paired as they are, the rest
+    by sequence matching where it fits :data:`ALIGN_CELLS` (its cost grows with the product
+    of the lengths), by position beyond."""
+    n, m = len(keys_a), len(keys_b)
+    head = 0
+    while head < min(n, m) and keys_a[head] == keys_b[head]:
+        head += 1
+    tail = 0
+    while tail < min(n, m) - head and keys_a[n - 1 - tail] == keys_b[m - 1 - tail]:
+        tail += 1
+    out = [("equal", 0, head, 0, head)] if head else []
+    middle_a, middle_b = keys_a[head : n - tail], keys_b[head : m - tail]
+    if middle_a or middle_b:
+        if len(middle_a) * len(middle_b) <= ALIGN_CELLS:
+            matcher = difflib.SequenceMatcher(None, middle_a, middle_b, autojunk=False)
+            out += [(t, i1 + head, i2 + head, j1 + head, j2 + head) for t, i1, i2, j1, j2 in matcher.get_opcodes()]
+        else:
+            out.append(("replace", head, n - tail, head, m - tail))
+    if tail:
+        out.append(("equal", n - tail, n, m - tail, m))
+    return out
+
+
+def diff_graphs(a: GraphIR, b: GraphIR, *, rank: int = 0, listed: int = LISTED) -> GraphDiff:
+    """Align and compare two graphs node by node, then compare edges through the alignment;
+    list differences up to ``listed`` (see the module docstring) and count the rest."""
     nodes_a, nodes_b = a.nodes(), b.nodes()
-    matcher = difflib.SequenceMatcher(
-        None, [_align_key(n) for n in nodes_a], [_align_key(n) for n in nodes_b], autojunk=False
-    )
     result = GraphDiff(rank, a.name, Status.SAME)
+    budget = _Budget(listed)
     mapping: dict[int, int] = {}
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+    for tag, i1, i2, j1, j2 in _opcodes([_align_key(n) for n in nodes_a], [_align_key(n) for n in nodes_b]):
         paired = min(i2 - i1, j2 - j1) if tag in ("equal", "replace") else 0
         for k in range(paired):
             na, nb = nodes_a[i1 + k], nodes_b[j1 + k]
             mapping[na.id] = nb.id
             changes = compare_nodes(na, a.operands.of(na.id), nb, b.operands.of(nb.id))
             if changes:
-                result.nodes.append(NodeDiff(Status.CHANGED, na.id, nb.id, node_label(na), changes))
+                budget.node(result, NodeDiff(Status.CHANGED, na.id, nb.id, node_label(na), changes))
         for na in nodes_a[i1 + paired : i2]:
-            result.nodes.append(NodeDiff(Status.ONLY_A, na.id, None, node_label(na)))
+            budget.node(result, NodeDiff(Status.ONLY_A, na.id, None, node_label(na)))
         for nb in nodes_b[j1 + paired : j2]:
-            result.nodes.append(NodeDiff(Status.ONLY_B, None, nb.id, node_label(nb)))
+            budget.node(result, NodeDiff(Status.ONLY_B, None, nb.id, node_label(nb)))
     edges_a = {(mapping.get(e.src), mapping.get(e.dst), e.data) for e in a.edges()}
     edges_b = {(e.src, e.dst, e.data) for e in b.edges()}
-    result.edges_only_a = sorted(
+    only_a = sorted(
         (e.src, e.dst) for e in a.edges() if (mapping.get(e.src), mapping.get(e.dst), e.data) not in edges_b
     )
-    result.edges_only_b = sorted((s, d) for s, d, data in edges_b if (s, d, data) not in edges_a)
-    if result.nodes or result.edges_only_a or result.edges_only_b:
+    only_b = sorted((s, d) for s, d, data in edges_b if (s, d, data) not in edges_a)
+    result.edges_only_a, not_a = budget.take(only_a)
+    result.edges_only_b, not_b = budget.take(only_b)
+    result.edges_not_listed = not_a + not_b
+    if result.node_count or only_a or only_b:
         result.status = Status.CHANGED
     return result
 
 
-def mark_differences(a: GraphIR, b: GraphIR) -> list[MarkDiff]:
+def mark_differences(a: GraphIR, b: GraphIR, *, listed: int = LISTED) -> tuple[list[MarkDiff], int]:
     """Kernel nodes (paired by id: the graphs have the same nodes) whose undefined bytes
-    differ between the two SAVEs, with how many bytes each marked alone."""
-    out = []
+    differ between the two SAVEs, with how many bytes each marked alone: the first
+    ``listed`` of them, and how many more there are."""
+    out, more = [], 0
     for node in a.kernels():
         other = b.node(node.id)
         if not isinstance(other, KernelNode):
             continue
         mine, theirs = node.undefined_ranges(), other.undefined_ranges()
-        if mine != theirs:
+        if mine == theirs:
+            continue
+        if len(out) < listed:
             out.append(MarkDiff(node.id, node_label(node), ranges_minus(mine, theirs), ranges_minus(theirs, mine)))
-    return out
+        else:
+            more += 1
+    return out, more

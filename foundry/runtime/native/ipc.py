@@ -2,8 +2,10 @@
 
 A handle is 64 bytes, the size of a ``CUipcMemHandle``: the exporter's pid and
 export number, the rank slot, where the memory sits in the exporter's region,
-and a random token. The descriptor itself travels over the exporter's abstract
-Unix socket, after the exporter has checked the peer's UID and the token.
+a random token and the random key that names the exporter's abstract Unix
+socket (``@foundry-ipc-<pid>-<key>``: no other process can take the name first).
+The descriptor itself travels over that socket, after the importer has checked
+who answers and the exporter has checked the importer's UID and the token.
 An importer maps peer memory at a deterministic address (:func:`import_address`):
 one import zone per process, a slot per rank, the exporter's offset inside it —
 the same addresses in every SAVE and LOAD process.
@@ -18,7 +20,7 @@ import msgspec
 from foundry.errors import FoundryError
 
 MAGIC = 0x43504946
-VERSION = 1
+VERSION = 2  # 2: the socket key
 HANDLE_BYTES = 64
 
 REFUSALS = {
@@ -28,9 +30,11 @@ REFUSALS = {
     -11: "an IPC handle of another version",
     -12: "the exporting process no longer exists",
     -13: "the exporting process does not answer on its socket",
-    -14: "the exporter refused: the importer runs as another user",
+    -14: "the exporter refused: this importer runs as another user than the exporter",
     -15: "the exporter refused: wrong token (a reused pid, or a forged handle)",
     -16: "a malformed exchange with the exporter",
+    -17: "refused: the process answering on the exporter's socket runs as another user (the token was not sent)",
+    -18: "refused: the process answering on the exporter's socket is not the exporter (the token was not sent)",
 }
 
 
@@ -49,7 +53,7 @@ class _Handle(ctypes.Structure):
         ("offset", ctypes.c_uint64),
         ("size", ctypes.c_uint64),
         ("token", ctypes.c_uint8 * 16),
-        ("reserved", ctypes.c_uint8 * 8),
+        ("socket_key", ctypes.c_uint8 * 8),
     ]
 
 
