@@ -205,11 +205,23 @@ class LaunchAttribute(msgspec.Struct, frozen=True, gc=False, array_like=True, fo
     value: AttributeValue
 
     def __post_init__(self) -> None:
+        value = self.value
+        key = None if type(value) is dict else (self.name, type(value), value)  # the type: 1.0 == 1
+        if key in _ACCEPTED:  # a graph gives thousands of kernels the same few attributes
+            return
         check = ATTRIBUTES.get(self.name)
         if check is None:
             raise ValueError(f"unknown launch attribute {self.name!r}")
-        if not check(self.value):
-            raise ValueError(f"launch attribute {self.name!r} has a value out of its range: {self.value!r}")
+        if not check(value):
+            raise ValueError(f"launch attribute {self.name!r} has a value out of its range: {value!r}")
+        if key is not None:
+            if len(_ACCEPTED) >= 4096:  # bounded, whatever an archive holds
+                _ACCEPTED.clear()
+            _ACCEPTED.add(key)
+
+
+#: Launch attributes already found in range, by name, value type and value.
+_ACCEPTED: set[tuple[str, type, object] | None] = set()
 
 
 def _access_policy_window(value: AttributeValue) -> bool:
