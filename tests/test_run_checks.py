@@ -99,6 +99,17 @@ def test_a_session_opened_in_a_child_process_counts(complete, tmp_path, with_hoo
     assert list(scratch.iterdir()) == []
 
 
+def test_a_child_forked_by_the_program_is_not_checked_in_its_place(complete, tmp_path, with_hook):
+    # the program opens its session, then forks a child that exits as Python does (exit handlers run):
+    # the child inherits the hook's exit handler, and must neither take the marker nor fail
+    program = ("import os, sys\nfrom foundry.runtime.sessions.marker import note_session\nnote_session('load')\n"
+               "pid = os.fork()\nif pid == 0:\n    sys.exit(0)\nos.waitpid(pid, 0)\n")  # fmt: skip
+    env, scratch = _scratch_env(tmp_path)
+    proc = _run(complete, program, tmp_path / "ran", env=env)
+    assert proc.returncode == 0 and "never opened" not in proc.stderr, proc.stderr
+    assert list(scratch.iterdir()) == []
+
+
 def test_a_stripped_archive_is_refused_before_the_program_starts(complete, tmp_path, with_hook):
     strip(Archive.open(complete))
     _refused_before_start(_run(complete, RAN, tmp_path / "ran"), tmp_path / "ran",

@@ -9,7 +9,8 @@
  * in one line (the launcher's wording, for the runs it waits for itself). Any other
  * status stays the program's. The marker and its directory are removed either way.
  * A process that replaces itself again (a shell's exec) keeps its pid and loads the
- * hook again, so the check moves with it.
+ * hook again, so the check moves with it; a child it forks inherits the exit handler
+ * but is not checked.
  */
 #include <limits.h>
 #include <stdio.h>
@@ -24,6 +25,7 @@
     "it call foundry.runtime.open_session()?)\n"
 
 static char marker[PATH_MAX];
+static pid_t armed; /* the process checked: a child forked from it inherits the handler, not the check */
 
 static void remove_marker(void) {
     unlink(marker);
@@ -36,6 +38,7 @@ static void remove_marker(void) {
 
 static void check_session_at_exit(int status, void *unused) {
     (void)unused;
+    if (getpid() != armed) return;
     int opened = access(marker, F_OK) == 0;
     remove_marker();
     if (status != 0 || opened) return;
@@ -48,5 +51,6 @@ __attribute__((constructor)) static void arm_session_check(void) {
     const char *path = fh_env_text(FOUNDRY_ENV_SESSION_MARKER);
     if (!fh_env_session_checked() || strlen(path) >= sizeof marker) return;
     memcpy(marker, path, strlen(path) + 1);
+    armed = getpid();
     on_exit(check_session_at_exit, NULL);
 }
