@@ -196,7 +196,7 @@ def archive() -> None:
 def archive_inspect(path: str, rank: int | None, top: int, as_json: bool) -> int:
     from foundry.inspect.summary import summarize
 
-    summary = summarize(open_archive(path), _registry(), rank=rank, workers=None,  # every core
+    summary = summarize(open_archive(path), _registry, rank=rank, workers=None,  # every core
                         meanwhile=None if as_json else _renderer)  # fmt: skip
     if as_json:
         _emit_json(summary.to_dict())

@@ -4,6 +4,7 @@ as it is, and on the command line one line and exit 2, never a traceback."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -49,6 +50,36 @@ def test_workers_give_what_one_process_gives(many, registry):
     l1 = lint(archive, registry, expectations=expect, workers=1)
     l2 = lint(archive, registry, expectations=expect, workers=3)
     assert l2.to_dict() == l1.to_dict() and len(l2.graphs) == 12 and l2.findings  # the sample's warnings
+
+
+@pytest.fixture(scope="module")
+def collectives(tmp_path_factory) -> Path:
+    """Four copies of the real symmetric-memory graph (two all-reduces) on one rank."""
+    source = Archive.open(FIXTURES / "symm-mem-ws1")
+    root = tmp_path_factory.mktemp("fanout") / "symm"
+    writer = ArchiveWriter(root, environment=source.catalog.environment, model={"model": "symm"})
+    rank = writer.rank(0)
+    for i in range(4):
+        ir = source.graph(0, source.entries(0)[0])
+        ir.name = f"symm{i}"
+        rank.add_graph(ir)
+    rank.seal()
+    writer.commit()
+    return root
+
+
+def test_backends_discovered_while_the_workers_read_count_the_same_collectives(collectives, registry):
+    archive = Archive.open(collectives)
+    calls = []
+
+    def discover():
+        calls.append(os.getpid())
+        return registry
+
+    one = summarize(archive, registry, workers=1)
+    two = summarize(archive, discover, workers=2)
+    assert calls == [os.getpid()]  # once, in this process: the workers never see the backends
+    assert two.to_dict() == one.to_dict() and two.collectives == {"symm-allreduce": 8}
 
 
 def test_the_first_failing_graph_in_order_is_the_error(many, registry, tmp_path):

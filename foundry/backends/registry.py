@@ -17,6 +17,12 @@ from foundry.errors import BackendError
 from foundry.graphir.kernel import KernelIdentity
 
 
+def _describe(ep: EntryPoint) -> str:
+    """An entry point as a backend's origin; its distribution's name is read from its metadata
+    (an e-mail parser: every command discovers backends, few show where they came from)."""
+    return f"{ep.value} ({ep.dist.name if ep.dist else 'unknown distribution'})"
+
+
 def _warn(message: str, *args: object) -> None:
     """A broken backend, logged: logging imported only then (every command discovers backends)."""
     import logging
@@ -42,7 +48,7 @@ class BackendRegistry:
     def __init__(self, backends: Iterable[Backend] = (), broken: Iterable[BrokenBackend] = ()) -> None:
         self.backends: dict[str, Backend] = {}
         self.broken: dict[str, BrokenBackend] = {b.name: b for b in broken}
-        self.origins: dict[str, str] = {}
+        self.origins: dict[str, str | EntryPoint] = {}  # an entry point is named when asked (see origin)
         for backend in backends:
             self.add(backend)
         self._matches: dict[str, KernelMatch | None] = {}
@@ -56,21 +62,20 @@ class BackendRegistry:
         return registry
 
     def _load(self, ep: EntryPoint) -> None:
-        origin = f"{ep.value} ({ep.dist.name if ep.dist else 'unknown distribution'})"
         if ep.name in self.backends:
-            self._broken(ep.name, origin, f"name already registered by {self.origins[ep.name]}")
+            self._broken(ep.name, _describe(ep), f"name already registered by {self.origin(ep.name)}")
             return
         try:
             loaded = ep.load()
         except Exception as err:  # noqa: BLE001 - any import failure makes the backend broken, with its reason
-            self._broken(ep.name, origin, f"import failed: {type(err).__name__}: {err}")
+            self._broken(ep.name, _describe(ep), f"import failed: {type(err).__name__}: {err}")
             return
         try:
             backend = self._instantiate(ep.name, loaded)
         except BackendError as err:
-            self._broken(ep.name, origin, err.message)
+            self._broken(ep.name, _describe(ep), err.message)
             return
-        self.add(backend, origin=origin)
+        self.add(backend, origin=ep)
 
     @staticmethod
     def _instantiate(name: str, loaded: object) -> Backend:
@@ -94,7 +99,12 @@ class BackendRegistry:
         _warn("backend %s is broken: %s", name, reason)
         self.broken[name] = BrokenBackend(name, origin, reason)
 
-    def add(self, backend: Backend, *, origin: str = "in-process") -> None:
+    def origin(self, name: str) -> str:
+        """Where backend ``name`` came from: its entry point and distribution, or in-process."""
+        origin = self.origins[name]
+        return origin if isinstance(origin, str) else _describe(origin)
+
+    def add(self, backend: Backend, *, origin: str | EntryPoint = "in-process") -> None:
         if backend.name in self.backends:
             raise BackendError(f"backend {backend.name!r} is registered twice")
         self.backends[backend.name] = backend
@@ -133,7 +143,7 @@ class BackendRegistry:
                 {
                     "name": name,
                     "status": "ok",
-                    "origin": self.origins[name],
+                    "origin": self.origin(name),
                     "kinds": sorted(backend.kinds),
                     "implements": list(backend.implements()),
                     "description": backend.description,

@@ -13,20 +13,22 @@ applied here, in the archive's order.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from foundry.archive.jit_manifest import read_manifest
 from foundry.archive.reader import Archive
 from foundry.archive.schema import GraphEntry
-from foundry.backends.registry import BackendRegistry
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import KernelIdentity
 from foundry.graphir.nodes import KernelNode
 from foundry.inspect.fanout import map_graphs
+
+if TYPE_CHECKING:  # discovering backends is slow: it happens while the graphs are read
+    from foundry.backends.registry import BackendRegistry
 
 LISTED_UNRESOLVED = 1_000  # unresolved pointers listed over the archive (all are counted)
 LISTED_NAMES = 16_384  # distinct kernel names, and distinct region names, listed
@@ -136,11 +138,12 @@ def kernel_launches(kernels: list[KernelNode]) -> dict[str, tuple[KernelIdentity
     return table
 
 
-def summarize_graph(ir: GraphIR, registry: BackendRegistry, *, rank: int, entry: GraphEntry,
+def summarize_graph(ir: GraphIR, registry: BackendRegistry | None, *, rank: int, entry: GraphEntry,
                     listed: int = LISTED_UNRESOLVED, kernels: dict[str, tuple[KernelIdentity, int]] | None = None,
                     nodes: list[KernelNode] | None = None) -> GraphSummary:  # fmt: skip
     """One graph's figures, its first ``listed`` unresolved pointers among them (``kernels``: its
-    :func:`kernel_launches`, and ``nodes`` its kernel nodes, if the caller has them)."""
+    :func:`kernel_launches`, and ``nodes`` its kernel nodes, if the caller has them). Without a
+    ``registry`` its collectives are left for the caller to count (:func:`collectives_of`)."""
     found = ir.operands.unresolved() if ir.operands.count_unresolved() else []
     unresolved = [
         {
@@ -156,11 +159,7 @@ def summarize_graph(ir: GraphIR, registry: BackendRegistry, *, rank: int, entry:
     ]
     nodes = ir.kernels() if nodes is None else nodes
     table = kernel_launches(nodes) if kernels is None else kernels
-    collectives: Counter[str] = Counter()
-    for kernel, count in table.values():
-        match = registry.recognise(kernel)
-        if match is not None:
-            collectives[match.kind] += count
+    collectives = Counter() if registry is None else collectives_of(table.values(), registry)
     return GraphSummary(
         rank=rank,
         name=ir.name,
@@ -181,30 +180,43 @@ def summarize_graph(ir: GraphIR, registry: BackendRegistry, *, rank: int, entry:
 
 @dataclass
 class GraphFacts:
-    """What one graph adds to an archive's summary (computed where the graph was read)."""
+    """What one graph adds to an archive's summary (computed where the graph was read); its
+    collectives are counted where the backends are (:func:`summarize`)."""
 
     graph: GraphSummary
-    kernels: list[tuple[str, str, int]]  # (mangled name, short name, launches)
+    kernels: list[tuple[KernelIdentity, int]]  # each distinct kernel (by name) and its launches
     regions: list[tuple[str, str, int, int]]  # (name, kind, size, operands pointing into it)
 
 
-def graph_facts(archive: Archive, registry: BackendRegistry, rank: int, entry: GraphEntry) -> GraphFacts:
+def collectives_of(kernels: Iterable[tuple[KernelIdentity, int]], registry: BackendRegistry) -> Counter[str]:
+    """Launches by the kind a backend recognises, asking once per distinct kernel."""
+    out: Counter[str] = Counter()
+    for kernel, count in kernels:
+        match = registry.recognise(kernel)
+        if match is not None:
+            out[match.kind] += count
+    return out
+
+
+def graph_facts(archive: Archive, _context: None, rank: int, entry: GraphEntry) -> GraphFacts:
     """Read one graph (its checks included) and reduce it to what the summary needs."""
     ir = archive.graph(rank, entry, deep=False)
     nodes = ir.kernels()
     table = kernel_launches(nodes)
-    kernels = [(name, kernel.short_name, count) for name, (kernel, count) in table.items()]
     used = Counter(ir.operands.region_names())
     regions = [(r.name, r.kind.value, r.size, used[r.name]) for r in ir.regions.values()]
-    row = summarize_graph(ir, registry, rank=rank, entry=entry, kernels=table, nodes=nodes)
-    return GraphFacts(row, kernels, regions)
+    row = summarize_graph(ir, None, rank=rank, entry=entry, kernels=table, nodes=nodes)
+    return GraphFacts(row, list(table.values()), regions)
 
 
-def summarize(archive: Archive, registry: BackendRegistry, *, rank: int | None = None,
+def summarize(archive: Archive, registry: BackendRegistry | Callable[[], BackendRegistry], *, rank: int | None = None,
               workers: int | None = 1, meanwhile: Callable[[], object] | None = None) -> ArchiveSummary:  # fmt: skip
     """Read every selected graph once and gather what inspect shows; ``workers``: processes that
     read the graphs (None: one per core on a large archive), ``meanwhile``: what this process
-    does while they read (:func:`foundry.inspect.fanout.map_graphs`)."""
+    does while they read (:func:`foundry.inspect.fanout.map_graphs`). ``registry`` may be what
+    discovers the backends: it is called while the workers read too (discovery imports every
+    backend and reads every installed distribution's entry points), as only this process
+    counts collectives."""
     cat = archive.catalog
     catalog = {
         "format_version": cat.format_version,
@@ -221,18 +233,26 @@ def summarize(archive: Archive, registry: BackendRegistry, *, rank: int | None =
     summary.restore = [restore_facts(archive, r) for r in ranks if r in archive.ranks]
     selection = archive.select(rank=rank)
     listed = LISTED_UNRESOLVED  # over the archive: each graph's facts list as many of its own
-    for facts in map_graphs(archive, selection, graph_facts, registry, workers=workers, meanwhile=meanwhile):
+    backends: list[BackendRegistry] = []
+
+    def alongside() -> None:
+        backends.append(registry() if callable(registry) else registry)
+        if meanwhile is not None:
+            meanwhile()
+
+    for facts in map_graphs(archive, selection, graph_facts, None, workers=workers, meanwhile=alongside):
         graph = facts.graph
+        graph.collectives = collectives_of(facts.kernels, backends[0])
         graph.unresolved = graph.unresolved[:listed]
         listed -= len(graph.unresolved)
         summary.unresolved_not_listed += graph.unresolved_count - len(graph.unresolved)
         summary.graphs.append(graph)
-        for name, short, count in facts.kernels:
-            if not summary.admits(summary.kernels, name):
+        for kernel, count in facts.kernels:
+            if not summary.admits(summary.kernels, kernel.name):
                 summary.kernels_not_listed += count
                 continue
-            summary.kernels[name] += count
-            summary.kernel_names.setdefault(name, short)
+            summary.kernels[kernel.name] += count
+            summary.kernel_names.setdefault(kernel.name, kernel.short_name)
         for name, kind, size, operands in facts.regions:
             if not summary.admits(summary.regions, name):
                 summary.regions_not_listed += 1
