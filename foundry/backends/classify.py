@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 
 from foundry.backends.base import KernelMatch
 from foundry.backends.registry import BackendRegistry
 from foundry.graphir.graph import GraphIR
+from foundry.graphir.kernel import KernelIdentity
 from foundry.graphir.nodes import KernelNode
 
 
@@ -22,10 +24,11 @@ def classify(ir: GraphIR, registry: BackendRegistry, kernels: list[KernelNode] |
     return {node.id: matches[node.kernel.name] for node in kernels if node.kernel.name in matches}
 
 
-def collective_counts(ir: GraphIR, registry: BackendRegistry) -> Counter[str]:
-    """Counts by classified kind, asking the backends once per distinct kernel."""
+def collective_counts(kernels: Iterable[tuple[KernelIdentity, int]], registry: BackendRegistry) -> Counter[str]:
+    """Launches by the kind a backend recognises, asking once per distinct kernel (``kernels``:
+    each distinct kernel with its launch count, as :meth:`GraphIR.kernel_table` gives them)."""
     out: Counter[str] = Counter()
-    for kernel, count in ir.kernel_table().values():
+    for kernel, count in kernels:
         match = registry.recognise(kernel)
         if match is not None:
             out[match.kind] += count

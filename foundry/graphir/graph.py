@@ -160,14 +160,14 @@ class GraphIR:
     def kernel_histogram(self) -> Counter[str]:
         return Counter(node.kernel.name for node in self._nodes.values() if isinstance(node, KernelNode))
 
-    def kernel_table(self) -> dict[str, tuple[KernelIdentity, int]]:
-        """Each distinct kernel (by name) with its launch count."""
+    def kernel_table(self, kernels: list[KernelNode] | None = None) -> dict[str, tuple[KernelIdentity, int]]:
+        """Each distinct kernel (by name, the first identity of it) with its launch count
+        (``kernels``: the graph's kernel nodes, if the caller has them). Counted over identities
+        first: a graph launches a few dozen kernels thousands of times."""
         table: dict[str, tuple[KernelIdentity, int]] = {}
-        for node in self._nodes.values():
-            if isinstance(node, KernelNode):
-                kernel = node.kernel
-                _, count = table.get(kernel.name, (kernel, 0))
-                table[kernel.name] = (kernel, count + 1)
+        for kernel, count in Counter(node.kernel for node in (self.kernels() if kernels is None else kernels)).items():
+            first, counted = table.get(kernel.name, (kernel, 0))
+            table[kernel.name] = (first, counted + count)
         return table
 
     # -- invariants -------------------------------------------------------------

@@ -3,7 +3,7 @@
 ``inspect`` and ``lint`` read every graph (size, sha256, typed decoding and the
 structure check on each) and reduce it to a few counts. The graphs are independent,
 so on a large archive each is read, checked and reduced in a worker process
-(forked: the archive, the backends and the work are already in memory), and only
+(forked: the archive and the work with its context are already in memory), and only
 the reductions travel back, in the selection's order. Every check runs as it does
 in one process; the first graph that fails (in that order) is the error raised,
 and the graphs after it are abandoned. A small archive, or one process asked for,

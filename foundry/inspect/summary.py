@@ -13,7 +13,7 @@ applied here, in the archive's order.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -128,22 +128,11 @@ class ArchiveSummary:
         }
 
 
-def kernel_launches(kernels: list[KernelNode]) -> dict[str, tuple[KernelIdentity, int]]:
-    """Each distinct kernel (by name) with its launch count, as :meth:`GraphIR.kernel_table` gives
-    it, counted over identities first (a graph launches a few dozen kernels thousands of times)."""
-    table: dict[str, tuple[KernelIdentity, int]] = {}
-    for kernel, count in Counter(node.kernel for node in kernels).items():
-        first, counted = table.get(kernel.name, (kernel, 0))
-        table[kernel.name] = (first, counted + count)
-    return table
-
-
-def summarize_graph(ir: GraphIR, registry: BackendRegistry | None, *, rank: int, entry: GraphEntry,
-                    listed: int = LISTED_UNRESOLVED, kernels: dict[str, tuple[KernelIdentity, int]] | None = None,
+def summarize_graph(ir: GraphIR, *, rank: int, entry: GraphEntry, listed: int = LISTED_UNRESOLVED,
                     nodes: list[KernelNode] | None = None) -> GraphSummary:  # fmt: skip
-    """One graph's figures, its first ``listed`` unresolved pointers among them (``kernels``: its
-    :func:`kernel_launches`, and ``nodes`` its kernel nodes, if the caller has them). Without a
-    ``registry`` its collectives are left for the caller to count (:func:`collectives_of`)."""
+    """One graph's figures, its first ``listed`` unresolved pointers among them (``nodes``: its
+    kernel nodes, if the caller has them). Its collectives are left for the caller to count,
+    where the backends are."""
     found = ir.operands.unresolved() if ir.operands.count_unresolved() else []
     unresolved = [
         {
@@ -158,8 +147,6 @@ def summarize_graph(ir: GraphIR, registry: BackendRegistry | None, *, rank: int,
         for o in found[:listed]
     ]
     nodes = ir.kernels() if nodes is None else nodes
-    table = kernel_launches(nodes) if kernels is None else kernels
-    collectives = Counter() if registry is None else collectives_of(table.values(), registry)
     return GraphSummary(
         rank=rank,
         name=ir.name,
@@ -168,7 +155,7 @@ def summarize_graph(ir: GraphIR, registry: BackendRegistry | None, *, rank: int,
         nodes=len(ir),
         fingerprint=entry.fingerprint,
         kinds=ir.counts_by_kind(),
-        collectives=collectives,
+        collectives=Counter(),
         operands=len(ir.operands),
         unresolved=unresolved,
         unresolved_count=len(found),
@@ -188,24 +175,14 @@ class GraphFacts:
     regions: list[tuple[str, str, int, int]]  # (name, kind, size, operands pointing into it)
 
 
-def collectives_of(kernels: Iterable[tuple[KernelIdentity, int]], registry: BackendRegistry) -> Counter[str]:
-    """Launches by the kind a backend recognises, asking once per distinct kernel."""
-    out: Counter[str] = Counter()
-    for kernel, count in kernels:
-        match = registry.recognise(kernel)
-        if match is not None:
-            out[match.kind] += count
-    return out
-
-
 def graph_facts(archive: Archive, _context: None, rank: int, entry: GraphEntry) -> GraphFacts:
     """Read one graph (its checks included) and reduce it to what the summary needs."""
     ir = archive.graph(rank, entry, deep=False)
     nodes = ir.kernels()
-    table = kernel_launches(nodes)
+    table = ir.kernel_table(nodes)
     used = Counter(ir.operands.region_names())
     regions = [(r.name, r.kind.value, r.size, used[r.name]) for r in ir.regions.values()]
-    row = summarize_graph(ir, None, rank=rank, entry=entry, kernels=table, nodes=nodes)
+    row = summarize_graph(ir, rank=rank, entry=entry, nodes=nodes)
     return GraphFacts(row, list(table.values()), regions)
 
 
@@ -240,9 +217,11 @@ def summarize(archive: Archive, registry: BackendRegistry | Callable[[], Backend
         if meanwhile is not None:
             meanwhile()
 
+    from foundry.backends.classify import collective_counts  # the backends' modules: imported by now
+
     for facts in map_graphs(archive, selection, graph_facts, None, workers=workers, meanwhile=alongside):
         graph = facts.graph
-        graph.collectives = collectives_of(facts.kernels, backends[0])
+        graph.collectives = collective_counts(facts.kernels, backends[0])
         graph.unresolved = graph.unresolved[:listed]
         listed -= len(graph.unresolved)
         summary.unresolved_not_listed += graph.unresolved_count - len(graph.unresolved)
