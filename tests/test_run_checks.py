@@ -110,6 +110,16 @@ def test_a_child_forked_by_the_program_is_not_checked_in_its_place(complete, tmp
     assert list(scratch.iterdir()) == []
 
 
+def test_a_program_that_cannot_start_is_one_line_and_leaves_no_marker(complete, tmp_path, with_hook):
+    env, scratch = _scratch_env(tmp_path)
+    args = [sys.executable, "-m", "foundry", "run", "--mode", "load", "--archive", str(complete), "--",
+            str(tmp_path / "no-such-program")]  # fmt: skip
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("foundry: error")]
+    assert proc.returncode == 2 and len(errors) == 1 and "command not found" in errors[0], proc.stderr
+    assert list(scratch.iterdir()) == []
+
+
 def test_a_stripped_archive_is_refused_before_the_program_starts(complete, tmp_path, with_hook):
     strip(Archive.open(complete))
     _refused_before_start(_run(complete, RAN, tmp_path / "ran"), tmp_path / "ran",

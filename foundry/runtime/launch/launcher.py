@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import NoReturn
 
 from foundry.archive.rank_parts import PART_FILE, check_save_id, read_part
 from foundry.archive.reader import Archive
@@ -270,26 +271,34 @@ NO_LOAD_SESSION = (
 
 def _load(config: RunConfig, command: list[str], log: Callable[[str], None], replace_process: bool) -> int:
     """A LOAD: the archive's JIT caches installed, then the program, in this process when
-    ``replace_process``."""
+    ``replace_process``. The marker's directory is removed here unless the program took this
+    process over (its hook removes it then)."""
     scratch = Path(tempfile.mkdtemp(prefix="foundry-run-"))
     marker = scratch / "session.json"
-    # the hook in the process that becomes the program fails it when it exits 0 without a session
-    config = dataclasses.replace(config, session_marker=marker, session_pid=os.getpid() if replace_process else None)
-    env = environment(config)
-    if config.jit_caches:
-        from foundry.runtime.launch import jit
+    try:
+        # the hook in the process that becomes the program fails it when it exits 0 without a session
+        config = dataclasses.replace(
+            config, session_marker=marker, session_pid=os.getpid() if replace_process else None
+        )
+        env = environment(config)
+        if config.jit_caches:
+            from foundry.runtime.launch import jit
 
-        env.update(jit.load_caches(config.archive, trust_host_code=config.trust_cached_code, log=log))
-    if not replace_process:
-        try:
-            code = _start(command, config, env=env)
-            opened = read_marker(marker)
-        finally:
-            marker.unlink(missing_ok=True)
-            scratch.rmdir()
-        if code == 0 and opened is None:
-            raise FoundryError(NO_LOAD_SESSION, found=" ".join(command)[:200])
-        return code
+            env.update(jit.load_caches(config.archive, trust_host_code=config.trust_cached_code, log=log))
+        if replace_process:
+            _exec(command, env, log)
+        code = _start(command, config, env=env)
+        opened = read_marker(marker)
+    finally:
+        marker.unlink(missing_ok=True)
+        scratch.rmdir()
+    if code == 0 and opened is None:
+        raise FoundryError(NO_LOAD_SESSION, found=" ".join(command)[:200])
+    return code
+
+
+def _exec(command: list[str], env: dict[str, str], log: Callable[[str], None]) -> NoReturn:
+    """Become the program, saying how long the launcher took."""
     since = seconds_since_start()
     log(f"foundry: launcher: {'?' if since is None else f'{since:.3f}'} s from its start to the program's exec")
     sys.stdout.flush()
