@@ -141,6 +141,14 @@ def test_a_missing_module_image_is_refused(complete, tmp_path, with_hook):
     _refused_before_start(_run(complete, RAN, tmp_path / "ran"), tmp_path / "ran", "module image")
 
 
+def test_a_backend_the_archive_needs_and_this_machine_lacks_is_refused(complete, tmp_path, with_hook):
+    """Backends are discovered only for archives that record one: such an archive is still checked."""
+    state = {"backend": "nccl-ipc-from-elsewhere", "version": 1, "record": {}}
+    edit_json(complete / "rank0" / "session.json", lambda s: s.update(backends=[state]), root=complete)
+    _refused_before_start(_run(complete, RAN, tmp_path / "ran"), tmp_path / "ran",
+                          "archive needs backend 'nccl-ipc-from-elsewhere', which is not installed")  # fmt: skip
+
+
 def test_a_newer_format_another_rank_or_no_archive_is_refused(complete, tmp_path, with_hook):
     witness = tmp_path / "ran"
     _refused_before_start(_run(complete, RAN, witness, "--rank", "3"), witness, "archive has no rank 3")

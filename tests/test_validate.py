@@ -86,3 +86,20 @@ def test_region_checks(pair):
         check_region(record, record.base, record.final_offset - 1)
     with pytest.raises(DriftError, match="no region record"):
         check_region(None, record.base, record.size)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Thu Oct  2 19:29:10 UTC 2025\n"
+        "GCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04)\n",
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder@U16)\n"
+        "GCC version:  gcc version 13.2.0\n",
+    ],
+)
+def test_driver_version_is_read_from_proc_for_both_kernel_modules(text):
+    """The version a SAVE records and a LOAD compares: the driver's, not gcc's or the architecture's."""
+    from foundry.runtime.sessions.environment import version_in_proc
+
+    assert version_in_proc(text) == "580.159.04"
+    assert version_in_proc("NVRM version: (no version)\n") is None

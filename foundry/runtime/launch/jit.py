@@ -67,12 +67,12 @@ def replaced_settings(environ: Mapping[str, str], directory: Path) -> str | None
 # -- LOAD -------------------------------------------------------------------------
 
 
-def load_caches(archive_path: Path, *, trust_host_code: bool, log: Log,
+def load_caches(source: Path | Archive, *, trust_host_code: bool, log: Log,
                 environ: Mapping[str, str] | None = None) -> dict[str, str]:  # fmt: skip
-    """Install the archive's caches and return the variables that point the engine at them
-    (nothing when the archive carries none)."""
+    """Install the caches of the archive (at a path, or already open) and return the variables
+    that point the engine at them (nothing when the archive carries none)."""
     env = os.environ if environ is None else environ
-    archive = Archive.open(archive_path)
+    archive = source if isinstance(source, Archive) else Archive.open(source)
     jit = archive.catalog.jit
     if jit is None:
         return {}

@@ -100,16 +100,18 @@ def preexec(config: RunConfig) -> Callable[[], None] | None:
     return _no_randomization if config.mode == "save" and config.fixed_layout else None
 
 
-def environment(config: RunConfig, base_env: dict[str, str] | None = None) -> dict[str, str]:
+def environment(config: RunConfig, base_env: dict[str, str] | None = None,
+                archive: Archive | None = None) -> dict[str, str]:  # fmt: skip
     """The child's environment: the hook preloaded and the session described
-    (:class:`foundry.env.RunEnvironment`)."""
+    (:class:`foundry.env.RunEnvironment`). A LOAD reads its region from ``archive``
+    (opened here when not given)."""
     env = dict(os.environ if base_env is None else base_env)
     lib = library_path()
     if lib is None:
         raise HookError(f"the native hook ({LIBRARY}) is not built: {build_hint()}")
     base, size, relocate = config.region_base, config.region_size, False
     if config.mode == "load":
-        base, size, relocate = _load_region(config)
+        base, size, relocate = _load_region(config, archive or Archive.open(config.archive))
     preload = [str(lib), *[p for p in env.get("LD_PRELOAD", "").split(":") if p and Path(p).name != LIBRARY]]
     env = _run_environment(config, base, size, relocate).apply(env)
     env.update(config.cache_env)
@@ -125,10 +127,10 @@ def environment(config: RunConfig, base_env: dict[str, str] | None = None) -> di
     return env
 
 
-def _load_region(config: RunConfig) -> tuple[int, int, bool]:
+def _load_region(config: RunConfig, archive: Archive) -> tuple[int, int, bool]:
     """A LOAD's region: SAVE's base and size, or (``--region-base``) another base, which
     relocates. ``(base, size, relocate)``."""
-    region = Archive.open(config.archive).session(config.rank).region
+    region = archive.session(config.rank).region
     if region is None:
         raise DriftError("the archive has no region record (it was not saved with the hook)", field="region")
     relocate = config.region_base is not None and config.region_base != region.base
@@ -209,8 +211,8 @@ def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Calla
     if config.mode == "load":  # refused now, in one line, not from inside the program after its start-up
         from foundry.runtime.launch.precheck import check_load
 
-        check_load(config.archive, config.rank, command)
-        return _load(config, command, log, replace_process)
+        archive = check_load(config.archive, config.rank, command)
+        return _load(config, archive, command, log, replace_process)
     if config.mode == "save" and config.jit_caches:
         from foundry.runtime.launch import jit
 
@@ -269,10 +271,11 @@ NO_LOAD_SESSION = (
 )
 
 
-def _load(config: RunConfig, command: list[str], log: Callable[[str], None], replace_process: bool) -> int:
-    """A LOAD: the archive's JIT caches installed, then the program, in this process when
-    ``replace_process``. The marker's directory is removed here unless the program took this
-    process over (its hook removes it then)."""
+def _load(config: RunConfig, archive: Archive, command: list[str], log: Callable[[str], None],
+          replace_process: bool) -> int:  # fmt: skip
+    """A LOAD of ``archive`` (opened and checked once, for all the launcher reads): its JIT
+    caches installed, then the program, in this process when ``replace_process``. The marker's
+    directory is removed here unless the program took this process over (its hook removes it then)."""
     scratch = Path(tempfile.mkdtemp(prefix="foundry-run-"))
     marker = scratch / "session.json"
     try:
@@ -280,11 +283,11 @@ def _load(config: RunConfig, command: list[str], log: Callable[[str], None], rep
         config = dataclasses.replace(
             config, session_marker=marker, session_pid=os.getpid() if replace_process else None
         )
-        env = environment(config)
+        env = environment(config, archive=archive)
         if config.jit_caches:
             from foundry.runtime.launch import jit
 
-            env.update(jit.load_caches(config.archive, trust_host_code=config.trust_cached_code, log=log))
+            env.update(jit.load_caches(archive, trust_host_code=config.trust_cached_code, log=log))
         if replace_process:
             _exec(command, env, log)
         code = _start(command, config, env=env)

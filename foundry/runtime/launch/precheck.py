@@ -46,10 +46,11 @@ def check_load(archive_path: Path, rank: int, command: list[str]) -> Archive:
         raise DriftError("the archive has no region record (it was not saved with the hook)", field="region")
     _check_modules(archive)
     _check_files(archive, rank)
-    from foundry.backends.registry import BackendRegistry
-    from foundry.runtime.sessions.validate import required_backends
+    if session.backends:  # discovering them reads every installed distribution's entry points: only when needed
+        from foundry.backends.registry import BackendRegistry
+        from foundry.runtime.sessions.validate import required_backends
 
-    required_backends(session, BackendRegistry.discover())
+        required_backends(session, BackendRegistry.discover())
     _check_environment(archive, command)
     return archive
 

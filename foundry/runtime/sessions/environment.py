@@ -8,9 +8,25 @@ from pathlib import Path
 
 from foundry.archive.schema import Environment
 
+PROC_DRIVER_VERSION = Path("/proc/driver/nvidia/version")
+
+
+def version_in_proc(text: str) -> str | None:
+    """The driver version in the text of /proc/driver/nvidia/version: the first word of
+    dotted digits ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04 ...")."""
+    return next((w for w in text.split() if "." in w and w.replace(".", "").isdigit()), None)
+
 
 def driver_version() -> str:
-    """The kernel driver's version (e.g. 580.159.04), from NVML or /proc."""
+    """The kernel driver's version (e.g. 580.159.04), from /proc, or from NVML where /proc
+    does not say (a launcher reads this before every LOAD: a file read costs less than
+    initialising NVML)."""
+    try:
+        found = version_in_proc(PROC_DRIVER_VERSION.read_text())
+    except OSError:  # no NVIDIA kernel module here, or /proc not mounted
+        found = None
+    if found:
+        return found
     try:
         import pynvml
 
@@ -20,14 +36,8 @@ def driver_version() -> str:
         finally:
             pynvml.nvmlShutdown()
         return version.decode() if isinstance(version, bytes) else str(version)
-    except Exception:  # noqa: BLE001 - NVML is optional; /proc is the fallback
-        pass
-    proc = Path("/proc/driver/nvidia/version")
-    if proc.is_file():
-        for word in proc.read_text().split():
-            if word.count(".") >= 1 and word.replace(".", "").isdigit():
-                return word
-    return "unknown"
+    except Exception:  # noqa: BLE001 - NVML is optional
+        return "unknown"
 
 
 def _version_of(dist: str) -> str | None:
