@@ -230,7 +230,9 @@ def cmd_pairs(args: argparse.Namespace) -> int:
         if "outputs" in plain and "outputs" in load:
             load["identical"] = (plain["outputs"], plain["logprobs"]) == (load["outputs"], load["logprobs"])
         record(results, load)
-        status |= plain["rc"] != 0 or load["rc"] != 0 or load.get("identical") is False
+        # an import LOAD ends with the hook's "never opened a session" (exit 2): that is its success
+        load_failed = load["rc"] != 0 and not load.get("no_session")
+        status |= plain["rc"] != 0 or load_failed or load.get("identical") is False
     return 1 if status else 0
 
 
@@ -273,6 +275,12 @@ def cmd_summary(args: argparse.Namespace) -> int:
             print(f"{kind:7s} {name:20s} {spread(plain):26s} {spread(load):26s} "
                   f"{statistics.median(diffs) if diffs else float('nan'):+9.2f} s  {len(pairs)}")  # fmt: skip
         loads = [q for _, q in pairs]
+        if kind == "import":  # no outputs: the program only imports SGLang
+            print(f"import  LOADs ending in the hook's no-session exit 2 (expected: the program opens none): "
+                  f"{sum(1 for q in loads if q.get('no_session'))} of {len(loads)}; compilers seen: plain "
+                  f"{sorted({c for p, _ in pairs for c in p['compilers']})}, LOAD "
+                  f"{sorted({c for q in loads for c in q['compilers']})}")  # fmt: skip
+            continue
         print(f"{kind:7s} outputs identical in {sum(1 for q in loads if q.get('identical'))} of {len(loads)} LOADs; "
               f"compilers seen: plain {sorted({c for p, _ in pairs for c in p['compilers']})}, "
               f"LOAD {sorted({c for q in loads for c in q['compilers']})}; files outside: "
