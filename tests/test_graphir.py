@@ -207,3 +207,17 @@ def test_byte_ranges_count_what_byte_sets_would(a, b):
     assert ranges_size(runs_a) == len(set_a)
     assert ranges_minus(runs_a, runs_b) == len(set_a - set_b) and ranges_minus(runs_b, runs_a) == len(set_b - set_a)
     assert all(x[1] < y[0] for x, y in itertools.pairwise(runs_a))  # sorted, disjoint, not touching
+
+
+def test_node_ids_must_be_every_number_below_the_count_in_any_order():
+    """The structure check's fast path (ids in capture order) and its slow one (in another order)."""
+    archive = Archive.open(FIXTURES / "saveload-a")
+    entry = archive.entries(0)[0]
+    document = msgspec.msgpack.decode(archive.graph_bytes(0, entry))
+    nodes = document["nodes"]
+    shuffled = {**document, "nodes": [nodes[-1], *nodes[:-1]]}
+    assert len(decode_graph(msgspec.msgpack.encode(shuffled), deep=False)) == len(nodes)
+    gap = {**document, "nodes": [*nodes[:-1], {**nodes[-1], "id": len(nodes) + 5}]}
+    gap["edges"] = [e for e in document["edges"] if len(nodes) - 1 not in e[:2]]
+    with pytest.raises(IRError, match=rf"node ids must be 0..{len(nodes) - 1} in capture order"):
+        decode_graph(msgspec.msgpack.encode(gap), deep=False)

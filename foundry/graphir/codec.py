@@ -14,6 +14,7 @@ the document is evaluated.
 from __future__ import annotations
 
 import re
+from operator import attrgetter
 from typing import Annotated, Literal
 
 import msgspec
@@ -78,6 +79,7 @@ _decoder = msgspec.msgpack.Decoder(_StoredDocument)
 _document_decoder = msgspec.msgpack.Decoder(GraphDocument)
 _node_decoder = msgspec.msgpack.Decoder(Node)
 _TOTALS = (MAX_GRAPH_PARAMS, MAX_GRAPH_UNDEFINED_RUNS, MAX_GRAPH_ATTRIBUTES)
+_COUNTED = tuple(map(attrgetter, ("layout.offsets", "undefined", "launch.attributes")))  # what each total counts
 _AT = re.compile(r" - at `\$(.*)`$")
 
 
@@ -101,7 +103,12 @@ def _decode_nodes(raws: tuple[msgspec.Raw, ...]) -> tuple[Node, ...]:
 
 
 def _check_totals(nodes: tuple[Node, ...]) -> None:
-    """The totals :func:`_decode_nodes` keeps, for a graph decoded whole."""
+    """The totals :func:`_decode_nodes` keeps, for a graph decoded whole: summed at once, and
+    only for a graph over a limit counted node by node, to name where it passed it."""
+    kernels = [node for node in nodes if isinstance(node, KernelNode)]
+    sums = [sum(map(len, map(field, kernels))) for field in _COUNTED]
+    if all(found <= limit for found, limit in zip(sums, _TOTALS, strict=True)):
+        return
     totals = [0, 0, 0]
     for i, node in enumerate(nodes):
         _count(node, i, totals)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -22,13 +23,15 @@ from foundry.graphir.limits import I64, U8, U32, Name
 from foundry.graphir.nodes import KernelNode, MemcpyNode, MemsetNode, Node
 from foundry.graphir.operands import WORD, Operand, OperandManifest, OperandSite
 from foundry.graphir.regions import UNRESOLVED, Region
-from foundry.graphir.structure import check_acyclic, check_node, check_regions
+from foundry.graphir.structure import check_acyclic, check_nodes, check_regions
 
 if TYPE_CHECKING:
     import networkx as nx
 
 NODE_KEY = "ir"
 EDGE_KEY = "edge"
+
+_KIND, _KERNEL = attrgetter("kind"), attrgetter("kernel")  # counted over thousands of nodes
 
 #: ``CUgraphDependencyType``: a full dependency, or a programmatic (PDL) one.
 EDGE_DEFAULT = 0
@@ -133,7 +136,7 @@ class GraphIR:
     def nodes(self) -> list[Node]:
         """Nodes in id (capture) order."""
         nodes = list(self._nodes.values())
-        if all(node.id == i for i, node in enumerate(nodes)):  # added in order: the usual case
+        if list(self._nodes) == list(range(len(nodes))):  # added in order: the usual case
             return nodes
         return [self._nodes[i] for i in sorted(self._nodes)]
 
@@ -155,7 +158,7 @@ class GraphIR:
 
     def counts_by_kind(self) -> Counter[str]:
         """Node counts keyed by :class:`NodeKind` (a ``str``)."""
-        return Counter(node.kind for node in self._nodes.values())
+        return Counter(map(_KIND, self._nodes.values()))
 
     def kernel_histogram(self) -> Counter[str]:
         return Counter(node.kernel.name for node in self._nodes.values() if isinstance(node, KernelNode))
@@ -165,7 +168,7 @@ class GraphIR:
         (``kernels``: the graph's kernel nodes, if the caller has them). Counted over identities
         first: a graph launches a few dozen kernels thousands of times."""
         table: dict[str, tuple[KernelIdentity, int]] = {}
-        for kernel, count in Counter(node.kernel for node in (self.kernels() if kernels is None else kernels)).items():
+        for kernel, count in Counter(map(_KERNEL, self.kernels() if kernels is None else kernels)).items():
             first, counted = table.get(kernel.name, (kernel, 0))
             table[kernel.name] = (first, counted + count)
         return table
@@ -186,12 +189,13 @@ class GraphIR:
         an existing node and region. Enough for every offline pass to run safely;
         :meth:`check` adds the byte-level checks LOAD relies on."""
         count = len(self._nodes)
-        if any(i not in self._nodes for i in range(count)):
+        ids = list(self._nodes)
+        if ids != list(range(count)) and sorted(ids) != list(range(count)):  # in order: the usual case
             raise IRError(f"node ids must be 0..{count - 1} in capture order")
-        for node_id, node in self._nodes.items():
-            if node.id != node_id:
-                raise IRError("node record holds another id", node=node_id, found=node.id)
-            check_node(node)
+        if [node.id for node in self._nodes.values()] != ids:
+            node_id, node = next((i, n) for i, n in self._nodes.items() if n.id != i)
+            raise IRError("node record holds another id", node=node_id, found=node.id)
+        check_nodes(self._nodes.values())
         check_regions(self.regions.values())
         for (src, dst), data in self._edges.items():
             if data.type not in (EDGE_DEFAULT, EDGE_PROGRAMMATIC):

@@ -21,6 +21,7 @@ from foundry.graphir.kernel import ParamLayout
 from foundry.graphir.nodes import KernelNode, MemcpyNode, MemsetNode, Node
 from foundry.graphir.regions import Region
 
+UNSET = msgspec.UNSET
 ADDRESS_END = 1 << 64  # one past the last byte a 64-bit address can name
 
 
@@ -32,6 +33,15 @@ def check_node(node: Node) -> None:
         check_memcpy(node)
     elif isinstance(node, MemsetNode):
         check_memset(node)
+
+
+def check_nodes(nodes: Iterable[Node]) -> None:
+    """:func:`check_node` for each node, kernels (most of a graph) checked without the dispatch."""
+    for node in nodes:
+        if type(node) is KernelNode:
+            check_kernel(node)
+        else:
+            check_node(node)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -49,14 +59,16 @@ def check_kernel(node: KernelNode) -> None:
         size = _checked_size(node.layout)
     except IRError as err:
         raise IRError(err.message, node=node.id, kernel=node.kernel.name) from None
-    if len(node.params) != size:
+    params = len(node.params)
+    if params != size:
         raise IRError("parameter bytes do not match the layout", node=node.id, kernel=node.kernel.name,
-                      expected=size, found=len(node.params))  # fmt: skip
-    if node.packed_size is not msgspec.UNSET and not (
-        node.arg_mode == "extra" and 0 < node.packed_size < node.layout.size
-    ):
+                      expected=size, found=params)  # fmt: skip
+    packed = node.packed_size
+    if packed is not UNSET and not (node.arg_mode == "extra" and 0 < packed < size):
         raise IRError("a shorter packed buffer needs arg mode 'extra' and fewer bytes than the layout", node=node.id,
-                      kernel=node.kernel.name, expected=f"< {node.layout.size}", found=node.packed_size)  # fmt: skip
+                      kernel=node.kernel.name, expected=f"< {size}", found=packed)  # fmt: skip
+    if not node.undefined:
+        return
     end = 0
     for offset, length in node.undefined:
         if length <= 0 or offset < end or offset + length > len(node.params):
