@@ -221,3 +221,22 @@ def test_node_ids_must_be_every_number_below_the_count_in_any_order():
     gap["edges"] = [e for e in document["edges"] if len(nodes) - 1 not in e[:2]]
     with pytest.raises(IRError, match=rf"node ids must be 0..{len(nodes) - 1} in capture order"):
         decode_graph(msgspec.msgpack.encode(gap), deep=False)
+
+
+@pytest.mark.parametrize(
+    ("param", "offset", "packed"),
+    [(1, 0, None), (0, 4, None), (1, 8, None), (2, 8, None), (-1, 0, None), (0, 0, 4)],
+    ids=["another-parameter", "misaligned", "past-its-parameter", "no-such-parameter", "negative", "past-the-launch"],
+)
+def test_a_param_operand_must_name_a_whole_word_of_its_parameter_that_the_launch_passes(param, offset, packed):
+    """Each way a recorded operand can name no word of the bytes the driver gets: refused, never read as one."""
+    ir = tiny_graph()
+    if packed is not None:
+        kernel = msgspec.structs.replace(ir.node(0), packed_size=packed, arg_mode="extra")
+        ir._nodes[0] = kernel
+    ops = list(ir.operands)
+    ops[0] = msgspec.structs.replace(ops[0], param=param, offset=offset)
+    ir.set_operands(ops)
+    with pytest.raises(IRError, match="disagrees with the node's bytes") as err:
+        ir.check()
+    assert err.value.node == 0 and err.value.found is None

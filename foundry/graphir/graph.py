@@ -206,16 +206,29 @@ class GraphIR:
             raise IRError(problem, field="operands")
 
     def _check_operands(self) -> None:
-        nodes, regions = self._nodes, self.regions
+        # one row per pointer word, hundreds of thousands in a large archive: the node a run of
+        # rows belongs to is looked up once for the run, as are its parameter bytes and layout
+        nodes, regions, param_site = self._nodes, self.regions, OperandSite.PARAM
         previous: tuple[int, str, int] | None = None
+        current, node, kernel = -1, None, None
         for node_id, site, param, offset, value, region_name, region_offset in self.operands.rows():
             key = (node_id, site, offset)
             if previous is not None and key <= previous:
                 raise IRError(f"operand at {site} offset {offset} listed twice or out of order", node=node_id)
             previous = key
-            node = nodes[node_id]
-            if site == OperandSite.PARAM and isinstance(node, KernelNode):
-                found = _param_word(node, param, offset) if offset + WORD <= node.launch_bytes() else None
+            if node_id != current:
+                current, node = node_id, nodes[node_id]
+                kernel = node if isinstance(node, KernelNode) else None
+                if kernel is not None:
+                    limit, params = kernel.launch_bytes(), kernel.params
+                    starts, sizes = kernel.layout.offsets, kernel.layout.sizes
+            if site == param_site and kernel is not None:
+                # the word, if it lies whole inside its parameter and inside what the launch passes
+                whole = offset + WORD <= limit and not offset % WORD and 0 <= param < len(starts)
+                if whole and starts[param] <= offset and offset + WORD <= starts[param] + sizes[param]:
+                    found = int.from_bytes(params[offset : offset + WORD], "little")
+                else:
+                    found = None
             else:
                 found = _field_word(node, site)
             if found != value:
@@ -238,16 +251,6 @@ class GraphIR:
             if region_offset > region.size:
                 raise IRError(f"operand points outside its region {region.name}", node=node_id,
                               expected=f"<= {hex(region.size)}", found=hex(region_offset))  # fmt: skip
-
-
-def _param_word(node: KernelNode, param: int, offset: int) -> int | None:
-    """The word a ``param`` operand names, if it lies whole inside its parameter."""
-    offsets, sizes = node.layout.offsets, node.layout.sizes
-    if offset % WORD or not 0 <= param < len(offsets):
-        return None
-    if offset < offsets[param] or offset + WORD > offsets[param] + sizes[param]:
-        return None
-    return int.from_bytes(node.params[offset : offset + WORD], "little")
 
 
 def _field_word(node: Node, site: OperandSite) -> int | None:
