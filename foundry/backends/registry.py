@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from importlib.metadata import EntryPoint, entry_points
+from typing import TYPE_CHECKING
 
 from foundry.backends.base import CONTRACT_VERSION, KIND_PATTERN, Backend, KernelMatch
 from foundry.errors import BackendError
 from foundry.graphir.kernel import KernelIdentity
+
+if TYPE_CHECKING:  # importlib.metadata is imported by discovery: a command reading graphs forks its workers first
+    from importlib.metadata import EntryPoint
 
 
 def _describe(ep: EntryPoint) -> str:
@@ -56,6 +59,8 @@ class BackendRegistry:
     @classmethod
     def discover(cls, group: str = ENTRY_POINT_GROUP) -> BackendRegistry:
         """Load every backend registered under ``group``."""
+        from importlib.metadata import entry_points
+
         registry = cls()
         for ep in sorted(entry_points(group=group), key=lambda e: (e.name, e.value)):
             registry._load(ep)
