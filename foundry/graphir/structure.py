@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Iterable
+from itertools import starmap
 
 import msgspec
 
@@ -135,11 +136,11 @@ def check_regions(regions: Iterable[Region]) -> None:
 def check_acyclic(edges: Iterable[tuple[int, int]], count: int) -> None:
     """No node depends on itself, directly or through others (a CUDA graph is a DAG)."""
     edges = list(edges)
+    if all(starmap(operator.lt, edges)):
+        return  # every edge runs forward in capture order: no cycle, no self-loop (the usual case)
     for src, dst in edges:
         if src == dst:
             raise IRError(f"edge {src} -> {dst} makes node {src} depend on itself", node=src, field="edges")
-    if all(map(operator.lt, (s for s, _ in edges), (d for _, d in edges))):
-        return  # every edge runs forward in capture order: no cycle (the usual case)
     incoming = [0] * count
     after: list[list[int]] = [[] for _ in range(count)]
     for src, dst in edges:
