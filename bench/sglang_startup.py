@@ -1,8 +1,8 @@
 """SGLang start-up, plain vs Foundry LOAD, on fresh and warm nodes (run on a GPU machine).
 
     python bench/sglang_startup.py save    --work DIR [--preset qwen3-8b]
-    python bench/sglang_startup.py pairs   --work DIR --kind warm|fresh|import --pairs N [--discard]
-    python bench/sglang_startup.py summary --work DIR [RESULTS.jsonl ...]
+    python bench/sglang_startup.py pairs   --work DIR --kind warm|fresh|import --pairs N [--discard] [--build-threads T]
+    python bench/sglang_startup.py summary --work DIR [--build-threads T] [RESULTS.jsonl ...]
 
 ``save`` makes the archive LOADs restore (``DIR/archive``; the SGLang recipe's preset
 at SGLang's default decode graph set), JIT caches included (a priming run first, the
@@ -11,9 +11,11 @@ Foundry LOAD (``--warmup restore --builder native --instantiate background
 --trust-cached-code``: the archive is the benchmark's own),
 alternating, plain first, each run in a fresh process, and appends one JSON line per
 run to ``DIR/results.jsonl``; ``--discard`` runs one plain start first and keeps it
-out of the figures. A call may run a subset (one device call lasts at most ten
-minutes) and later calls append: ``summary`` merges every results file it is given
-(by default DIR's) and prints medians, spreads (min-max) and median paired
+out of the figures; ``--build-threads T`` has the fresh and warm LOADs build their
+graphs on T threads (each LOAD's line records it; ``summary --build-threads T`` takes
+the pairs whose LOAD did, default 1). A call may run a subset (one device call lasts
+at most ten minutes) and later calls append: ``summary`` merges every results file
+it is given (by default DIR's) and prints medians, spreads (min-max) and median paired
 differences (LOAD minus plain) of: seconds to ready, to the first answer, before
 the scheduler starts (ready minus ``scheduler_e2e``), ``scheduler_e2e``, SGLang's
 graph phase, and Foundry's share (the plugin's time on the scheduler's critical
@@ -144,8 +146,9 @@ def recipe_command(args: argparse.Namespace, out: Path, side: str) -> list[str]:
               "--model-dir", str(args.work / "model")]  # fmt: skip
     if side == "plain":
         return recipe
-    return [sys.executable, "-m", "foundry", "run", "--mode", "load", *FAST, "--archive", str(args.work / "archive"),
-            "--", *recipe]  # fmt: skip
+    threads = ["--build-threads", str(args.build_threads)] if args.build_threads > 1 else []
+    return [sys.executable, "-m", "foundry", "run", "--mode", "load", *FAST, *threads, "--archive",
+            str(args.work / "archive"), "--", *recipe]  # fmt: skip
 
 
 def import_command(args: argparse.Namespace, side: str) -> list[str]:
@@ -179,6 +182,8 @@ def one_run(args: argparse.Namespace, kind: str, side: str, index: int) -> dict:
     launched = LAUNCHER_LINE.search(proc.stderr)
     if side == "load" and launched:
         result["launcher_s"] = float(launched.group(1))
+    if side == "load" and kind != "import":
+        result["build_threads"] = args.build_threads
     if kind != "import" and proc.returncode == 0:
         result.update(figures(json.loads(out.read_text())))
     return result
@@ -260,9 +265,12 @@ def cmd_summary(args: argparse.Namespace) -> int:
         return 2
     runs = [json.loads(line) for path in paths for line in Path(path).read_text().splitlines() if line.strip()]
     runs = [r for r in runs if not r.get("discarded") and (r["rc"] == 0 or r.get("no_session"))]
+    threads = args.build_threads
+    if threads > 1:
+        print(f"fresh and warm LOADs building on {threads} threads (--build-threads {threads})")
     print("kind    figure               plain median [min-max]     LOAD median [min-max]      paired LOAD-plain  n")
     for kind in ("fresh", "warm", "import"):
-        pairs = paired(runs, kind)
+        pairs = [(p, q) for p, q in paired(runs, kind) if kind == "import" or q.get("build_threads", 1) == threads]
         if kind == "warm":  # a plain run that compiled was not warm
             cold = [plain for plain, _ in pairs if plain["compilers"]]
             pairs = [(plain, load) for plain, load in pairs if not plain["compilers"]]
@@ -318,6 +326,13 @@ def main(argv: list[str] | None = None) -> int:
     sub.choices["pairs"].add_argument("--pairs", type=int, default=1)
     sub.choices["pairs"].add_argument("--discard", action="store_true", help="one plain run first, not counted")
     sub.choices["summary"].add_argument("results", nargs="*", type=Path)
+    for name in ("pairs", "summary"):
+        sub.choices[name].add_argument(
+            "--build-threads",
+            type=int,
+            default=1,
+            help="the LOADs' --build-threads (summary: pairs whose LOAD used it)",
+        )
     args = parser.parse_args(argv)
     args.work = args.work.resolve()
     (args.work / "scratch").mkdir(parents=True, exist_ok=True)
