@@ -288,15 +288,14 @@ def cmd_summary(args: argparse.Namespace) -> int:
             print(f"{kind:7s} {name:20s} {spread(plain):26s} {spread(load):26s} "
                   f"{statistics.median(diffs) if diffs else float('nan'):+9.2f} s  {len(pairs)}")  # fmt: skip
         loads = [q for _, q in pairs]
+        seen = (f"compilers seen: plain {sorted({c for p, _ in pairs for c in p['compilers']})}, "
+                f"LOAD {sorted({c for q in loads for c in q['compilers']})}")  # fmt: skip
         if kind == "import":  # no outputs: the program only imports SGLang
             print(f"import  LOADs ending in the hook's no-session exit 2 (expected: the program opens none): "
-                  f"{sum(1 for q in loads if q.get('no_session'))} of {len(loads)}; compilers seen: plain "
-                  f"{sorted({c for p, _ in pairs for c in p['compilers']})}, LOAD "
-                  f"{sorted({c for q in loads for c in q['compilers']})}")  # fmt: skip
+                  f"{sum(1 for q in loads if q.get('no_session'))} of {len(loads)}; {seen}")  # fmt: skip
             continue
         print(f"{kind:7s} outputs identical in {sum(1 for q in loads if q.get('identical'))} of {len(loads)} LOADs; "
-              f"compilers seen: plain {sorted({c for p, _ in pairs for c in p['compilers']})}, "
-              f"LOAD {sorted({c for q in loads for c in q['compilers']})}; files outside: "
+              f"{seen}; files outside: "
               f"{sum(len(r.get('outside', [])) for p, q in pairs for r in (p, q))}")  # fmt: skip
     return 0
 

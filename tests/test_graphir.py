@@ -232,8 +232,7 @@ def test_a_param_operand_must_name_a_whole_word_of_its_parameter_that_the_launch
     """Each way a recorded operand can name no word of the bytes the driver gets: refused, never read as one."""
     ir = tiny_graph()
     if packed is not None:
-        kernel = msgspec.structs.replace(ir.node(0), packed_size=packed, arg_mode="extra")
-        ir._nodes[0] = kernel
+        ir.replace_node(msgspec.structs.replace(ir.node(0), packed_size=packed, arg_mode="extra"))
     ops = list(ir.operands)
     ops[0] = msgspec.structs.replace(ops[0], param=param, offset=offset)
     ir.set_operands(ops)

@@ -119,10 +119,9 @@ def _count(node: Node, index: int, totals: list[int]) -> None:
     the graph once one passes its limit."""
     if not isinstance(node, KernelNode):
         return
-    totals[0] += len(node.layout.offsets)
-    totals[1] += len(node.undefined)
-    totals[2] += len(node.launch.attributes)
-    if totals[0] > _TOTALS[0] or totals[1] > _TOTALS[1] or totals[2] > _TOTALS[2]:
+    for i, field in enumerate(_COUNTED):
+        totals[i] += len(field(node))
+    if any(found > limit for found, limit in zip(totals, _TOTALS, strict=True)):
         raise IRError("the graph's kernels hold more parameters, undefined runs or launch attributes "
                       "than a graph may", field="nodes", node=index,
                       expected="<= {} parameters, {} undefined runs, {} launch attributes".format(*_TOTALS),

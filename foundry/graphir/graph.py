@@ -189,8 +189,8 @@ class GraphIR:
         an existing node and region. Enough for every offline pass to run safely;
         :meth:`check` adds the byte-level checks LOAD relies on."""
         count = len(self._nodes)
-        ids = list(self._nodes)
-        if ids != list(range(count)) and sorted(ids) != list(range(count)):  # in order: the usual case
+        ids, expected = list(self._nodes), list(range(count))
+        if ids != expected and sorted(ids) != expected:  # in order: the usual case
             raise IRError(f"node ids must be 0..{count - 1} in capture order")
         if [node.id for node in self._nodes.values()] != ids:
             node_id, node = next((i, n) for i, n in self._nodes.items() if n.id != i)

@@ -68,8 +68,6 @@ def check_kernel(node: KernelNode) -> None:
     if packed is not UNSET and not (node.arg_mode == "extra" and 0 < packed < size):
         raise IRError("a shorter packed buffer needs arg mode 'extra' and fewer bytes than the layout", node=node.id,
                       kernel=node.kernel.name, expected=f"< {size}", found=packed)  # fmt: skip
-    if not node.undefined:
-        return
     end = 0
     for offset, length in node.undefined:
         if length <= 0 or offset < end or offset + length > len(node.params):
