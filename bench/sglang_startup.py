@@ -23,26 +23,38 @@ path, instantiation waits included).
 
 Kinds:
 
-- ``warm``: every run shares one set of JIT caches under DIR; while they are
-  empty, a plain start fills them first and is not counted (as ``--discard``
-  does), and ``summary`` leaves out any warm pair whose plain run still started a
-  compiler (it was not warm);
+- ``warm``: every run shares one set of JIT caches under DIR; the first call's
+  first plain start fills them and is not counted (as ``--discard`` does: SAVE's
+  runs fill the archive's caches, not these), and ``summary`` leaves out any warm
+  pair whose plain run still started a compiler (it was not warm);
 - ``fresh``: every run gets a new empty ``HOME``, ``XDG_CACHE_HOME`` and ``TMPDIR``
   with every JIT cache variable unset, so nothing compiled before is found, and
   ``DIR/jit-root`` (where a LOAD installs the archive's caches) is emptied first: a
   fresh node has nothing installed, at the path SAVE's caches were built under
   (FlashInfer's ninja files name it). The
   run lists the files it created outside those directories (there must be none:
-  ``outside``) and the compiler processes it saw (``compilers``: nvcc, ptxas,
-  cicc, gcc, ... polled every 20 ms);
+  ``outside``) and those the libraries left in the fresh ``HOME`` and
+  ``XDG_CACHE_HOME``, their default cache places (``new_in_home``: a LOAD points
+  every cache elsewhere);
 - ``import``: ``python3 -c 'import torch, sglang.srt.entrypoints.engine'``
   plain and under ``foundry run --mode load --trust-cached-code``: Foundry's own
   start-up cost (the first call's first plain import is not counted: it may build
   Triton's helpers, as it did on the H200 test machine); each LOAD also records
   ``launcher_s``, the launcher's own figure from its start to the program's exec
-  (its ``foundry: launcher: ...`` line). The program opens no session, so its LOAD
-  exits 2 saying so (``no_session``): that refusal is the expected end of this
-  run, and counts as one.
+  (its ``foundry: launcher: ...`` line). The program reads its clock at its first
+  line and after the imports, so each run splits into ``to_program_s`` (from the
+  benchmark's spawn to that first line: the interpreter's start, and a LOAD's
+  launcher), ``imports_s`` and ``exit_s``. The program opens no session, so its
+  LOAD exits 2 saying so (``no_session``): that refusal is the expected end of
+  this run, and counts as one.
+
+Every run records the compiler processes it saw (``compilers``: nvcc, ptxas, cicc,
+gcc, ninja, ... polled every 20 ms) with their command lines and working directories
+(``compiler_commands``), and every LOAD the files it added to or rewrote in the
+caches it installed (``new_in_caches``: anything not the archive's entry at the
+size and modification time the install gave it). A LOAD that compiled nothing
+adds no file; ninja, which FlashInfer and torch's extension loader run at each load
+of a JIT module to find it up to date, is listed whenever the poll catches it.
 
 Byte code is compiled once (``save`` runs ``compileall`` over the installed
 packages) so neither side pays it. Every LOAD's outputs are compared with the
@@ -53,6 +65,7 @@ plain run before it (the 16 prompts x 32 tokens of ``recipes/sglang/run.py``):
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -65,6 +78,11 @@ import threading
 import time
 from pathlib import Path
 
+from foundry.archive import Archive
+from foundry.archive.jit_install import changed_since_install, install_directory
+from foundry.archive.jit_manifest import read_manifest
+from foundry.archive.jit_schema import JitManifest
+
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "recipes" / "sglang" / "run.py"
 FAST = ("--warmup", "restore", "--builder", "native", "--instantiate", "background", "--trust-cached-code")
@@ -75,7 +93,11 @@ CACHE_VARIABLES = ("TRITON_CACHE_DIR", "TRITON_HOME", "TORCHINDUCTOR_CACHE_DIR",
 LAUNCHER_LINE = re.compile(r"^foundry: launcher: ([0-9.]+) s from its start to the program's exec$", re.M)
 COMPILERS = {"nvcc", "ptxas", "cicc", "fatbinary", "nvlink", "gcc", "g++", "cc", "c++", "cc1", "cc1plus", "ld",
              "ninja", "clang"}  # fmt: skip
-IMPORT = "import torch, sglang.srt.entrypoints.engine"
+# the program's own clock at its first line and after the imports: where a LOAD's extra time goes
+IMPORT = (
+    "import time; t0 = time.time(); import torch, sglang.srt.entrypoints.engine; print('imported', t0, time.time())"
+)
+IMPORTED_LINE = re.compile(r"^imported ([0-9.]+) ([0-9.]+)$", re.M)
 NO_SESSION = "never opened a LOAD session"  # how a LOAD of a program that opens none ends (exit 2)
 # where a run could leave files outside its own directories; pseudo file systems and this benchmark's own left out
 SCAN_PRUNE = ("/proc", "/sys", "/dev", "/run")
@@ -86,6 +108,7 @@ class CompilerWatch:
 
     def __init__(self) -> None:
         self.seen: set[str] = set()
+        self.commands: dict[str, str] = {}  # pid -> its command line (cut), for each compiler seen
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
@@ -106,8 +129,20 @@ class CompilerWatch:
                     name = Path(entry.path, "comm").read_text().strip()
                 except OSError:
                     continue
-                if name in COMPILERS:
+                if name in COMPILERS and entry.name not in self.commands:
                     self.seen.add(name)
+                    self.commands[entry.name] = command_line(entry.path, name)
+
+
+def command_line(proc_dir: str, name: str) -> str:
+    """A process's command line and working directory, cut to 300 characters (its name
+    when it ended before they were read)."""
+    try:
+        argv = Path(proc_dir, "cmdline").read_bytes().split(b"\0")
+        cwd = os.readlink(Path(proc_dir, "cwd"))
+    except OSError:
+        return name
+    return f"{' '.join(a.decode(errors='replace') for a in argv if a)} (in {cwd})"[:300]
 
 
 def files_created_since(marker: Path, keep_out: list[Path]) -> list[str]:
@@ -117,6 +152,18 @@ def files_created_since(marker: Path, keep_out: list[Path]) -> list[str]:
     proc = subprocess.run(["find", "/", "-xdev", *expression, "-type", "f", "-newer", str(marker), "-print"],
                           capture_output=True, text=True)  # fmt: skip
     return sorted(line for line in proc.stdout.splitlines() if line)
+
+
+@functools.cache
+def installed_manifest(work: Path) -> JitManifest:
+    """The benchmark archive's JIT manifest."""
+    archive = Archive.open(work / "archive")
+    return read_manifest(archive.root, archive.catalog.jit)
+
+
+def installed_directory(work: Path) -> Path:
+    """Where the benchmark's LOADs (``--trust-cached-code``) install the archive's caches."""
+    return install_directory(work / "jit-root", installed_manifest(work).cache_id, trust_host_code=True)
 
 
 def fresh_environment(scratch: Path, work: Path) -> dict[str, str]:
@@ -169,14 +216,26 @@ def one_run(args: argparse.Namespace, kind: str, side: str, index: int) -> dict:
     marker.touch()
     time.sleep(0.01)  # files made from now on are newer than the marker
     with CompilerWatch() as watch:
-        begun = time.perf_counter()
+        spawned, begun = time.time(), time.perf_counter()
         proc = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT)
-        wall = time.perf_counter() - begun
+        wall, ended = time.perf_counter() - begun, time.time()
     (scratch / "log.txt").write_text(proc.stdout + proc.stderr)
     result = {"kind": kind, "side": side, "index": index, "rc": proc.returncode, "wall_s": wall,
-              "compilers": sorted(watch.seen), "log": str(scratch / "log.txt")}  # fmt: skip
+              "compilers": sorted(watch.seen), "compiler_commands": sorted(set(watch.commands.values()))[:10],
+              "log": str(scratch / "log.txt")}  # fmt: skip
     if kind == "fresh":
         result["outside"] = files_created_since(marker, [scratch, args.work])[:50]
+        # where the libraries keep their caches by default on a fresh node: a LOAD points every one elsewhere
+        result["new_in_home"] = sorted(str(p) for d in ("home", "cache") for p in (scratch / d).rglob("*")
+                                       if not p.is_dir())[:50]  # fmt: skip
+    if side == "load":
+        result["new_in_caches"] = changed_since_install(
+            installed_directory(args.work), installed_manifest(args.work), trust_host_code=True
+        )[:50]
+    imported = IMPORTED_LINE.search(proc.stdout) if kind == "import" else None
+    if imported:  # before the program's first line (the launcher's share), the imports, the exit after them
+        first, last = float(imported.group(1)), float(imported.group(2))
+        result.update(to_program_s=first - spawned, imports_s=last - first, exit_s=ended - last)
     if kind == "import" and side == "load":
         result["no_session"] = proc.returncode == 2 and NO_SESSION in proc.stderr
     launched = LAUNCHER_LINE.search(proc.stderr)
@@ -224,11 +283,10 @@ def cmd_pairs(args: argparse.Namespace) -> int:
     results = args.work / "results.jsonl"
     done = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
     start = 1 + max((r["index"] for r in done if r["kind"] == args.kind), default=0)
-    if args.kind == "warm" and not (args.work / "warm-caches").exists() and not args.discard:
-        print("warm caches not filled yet: one plain start first, not counted", flush=True)
-        args.discard = True
-    if args.kind == "import" and start == 1 and not args.discard:  # the first one may build Triton's helpers
-        print("the first import pairs: one plain import first, not counted", flush=True)
+    # the first warm start fills the shared caches (SAVE's own runs fill the archive's, not those);
+    # the first import may build Triton's helpers
+    if args.kind in ("warm", "import") and start == 1 and not args.discard:
+        print(f"the first {args.kind} pairs: one plain start first, not counted", flush=True)
         args.discard = True
     if args.discard:
         record(results, {**one_run(args, args.kind, "plain", 0), "discarded": True})
@@ -254,7 +312,7 @@ def record(path: Path, result: dict) -> None:
 
 
 FIGURES = ("ready_s", "first_answer_s", "before_scheduler_s", "scheduler_e2e_s", "graph_phase_s", "foundry_s",
-           "launcher_s", "wall_s")  # fmt: skip
+           "launcher_s", "to_program_s", "imports_s", "exit_s", "wall_s")  # fmt: skip
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
@@ -290,6 +348,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
         loads = [q for _, q in pairs]
         seen = (f"compilers seen: plain {sorted({c for p, _ in pairs for c in p['compilers']})}, "
                 f"LOAD {sorted({c for q in loads for c in q['compilers']})}")  # fmt: skip
+        print_what_loads_left(kind, loads)
         if kind == "import":  # no outputs: the program only imports SGLang
             print(f"import  LOADs ending in the hook's no-session exit 2 (expected: the program opens none): "
                   f"{sum(1 for q in loads if q.get('no_session'))} of {len(loads)}; {seen}")  # fmt: skip
@@ -298,6 +357,23 @@ def cmd_summary(args: argparse.Namespace) -> int:
               f"{seen}; files outside: "
               f"{sum(len(r.get('outside', [])) for p, q in pairs for r in (p, q))}")  # fmt: skip
     return 0
+
+
+def print_what_loads_left(kind: str, loads: list[dict]) -> None:
+    """The compilers LOADs started, by command, and the files they added to the caches
+    (the installed ones; on a fresh node also the libraries' default places)."""
+    commands = sorted({c for q in loads for c in q.get("compiler_commands", [])})
+    for command in commands[:5]:
+        print(f"{kind:7s} a LOAD ran: {command}")
+    if not any("new_in_caches" in q for q in loads):  # results of a benchmark that did not look
+        return
+    changed = [f for q in loads for f in q.get("new_in_caches", [])]
+    home = [f for q in loads for f in q.get("new_in_home", [])]
+    locks = sum(1 for f in changed if f.endswith(".lock") or f.rsplit("/", 1)[-1] == "lock")  # taken, not built
+    print(f"{kind:7s} files LOADs added to or rewrote in the installed caches: {len(changed)}"
+          f"{f' ({locks} of them lock files; first: {changed[0]})' if changed else ''}"
+          f"{f'; in the fresh HOME and XDG_CACHE_HOME: {len(home)}' if kind == 'fresh' else ''}"
+          f"{f' (first: {home[0]})' if home else ''}")  # fmt: skip
 
 
 def paired(runs: list[dict], kind: str) -> list[tuple[dict, dict]]:

@@ -36,7 +36,7 @@ from foundry.archive.jit_caches import (
     user_settings,
 )
 from foundry.archive.jit_collect import attach, make_manifest, new_artefacts, stage
-from foundry.archive.jit_install import INDEX_FILE, install, install_directory
+from foundry.archive.jit_install import INDEX_FILE, changed_since_install, install, install_directory
 from foundry.archive.jit_manifest import JitLimits, check_manifest, encode_manifest, read_manifest
 from foundry.archive.jit_schema import MANIFEST_FILE, JitManifest, JitState, JitVersions
 from foundry.archive.jit_versions import distribution_versions, live_versions, toolkit_version
@@ -385,6 +385,30 @@ def test_a_different_file_already_in_place_is_kept_and_named(tmp_path):
     assert mine.read_bytes() == b"the driver's own index"  # never overwritten
 
 
+def test_files_a_program_adds_or_rewrites_after_the_install_are_named(tmp_path):
+    archive, _ = with_caches(tmp_path)
+    arch, manifest = opened(archive)
+    directory = install_directory(tmp_path / "root", manifest.cache_id, trust_host_code=True)
+    install(archive, manifest, arch.catalog.jit.sha256, directory, trust_host_code=True)
+    assert changed_since_install(directory, manifest, trust_host_code=True) == []  # groups rewritten, index its own
+    new = directory / "triton" / "KEY2" / "mul_kernel.cubin"
+    new.parent.mkdir(parents=True)
+    new.write_bytes(CUBIN)
+    (directory / "triton" / "KEY1" / "__triton_launcher.so").chmod(0o644)
+    (directory / "triton" / "KEY1" / "__triton_launcher.so").write_bytes(HOST_SO)  # the same bytes, written anew
+    (directory / "cuda" / "link").symlink_to("/etc/passwd")
+    assert changed_since_install(directory, manifest, trust_host_code=True) == [
+        "cuda/link",
+        "triton/KEY1/__triton_launcher.so",
+        "triton/KEY2/mul_kernel.cubin",
+    ]
+    # a directory installed without host code: the host-code entries a program wrote there are its own
+    data = install_directory(tmp_path / "root", manifest.cache_id, trust_host_code=False)
+    install(archive, manifest, arch.catalog.jit.sha256, data, trust_host_code=False)
+    shutil.copy2(directory / "triton" / "KEY1" / "__triton_launcher.so", data / "triton" / "KEY1")
+    assert changed_since_install(data, manifest, trust_host_code=False) == ["triton/KEY1/__triton_launcher.so"]
+
+
 def test_a_failed_install_is_rolled_back(tmp_path):
     archive, _ = with_caches(tmp_path)
     arch, manifest = opened(archive)
@@ -694,12 +718,17 @@ def test_a_catalog_with_caches_is_written_at_version_two_and_without_at_one(tmp_
     assert encode_record(Archive.open(archive).catalog).count(b'"jit"') == 1
 
 
-def test_the_benchmark_reads_the_launcher_s_line_and_starts_fresh_runs_with_nothing_installed(tmp_path, with_hook):
+def startup_benchmark():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("sglang_startup", SAVE_A.parents[2] / "bench" / "sglang_startup.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_benchmark_reads_the_launcher_s_line_and_starts_fresh_runs_with_nothing_installed(tmp_path, with_hook):
+    bench = startup_benchmark()
     opens = "from foundry.runtime.sessions.marker import note_session; note_session('load')"
     proc = subprocess.run([sys.executable, "-m", "foundry", "run", "--mode", "load", "--archive",
                            str(loadable(tmp_path / "a")), "--", sys.executable, "-c", opens],
@@ -710,3 +739,19 @@ def test_the_benchmark_reads_the_launcher_s_line_and_starts_fresh_runs_with_noth
     env = bench.fresh_environment(tmp_path / "scratch", tmp_path)
     assert not (tmp_path / "jit-root").exists() and env["FOUNDRY_JIT_ROOT"] == str(tmp_path / "jit-root")
     assert not {spec.variable for spec in SPECS.values()} & set(env)  # every cache variable unset
+
+
+def test_the_benchmark_splits_an_import_run_and_names_the_compilers_it_saw(tmp_path):
+    bench = startup_benchmark()
+    program = bench.IMPORT.replace("import torch, sglang.srt.entrypoints.engine", "import json")
+    assert program != bench.IMPORT
+    begun = time.time()
+    found = bench.IMPORTED_LINE.search(subprocess.run([sys.executable, "-c", program], capture_output=True,
+                                                      text=True, check=True).stdout)  # fmt: skip
+    assert found and begun < float(found.group(1)) <= float(found.group(2)) < time.time()
+    source = tmp_path / "many.c"  # long enough to compile for the watch to see the compiler
+    source.write_text("".join(f"int f{i}(int x) {{ return x * {i} + {i % 7}; }}\n" for i in range(4000)))
+    with bench.CompilerWatch() as watch:
+        subprocess.run(["gcc", "-O2", "-c", "-o", str(tmp_path / "many.o"), str(source)], check=True, cwd=tmp_path)
+    assert "cc1" in watch.seen
+    assert any(str(source) in c and f"(in {tmp_path})" in c for c in watch.commands.values())

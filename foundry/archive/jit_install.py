@@ -113,6 +113,27 @@ def reindex(directory: Path, manifest_sha256: str, *, trust_host_code: bool, fil
         atomic_write(directory / INDEX_FILE, encode_record(index))
 
 
+def changed_since_install(directory: Path, manifest: JitManifest, *, trust_host_code: bool) -> list[str]:
+    """The files below an install ``directory`` that are not the archive's as installed
+    ("cache/path", sorted): ones a program created there, and entries it rewrote (another
+    size, or a modification time other than the entry's, which the install restores). A
+    program that compiled nothing leaves none."""
+    entries = {_target(directory, e): e for e in manifest.entries if trust_host_code or not e.host_code}
+    changed = []
+    for folder, _, names in os.walk(directory):  # links not followed: a link is a file here
+        paths = [Path(folder, name) for name in names]
+        changed += [p for p in paths if p != directory / INDEX_FILE and _changed(p, entries.get(p))]
+    return sorted(p.relative_to(directory).as_posix() for p in changed)
+
+
+def _changed(path: Path, entry: JitEntry | None) -> bool:
+    info = path.lstat()
+    if entry is None:
+        return True
+    resized = entry.form is Form.FILE and info.st_size != entry.size  # a group file is rewritten at install
+    return resized or info.st_mtime_ns != entry.mtime_ns
+
+
 @contextmanager
 def _locked(directory: Path) -> Iterator[None]:
     """The directory's lock (a file beside it), held while installing."""
