@@ -15,9 +15,11 @@ import pytest
 
 from foundry.errors import DriftError, FoundryError
 from foundry.integrations.sglang.config import PluginConfig, load_config
-from foundry.integrations.sglang.hookpoints import CHECKED_VERSIONS, check_version
+from foundry.integrations.sglang.hookpoints import CHECKED_VERSIONS, HOOK_POINTS, check_version
 from foundry.integrations.sglang.plugin import graph_name
 from foundry.integrations.sglang.server_args import SERVER_ARGS, check_server_args, server_fingerprint
+
+from .engine_stubs import fake_engine
 
 
 def test_no_configuration_means_off():
@@ -78,6 +80,41 @@ def test_a_plugin_that_cannot_run_stops_the_process_with_the_reason(tmp_path):
     assert "foundry: the SGLang plugin cannot run" in proc.stderr and "sglang.version" in proc.stderr
     off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     assert off.returncode == 0 and "went on" in off.stdout  # off: nothing checked, nothing patched
+
+
+def _register_in(root: Path, code: str) -> subprocess.CompletedProcess:
+    env = {"FOUNDRY_MODE": "load", "FOUNDRY_ARCHIVE": str(root / "a"), "PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_the_plugin_patches_every_hook_point_itself_once(tmp_path):
+    # a stand-in SGLang (engine_stubs): the real one imports the GPU build of torch
+    root = fake_engine(tmp_path / "site", "sglang", CHECKED_VERSIONS[0], HOOK_POINTS)
+    code = ("import json, pkgutil\nfrom foundry.integrations.sglang import plugin\n"
+            "plugin.register(); plugin.register()\nplugin._check_patched()\n"
+            "points = [pkgutil.resolve_name(p.target) for p in plugin.HOOK_POINTS]\n"
+            "print(json.dumps([(p.__wrapped__.__name__, hasattr(p.__wrapped__, '__wrapped__')) for p in points]))\n"
+            "import sglang.srt.plugins\n")  # fmt: skip
+    proc = _register_in(root, code)
+    # every point wrapped once, the runners' copies of freeze_gc each in their own module; the
+    # plugin never touches SGLang's hook registry (the stand-in has none: importing it fails)
+    assert "ModuleNotFoundError: No module named 'sglang.srt.plugins'" in proc.stderr, proc.stderr
+    assert json.loads(proc.stdout) == [[p.attribute, False] for p in HOOK_POINTS]
+    assert [p.module for p in HOOK_POINTS if p.attribute == "freeze_gc"] == [
+        "sglang.srt.model_executor.runner.decode_cuda_graph_runner",
+        "sglang.srt.model_executor.runner.prefill_cuda_graph_runner",
+    ]
+    missing = HOOK_POINTS[2].target
+    partial = fake_engine(tmp_path / "partial", "sglang", CHECKED_VERSIONS[0], HOOK_POINTS, leave_out=missing)
+    proc = _register_in(partial, "from foundry.integrations.sglang import plugin\nplugin.register()")
+    assert proc.returncode == 1 and "the SGLang plugin cannot run" in proc.stderr and missing in proc.stderr
+    proc = _register_in(
+        partial,
+        "import json, pkgutil\nfrom foundry.integrations.sglang import plugin\n"
+        "try:\n    plugin.register()\nexcept SystemExit:\n    pass\n"
+        f"print(json.dumps(hasattr(pkgutil.resolve_name({HOOK_POINTS[0].target!r}), '__wrapped__')))",
+    )
+    assert json.loads(proc.stdout) is False  # a missing point patches nothing
 
 
 def test_graph_names_follow_runner_and_shape():

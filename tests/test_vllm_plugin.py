@@ -31,6 +31,8 @@ from foundry.integrations.vllm import engine_config, graphs, plugin
 from foundry.integrations.vllm.config import PluginConfig, load_config
 from foundry.integrations.vllm.hookpoints import CHECKED_VERSIONS, HOOK_POINTS, check_version
 
+from .engine_stubs import fake_engine
+
 # -- configuration ---------------------------------------------------------------------
 
 
@@ -64,31 +66,7 @@ REGISTER = "from foundry.integrations.vllm.plugin import register; register(); p
 
 
 def _fake_vllm(root: Path, version: str, *, leave_out: str | None = None) -> Path:
-    """A stand-in vLLM distribution: its metadata, and modules holding a class (or
-    function) for every hook point, each method returning "original"."""
-    dist = root / f"vllm-{version}.dist-info"
-    dist.mkdir(parents=True)
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
-    classes: dict[str, dict[str, list[HookPoint]]] = collections.defaultdict(lambda: collections.defaultdict(list))
-    for point in HOOK_POINTS:
-        if point.target != leave_out:
-            owner = point.owner.removeprefix(point.module + ".")
-            classes[point.module][owner].append(point)
-    for module, owners in classes.items():
-        path = root.joinpath(*module.split(".")).with_suffix(".py")
-        for parent in [path.parent, *path.parent.parents]:
-            if parent == root:
-                break
-            parent.mkdir(parents=True, exist_ok=True)
-            (parent / "__init__.py").touch()
-        body = []
-        for owner, points in owners.items():
-            body.append(f"class {owner}:")
-            for p in points:
-                body.append(f"    def {p.attribute}({', '.join(p.parameters)}, *args, **kwargs):\n"
-                            "        return 'original'")  # fmt: skip
-        path.write_text("\n".join(body) + "\n")
-    return root
+    return fake_engine(root, "vllm", version, HOOK_POINTS, leave_out=leave_out)
 
 
 def _register(env: dict[str, str], code: str = REGISTER) -> subprocess.CompletedProcess:

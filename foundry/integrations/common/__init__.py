@@ -1,5 +1,5 @@
 """What the engine plugins share: their configuration (:mod:`.config`), the table
 of hook points with the engine versions it was checked against (:mod:`.hookpoints`),
-patching where the engine has no hook registry of its own (:mod:`.patching`), the
+the patching of those points (:mod:`.patching`), the
 drift refusals by field (:mod:`.drift`) and the session set-up, the pinned KV budget
 and the reports of a serving process (:mod:`.session`)."""

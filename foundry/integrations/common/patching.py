@@ -1,6 +1,8 @@
-"""Hook points patched in, for engines without a hook registry of their own (vLLM),
-and the check that every one is in place (SGLang's registry logs, rather than
-raises, a target it could not patch).
+"""Hook points patched in, and the check that every one is in place.
+
+Both plugins patch through :func:`install`: vLLM has no hook registry, and SGLang's
+walks every loaded module for each target it patches. A function that other modules
+import by name is patched in each module its hook table names (``defined_in``).
 
 The hook types mean what SGLang's ``HookType`` means: ``BEFORE`` runs
 ``handler(*args, **kwargs)`` first, ``AFTER`` runs ``handler(result, *args,

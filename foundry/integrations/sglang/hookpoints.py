@@ -17,7 +17,9 @@ __all__ = ["CHECKED_VERSIONS", "HOOK_POINTS", "HookPoint", "check_version"]
 CHECKED_VERSIONS = ("0.5.17",)
 
 _BACKEND = "sglang.srt.model_executor.runner_backend"
+_BASE = "sglang.srt.model_executor.runner.base_cuda_graph_runner"
 _DECODE = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
+_PREFILL = "sglang.srt.model_executor.runner.prefill_cuda_graph_runner"
 _KV = "sglang.srt.mem_cache.kv_cache_configurator"
 _RUNNER = "sglang.srt.model_executor.model_runner"
 
@@ -49,9 +51,11 @@ HOOK_POINTS = (
               ("self", "shape_key", "forward_fn", "capture_inputs", "post_warmup_hook"),
               "breakable graphs are not persisted: passed through, and the log says so", "AROUND", "_pass_through"),
     HookPoint(f"{_DECODE}.freeze_gc", _DECODE, ("enable_cudagraph_gc",),
-              "a LOAD that restores the warm-ups' bytes freezes the collector around the capture loop without the "
-              "two full collections SGLang runs there (nothing of such a LOAD follows SAVE's trace)", "AROUND",
-              "_freeze_gc", defined_in="sglang.srt.model_executor.runner.base_cuda_graph_runner"),
+              "a LOAD that restores the warm-ups' bytes freezes the collector around the decode capture loop "
+              "without the two full collections SGLang runs there (nothing of such a LOAD follows SAVE's trace)",
+              "AROUND", "_freeze_gc", defined_in=_BASE),
+    HookPoint(f"{_PREFILL}.freeze_gc", _PREFILL, ("enable_cudagraph_gc",),
+              "the same around the prefill capture loop", "AROUND", "_freeze_gc", defined_in=_BASE),
     HookPoint("sglang.srt.managers.scheduler.Scheduler.init_all_cuda_graphs", "sglang.srt.managers.scheduler",
               ("self",),
               "after every model runner's graphs (the target's, then a draft model's): SAVE writes the archive, "

@@ -39,6 +39,7 @@ import contextlib
 import functools
 import gc
 import importlib.metadata
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,15 +132,17 @@ def _prepare_children(config: PluginConfig) -> None:
 
 
 def _install() -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    for point in HOOK_POINTS:
-        HookRegistry.register(point.target, globals()[point.handler], getattr(HookType, point.hook))
+    """Patch every hook point now, in this process (:func:`patching.install`: all or none).
+    Not through SGLang's ``HookRegistry``: its ``apply_hooks`` walks the namespace of every
+    module loaded for each target it patches (to replace ``from X import f`` copies), nine
+    walks over torch's and SGLang's modules in each process, on the path to the scheduler.
+    The table names each module whose copy of a function the plugin replaces."""
+    patching.install(HOOK_POINTS, sys.modules[__name__], "sglang")
 
 
 def _check_patched() -> None:
-    """SGLang applies hooks target by target and logs, rather than raises, a target it
-    could not patch: every one must be in place before the session starts."""
+    """Every hook point in place before the session starts (a second plugin could have
+    replaced one)."""
     patching.check_patched(HOOK_POINTS, "sglang")
 
 
