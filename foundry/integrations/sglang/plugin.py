@@ -134,8 +134,9 @@ def _prepare_children(config: PluginConfig) -> None:
 def _install() -> None:
     """Patch every hook point now, in this process (:func:`patching.install`: all or none).
     Not through SGLang's ``HookRegistry``: its ``apply_hooks`` walks the namespace of every
-    module loaded for each target it patches (to replace ``from X import f`` copies), nine
-    walks over torch's and SGLang's modules in each process, on the path to the scheduler.
+    module loaded for each target it patches (to replace ``from X import f`` copies): a
+    walk over torch's and SGLang's modules per point, in each process, on the path to the
+    scheduler.
     The table names each module whose copy of a function the plugin replaces."""
     patching.install(HOOK_POINTS, sys.modules[__name__], "sglang")
 
