@@ -76,8 +76,9 @@ def summarize(results: dict) -> dict:
         if busy_ratios:  # the GPU's execution alone, the host's launch not counted
             row["busy_ratio_median"] = statistics.median(busy_ratios)
         keys = ("builder", "build_threads", "templates", "decode_s", "map_s", "map_to_s", "warmup_bytes",
-                "warmup_read_s", "warmup_copy_s", "build_s", "functions_s", "prefetch_s", "prefetch_wait_s",
-                "native_timing", "bound_live", "loaded_images", "instantiate", "instantiated_s")  # fmt: skip
+                "warmup_read_s", "warmup_wait_s", "warmup_copy_s", "build_s", "functions_s", "prefetch_s",
+                "prefetch_wait_s", "native_timing", "bound_live", "loaded_images", "instantiate",
+                "instantiated_s")  # fmt: skip
         for key in keys:
             if key in s:
                 row[key] = s[key]
@@ -137,6 +138,7 @@ BREAKDOWN = (
     "map_s",
     "map_to_s",
     "warmup_read_s",
+    "warmup_wait_s",
     "warmup_copy_s",
     "prefetch_s",
     "prefetch_wait_s",
@@ -149,6 +151,7 @@ HEADINGS = {
     "map_s": "map (total)",
     "map_to_s": "map_to",
     "warmup_read_s": "warm read",
+    "warmup_wait_s": "warm wait",
     "warmup_copy_s": "warm copy",
     "prefetch_wait_s": "prefetch wait",
     "nodes_s": "nodes (sum)",

@@ -120,6 +120,7 @@ class LoadSession(Session):
         self.hook.set_owner()
         self.region_restore = RegionRestore(self.hook, self.archive, self.rank, self.device, region, self.warmup_mode,
                                             self.report)  # fmt: skip
+        self.region_restore.prefetch()
         self.region_restore.expect()
 
     def _reserve(self) -> None:

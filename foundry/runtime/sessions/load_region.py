@@ -1,7 +1,9 @@
 """LOAD's region: the warm-up's allocations checked against SAVE's, the region mapped
 up to SAVE's final offset with holes for SAVE's allocations between captures (which
 the warm-ups repeated then make again, checked), and (``--warmup restore``) the bytes
-SAVE's warm-up left copied back, on a thread while the graphs are built when asked."""
+SAVE's warm-up left copied back, on a thread while the graphs are built when asked.
+Those bytes are read and checked on a thread of their own from the session's start:
+an engine sets up its model and KV pool before the graph phase that needs them."""
 
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ class RegionRestore:
         ]
         self.anchor: Any = None  # the default generator registered with a graph, kept while the session lives
         self._copy: Future[None] | None = None  # the thread restoring the warm-up bytes while graphs are built
+        self._read: Future[bytes] | None = None  # the thread reading them since prefetch()
         self.placement: RestorePlan | None = None  # how map() restored the region
         self._restored_at = 0  # allocations the trace held right after the restore
 
@@ -40,6 +43,29 @@ class RegionRestore:
         if self.warmup == "restore":
             return self.record.warmup_bytes.allocations if self.record.warmup_bytes else 0
         return self.record.warmup_allocations
+
+    def prefetch(self) -> None:
+        """(``--warmup restore``) Read and check the warm-up bytes on a thread from now on; the
+        restore takes them (:meth:`warmup_data`), or the thread's error. They stay in host
+        memory until then."""
+        if self.warmup != "restore" or self.record.warmup_bytes is None or self._read is not None:
+            return
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="foundry-warmup-read")
+        self._read = pool.submit(self._read_bytes)
+        pool.shutdown(wait=False)
+
+    def _read_bytes(self) -> bytes:
+        warm = self.record.warmup_bytes
+        assert warm is not None
+        begun = time.perf_counter()
+        data = self.archive.rank_blob(self.rank, warm.file, sha256=warm.sha256, size=warm.size, what="warm-up bytes")
+        self.report["warmup_read_s"] = time.perf_counter() - begun
+        return data
+
+    def warmup_data(self) -> bytes:
+        """The warm-up bytes, checked: the prefetched ones (waited for), else read now."""
+        read, self._read = self._read, None  # taken once: the bytes are freed after the copy
+        return self._read_bytes() if read is None else read.result()
 
     def expect(self) -> None:
         """From now until :meth:`map`, every allocation must repeat SAVE's warm-up, in order."""
@@ -132,11 +158,11 @@ class RegionRestore:
         if context is not None:  # another thread: the driver's current context is per thread
             cu("cuCtxSetCurrent", context)
         begun = time.perf_counter()
-        data = self.archive.rank_blob(self.rank, warm.file, sha256=warm.sha256, size=warm.size, what="warm-up bytes")
+        data = self.warmup_data()
         read = time.perf_counter()
         # the driver reads straight from the bytes object (alive until the call returns): no copy
         cu("cuMemcpyHtoD", self.record.base + warm.offset, ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value,
            len(data))  # fmt: skip
         torch.cuda.default_generators[self.device].set_offset(warm.generator_offset)
-        self.report.update(warmup_bytes=len(data), warmup_read_s=read - begun,
+        self.report.update(warmup_bytes=len(data), warmup_wait_s=read - begun,
                            warmup_copy_s=time.perf_counter() - read)  # fmt: skip
