@@ -9,8 +9,10 @@ at SGLang's default decode graph set), JIT caches included (a priming run first,
 caches under ``DIR/jit-root``, ``FOUNDRY_JIT_ROOT``). ``pairs`` runs N pairs of plain SGLang and
 Foundry LOAD (``--warmup restore --builder native --instantiate background
 --trust-cached-code``: the archive is the benchmark's own),
-alternating, plain first, each run in a fresh process, and appends one JSON line per
-run to ``DIR/results.jsonl``; ``--discard`` runs one plain start first and keeps it
+alternating (plain first in odd pairs, LOAD first in even ones: ``first`` in each
+line), each run in a fresh process, and appends one JSON line per
+run to ``DIR/results.jsonl`` (its wall time, and ``cpu_s``: the CPU seconds of its
+process tree, less sensitive to a busy machine); ``--discard`` runs one plain start first and keeps it
 out of the figures; ``--build-threads T`` has the fresh and warm LOADs build their
 graphs on T threads (each LOAD's line records it; ``summary --build-threads T`` takes
 the pairs whose LOAD did, default 1). A call may run a subset (one device call lasts
@@ -26,7 +28,7 @@ Kinds:
 - ``warm``: every run shares one set of JIT caches under DIR; the first call's
   first plain start fills them and is not counted (as ``--discard`` does: SAVE's
   runs fill the archive's caches, not these), and ``summary`` leaves out any warm
-  pair whose plain run still started a compiler (it was not warm);
+  pair whose plain run still started a compiler, not counting build tools (it was not warm);
 - ``fresh``: every run gets a new empty ``HOME``, ``XDG_CACHE_HOME`` and ``TMPDIR``
   with every JIT cache variable unset, so nothing compiled before is found, and
   ``DIR/jit-root`` (where a LOAD installs the archive's caches) is emptied first: a
@@ -52,13 +54,16 @@ Every run records the compiler processes it saw (``compilers``: nvcc, ptxas, cic
 gcc, ninja, ... polled every 20 ms) with their command lines and working directories
 (``compiler_commands``), and every LOAD the files it added to or rewrote in the
 caches it installed (``new_in_caches``: anything not the archive's entry at the
-size and modification time the install gave it). A LOAD that compiled nothing
-adds no file; ninja, which FlashInfer and torch's extension loader run at each load
-of a JIT module to find it up to date, is listed whenever the poll catches it.
+size and modification time the install gave it); ``summary`` counts apart the
+locks, logs and temporaries among them (FlashInfer takes a lock and logs at each load
+of a JIT module) from build outputs. A LOAD that compiled nothing adds no build
+output. Build tools (ninja, which FlashInfer and torch's extension loader run at each
+load of a JIT module to find it up to date) are listed whenever the poll catches
+them, and counted apart from compilers.
 
 Byte code is compiled once (``save`` runs ``compileall`` over the installed
 packages) so neither side pays it. Every LOAD's outputs are compared with the
-plain run before it (the 16 prompts x 32 tokens of ``recipes/sglang/run.py``):
+plain run of its pair (the 16 prompts x 32 tokens of ``recipes/sglang/run.py``):
 ``identical`` in each result line.
 """
 
@@ -69,6 +74,7 @@ import functools
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -79,6 +85,7 @@ import time
 from pathlib import Path
 
 from foundry.archive import Archive
+from foundry.archive.jit_caches import is_bookkeeping
 from foundry.archive.jit_install import changed_since_install, install_directory
 from foundry.archive.jit_manifest import read_manifest
 from foundry.archive.jit_schema import JitManifest
@@ -93,6 +100,9 @@ CACHE_VARIABLES = ("TRITON_CACHE_DIR", "TRITON_HOME", "TORCHINDUCTOR_CACHE_DIR",
 LAUNCHER_LINE = re.compile(r"^foundry: launcher: ([0-9.]+) s from its start to the program's exec$", re.M)
 COMPILERS = {"nvcc", "ptxas", "cicc", "fatbinary", "nvlink", "gcc", "g++", "cc", "c++", "cc1", "cc1plus", "ld",
              "ninja", "clang"}  # fmt: skip
+# build tools that compile nothing when their outputs are current: FlashInfer runs ninja at every load of a
+# JIT module, so a warm start runs it too (a 20 ms poll sees that short check only sometimes)
+BUILD_TOOLS = {"ninja"}
 # the program's own clock at its first line and after the imports: where a LOAD's extra time goes
 IMPORT = (
     "import time; t0 = time.time(); import torch, sglang.srt.entrypoints.engine; print('imported', t0, time.time())"
@@ -216,11 +226,12 @@ def one_run(args: argparse.Namespace, kind: str, side: str, index: int) -> dict:
     marker.touch()
     time.sleep(0.01)  # files made from now on are newer than the marker
     with CompilerWatch() as watch:
-        spawned, begun = time.time(), time.perf_counter()
+        spawned, begun, cpu = time.time(), time.perf_counter(), children_cpu_s()
         proc = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT)
         wall, ended = time.perf_counter() - begun, time.time()
+    cpu = children_cpu_s() - cpu
     (scratch / "log.txt").write_text(proc.stdout + proc.stderr)
-    result = {"kind": kind, "side": side, "index": index, "rc": proc.returncode, "wall_s": wall,
+    result = {"kind": kind, "side": side, "index": index, "rc": proc.returncode, "wall_s": wall, "cpu_s": cpu,
               "compilers": sorted(watch.seen), "compiler_commands": sorted(set(watch.commands.values()))[:10],
               "log": str(scratch / "log.txt")}  # fmt: skip
     if kind == "fresh":
@@ -246,6 +257,18 @@ def one_run(args: argparse.Namespace, kind: str, side: str, index: int) -> dict:
     if kind != "import" and proc.returncode == 0:
         result.update(figures(json.loads(out.read_text())))
     return result
+
+
+def children_cpu_s() -> float:
+    """User and system CPU seconds of this process's children that ended (a run's whole
+    tree, once reaped): steadier than wall time on a machine whose load varies."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def compiled(run: dict) -> list[str]:
+    """The compilers a run was seen to start, build tools left out."""
+    return [c for c in run["compilers"] if c not in BUILD_TOOLS]
 
 
 def figures(report: dict) -> dict:
@@ -292,9 +315,12 @@ def cmd_pairs(args: argparse.Namespace) -> int:
         record(results, {**one_run(args, args.kind, "plain", 0), "discarded": True})
     status = 0
     for index in range(start, start + args.pairs):
-        plain = one_run(args, args.kind, "plain", index)
-        record(results, plain)
-        load = one_run(args, args.kind, "load", index)
+        runs: dict[str, dict] = {}
+        for side in ("plain", "load") if index % 2 else ("load", "plain"):  # each side first in every other pair
+            runs[side] = {**one_run(args, args.kind, side, index), "first": not runs}
+            if side == "plain":
+                record(results, runs[side])
+        plain, load = runs["plain"], runs["load"]
         if "outputs" in plain and "outputs" in load:
             load["identical"] = (plain["outputs"], plain["logprobs"]) == (load["outputs"], load["logprobs"])
         record(results, load)
@@ -312,7 +338,7 @@ def record(path: Path, result: dict) -> None:
 
 
 FIGURES = ("ready_s", "first_answer_s", "before_scheduler_s", "scheduler_e2e_s", "graph_phase_s", "foundry_s",
-           "launcher_s", "to_program_s", "imports_s", "exit_s", "wall_s")  # fmt: skip
+           "launcher_s", "to_program_s", "imports_s", "exit_s", "wall_s", "cpu_s")  # fmt: skip
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
@@ -330,8 +356,8 @@ def cmd_summary(args: argparse.Namespace) -> int:
     for kind in ("fresh", "warm", "import"):
         pairs = [(p, q) for p, q in paired(runs, kind) if kind == "import" or q.get("build_threads", 1) == threads]
         if kind == "warm":  # a plain run that compiled was not warm
-            cold = [plain for plain, _ in pairs if plain["compilers"]]
-            pairs = [(plain, load) for plain, load in pairs if not plain["compilers"]]
+            cold = [plain for plain, _ in pairs if compiled(plain)]
+            pairs = [(plain, load) for plain, load in pairs if not compiled(plain)]
             if cold:
                 print(f"warm    left out: {len(cold)} pair(s) whose plain run compiled (indices "
                       f"{', '.join(str(r['index']) for r in cold)})")  # fmt: skip
@@ -346,8 +372,11 @@ def cmd_summary(args: argparse.Namespace) -> int:
             print(f"{kind:7s} {name:20s} {spread(plain):26s} {spread(load):26s} "
                   f"{statistics.median(diffs) if diffs else float('nan'):+9.2f} s  {len(pairs)}")  # fmt: skip
         loads = [q for _, q in pairs]
-        seen = (f"compilers seen: plain {sorted({c for p, _ in pairs for c in p['compilers']})}, "
-                f"LOAD {sorted({c for q in loads for c in q['compilers']})}")  # fmt: skip
+        tools = ", ".join(sorted(BUILD_TOOLS))
+        seen = (f"compilers seen: plain {sorted({c for p, _ in pairs for c in compiled(p)})}, "
+                f"LOAD {sorted({c for q in loads for c in compiled(q)})}; {tools} seen in "
+                f"{sum(1 for p, _ in pairs if BUILD_TOOLS & set(p['compilers']))} plain runs and "
+                f"{sum(1 for q in loads if BUILD_TOOLS & set(q['compilers']))} LOADs")  # fmt: skip
         print_what_loads_left(kind, loads)
         if kind == "import":  # no outputs: the program only imports SGLang
             print(f"import  LOADs ending in the hook's no-session exit 2 (expected: the program opens none): "
@@ -369,9 +398,11 @@ def print_what_loads_left(kind: str, loads: list[dict]) -> None:
         return
     changed = [f for q in loads for f in q.get("new_in_caches", [])]
     home = [f for q in loads for f in q.get("new_in_home", [])]
-    locks = sum(1 for f in changed if f.endswith(".lock") or f.rsplit("/", 1)[-1] == "lock")  # taken, not built
+    built = [f for f in changed if not is_bookkeeping(f)]  # locks and logs are written around builds, not built
+    around = f" ({len(changed) - len(built)} of them locks, logs or temporaries; first: {changed[0]})"
     print(f"{kind:7s} files LOADs added to or rewrote in the installed caches: {len(changed)}"
-          f"{f' ({locks} of them lock files; first: {changed[0]})' if changed else ''}"
+          f"{around if changed else ''}"
+          f"; build outputs among them: {len(built)}{f' (first: {built[0]})' if built else ''}"
           f"{f'; in the fresh HOME and XDG_CACHE_HOME: {len(home)}' if kind == 'fresh' else ''}"
           f"{f' (first: {home[0]})' if home else ''}")  # fmt: skip
 

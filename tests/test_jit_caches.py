@@ -32,6 +32,7 @@ from foundry.archive.jit_caches import (
     cache_environment,
     host_code_by_content,
     is_artefact,
+    is_bookkeeping,
     is_host_code,
     user_settings,
 )
@@ -755,3 +756,33 @@ def test_the_benchmark_splits_an_import_run_and_names_the_compilers_it_saw(tmp_p
         subprocess.run(["gcc", "-O2", "-c", "-o", str(tmp_path / "many.o"), str(source)], check=True, cwd=tmp_path)
     assert "cc1" in watch.seen
     assert any(str(source) in c and f"(in {tmp_path})" in c for c in watch.commands.values())
+
+
+def test_the_benchmark_counts_build_tools_and_bookkeeping_apart_from_builds():
+    bench = startup_benchmark()
+    assert bench.compiled({"compilers": ["cc1", "ninja", "nvcc"]}) == ["cc1", "nvcc"]
+    base = "flashinfer/.cache/flashinfer/0.6.15.post1/90a"
+    assert is_bookkeeping(f"{base}/cached_ops/tmp/norm.lock") and is_bookkeeping(f"{base}/flashinfer_jit.log")
+    assert is_bookkeeping("triton/tmp.pid_12_34/kernel.cubin") and is_bookkeeping("tvm-ffi/mod/lock")
+    assert not is_bookkeeping(f"{base}/cached_ops/norm/norm.so") and not is_bookkeeping("triton/ABC/kernel.cubin")
+
+
+def test_the_benchmark_times_a_run_s_cpu_and_alternates_which_side_goes_first(tmp_path, monkeypatch):
+    bench = startup_benchmark()
+    before = bench.children_cpu_s()
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
+    subprocess.run([sys.executable, "-c", burn], check=True)
+    assert bench.children_cpu_s() - before >= 0.25
+    # SGLang cannot start on this machine: a run here is a stand-in that says which side it was
+    order = []
+    monkeypatch.setattr(bench, "one_run", lambda args, kind, side, index: order.append((index, side)) or
+                        {"kind": kind, "side": side, "index": index, "rc": 0, "compilers": []})  # fmt: skip
+    args = bench.argparse.Namespace(work=tmp_path, kind="fresh", pairs=4, discard=False)
+    assert bench.cmd_pairs(args) == 0
+    assert order == [(1, "plain"), (1, "load"), (2, "load"), (2, "plain"), (3, "plain"), (3, "load"),
+                     (4, "load"), (4, "plain")]  # fmt: skip
+    lines = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [(r["index"], r["side"], r["first"]) for r in lines if r["index"] == 2] == [
+        (2, "plain", False),
+        (2, "load", True),
+    ]

@@ -206,15 +206,23 @@ EM_CUDA = 190  # ELF e_machine of CUDA device code (cubins)
 SNIFF_BYTES = 20  # enough of a file's head to tell ELF machine, pickle, script
 
 
+def is_bookkeeping(relative: str) -> bool:
+    """Whether the file at ``relative`` (POSIX, below a cache's root) is one a library
+    writes around its builds rather than builds: anything in a temporary directory
+    (Triton's ``tmp.pid_*``, FlashInfer's ``tmp``), locks, logs and dependency files."""
+    *dirs, name = relative.split("/")
+    temporary = any(d == "tmp" or d.startswith("tmp.") for d in dirs)
+    return temporary or name == "lock" or name.endswith(_NOT_ARTEFACT_SUFFIXES)
+
+
 def is_artefact(spec: CacheSpec, relative: str) -> bool:
     """Whether the file at ``relative`` (POSIX, below the cache's root) is a final artefact:
-    what a later process reads instead of compiling. Temporary directories (Triton's
-    ``tmp.pid_*``, FlashInfer's ``tmp``), locks, logs and dependency files never are;
-    object files only in ninja build directories; tvm-ffi's only its shared objects
-    (SGLang loads a built module by its ``.so`` alone)."""
-    *dirs, name = relative.split("/")
-    if any(d == "tmp" or d.startswith("tmp.") for d in dirs) or name == "lock" or name.endswith(_NOT_ARTEFACT_SUFFIXES):
+    what a later process reads instead of compiling. Bookkeeping never is; object files
+    only in ninja build directories; tvm-ffi's only its shared objects (SGLang loads a
+    built module by its ``.so`` alone)."""
+    if is_bookkeeping(relative):
         return False
+    name = relative.rsplit("/", 1)[-1]
     if spec.cache is Cache.TVM_FFI:
         return name.endswith(".so")
     return spec.ninja or not name.endswith(_OBJECT_SUFFIXES)
