@@ -3,6 +3,8 @@ any GPU work, on the H200 SAVE."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from foundry.archive import Archive
@@ -46,3 +48,14 @@ def test_a_relocating_load_replays_the_warmup():
     """Restored warm-up bytes can hold pointers into SAVE's region, which nothing rebases."""
     with pytest.raises(DriftError, match="relocating needs"):
         LoadSession(FIXTURES / "saveload-a", relocate=True, warmup="restore")
+
+
+def test_laps_name_where_a_step_s_time_went():
+    from foundry.runtime.sessions.base import Laps
+
+    steps: dict[str, float] = {}
+    laps = Laps(steps)
+    time.sleep(0.05)
+    laps.mark("slow")
+    laps.mark("quick")
+    assert list(steps) == ["slow", "quick"] and steps["slow"] >= 0.05 > steps["quick"] >= 0

@@ -275,6 +275,7 @@ def test_the_report_splits_the_graph_phase_into_sglangs_warmups_and_foundrys_gra
     assert state.session.keep_warmup_bytes  # kept only for a safe verdict
     assert seconds["warmup_forwards_s"] >= 4 * 0.01 and seconds["graphs_s"] >= 2 * 0.2
     assert seconds["warmup_forwards_s"] < 0.2  # neither capture's time is counted as warm-up
+    assert 0 <= seconds["session_finish_s"] <= seconds["foundry_s"] - seconds["graphs_s"]
 
 
 def test_a_load_skips_the_warmups_only_where_save_found_it_safe(monkeypatch):

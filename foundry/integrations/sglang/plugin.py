@@ -95,7 +95,8 @@ class SchedulerState:
     recording_error: str | None = None  # SAVE: why torch's allocation history is not recorded
     finished: bool = False
     # seconds in SGLang's eager warm-up forwards, in capturing (SAVE) or restoring (LOAD), and in
-    # every Foundry call on the scheduler's path (session start, graphs, finish with its waits)
+    # every Foundry call on the scheduler's path (session start, graphs, finish with its waits);
+    # the session's opening and finish alone as session_open_s and session_finish_s
     seconds: dict[str, float] = field(default_factory=lambda: {**_phase_seconds(), "foundry_s": 0.0})
     prefetch: Any = None  # LOAD: Triton's cache key computed on a thread (startup.Prefetch)
     skipped_collections: bool = False  # LOAD: SGLang's collections around the capture loop were left out
@@ -187,6 +188,7 @@ def _on_scheduler_start(*args: Any, **kwargs: Any) -> None:
     _state = SchedulerState(config, started, rank, expected_runners=model_runners(server_args))
     if config.mode == "load":  # Triton's cache key, which the graph phase's first Triton launch would compute
         _state.prefetch = startup.prefetch_triton_key()
+    _state.seconds["session_open_s"] = time.perf_counter() - begun
     _state.seconds["foundry_s"] += time.perf_counter() - begun
     _say(f"scheduler (tp rank {rank}) active: mode {config.mode}, archive {config.archive}")
 
@@ -414,6 +416,7 @@ def _on_graphs_done(result: Any, *args: Any, **kwargs: Any) -> None:
         _state.session.model[VERDICT] = judged
         _state.session.keep_warmup_bytes = judged == SAFE  # what only a LOAD skipping the warm-ups restores
     report = _state.session.finish()
+    _state.seconds["session_finish_s"] = time.perf_counter() - begun
     if _state.config.mode == "load":
         _check_restored(report)
     report["sglang_graphs"] = list(_state.graphs)

@@ -26,6 +26,7 @@ The program runs the same code in every mode; the session decides what
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -34,6 +35,20 @@ from foundry.env import launched
 from foundry.errors import HookError, NoGpuError
 from foundry.runtime.native.hook import Hook
 from foundry.runtime.sessions.marker import note_session
+
+
+class Laps:
+    """Seconds between successive marks, by name, into a report's dict: where a step's
+    time goes."""
+
+    def __init__(self, into: dict[str, float]) -> None:
+        self.into = into
+        self._last = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.into[name] = now - self._last
+        self._last = now
 
 
 def require_cuda() -> None:

@@ -21,7 +21,7 @@ from foundry.env import BUILDERS, INSTANTIATE_MODES, WARMUP_MODES
 from foundry.errors import DriftError, FoundryError, HookError
 from foundry.graphir.graph import GraphIR
 from foundry.runtime.native.hook import Hook
-from foundry.runtime.sessions.base import RestoredGraph, Session, check_active, init_cuda, start_checked
+from foundry.runtime.sessions.base import Laps, RestoredGraph, Session, check_active, init_cuda, start_checked
 from foundry.runtime.sessions.load_region import RegionRestore
 from foundry.runtime.sessions.load_relocation import Relocation
 from foundry.runtime.sessions.validate import check_claims, check_relocation, required_backends
@@ -104,15 +104,20 @@ class LoadSession(Session):
         from foundry.runtime.sessions.environment import current_environment
         from foundry.runtime.sessions.validate import check_environment, check_modules, check_region
 
+        laps = Laps(self.report.setdefault("start_s", {}))  # the session's start on the program's path, by step
         start_checked(self.mode)
         self.hook = Hook.attach()
         if self.hook.region().mode != "load":
             raise HookError("the hook is not in load mode (start the program with `foundry run --mode load`)")
         check_modules(self.archive)
+        laps.mark("hook_and_modules")
         init_cuda(self.device)
         check_active(self.hook)
+        laps.mark("cuda")
         check_environment(self.archive.catalog.environment, current_environment(self.device))
+        laps.mark("environment")
         self._reserve()
+        laps.mark("reserve")
         info = self.hook.region()
         region = check_region(self.record.region, info.base, info.size, relocate=self.relocate)
         self.live_base = info.base
@@ -122,6 +127,7 @@ class LoadSession(Session):
                                             self.report)  # fmt: skip
         self.region_restore.prefetch()
         self.region_restore.expect()
+        laps.mark("region")
 
     def _reserve(self) -> None:
         try:
@@ -173,11 +179,14 @@ class LoadSession(Session):
     def finish(self) -> dict[str, Any]:
         if not hasattr(self, "hook"):
             raise FoundryError("finish() before start(): call session.start() before the first CUDA allocation")
+        laps = Laps(self.report.setdefault("finish_s", {}))
         if self.instantiation is not None:  # every instantiation counted, or its error raised
             self.report["instantiated_s"] = self.instantiation.wait() - self._restore_started
+        laps.mark("instantiation_wait")
         if self.graphs is not None and self.region_restore is not None:
             self.region_restore.check_followed(complete=True)
             self.hook.seal()  # what the program allocates from now on is its own
+        laps.mark("trace_and_seal")
         self.report["counters"] = self.hook.counters()
         return self.report
 
