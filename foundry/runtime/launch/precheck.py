@@ -114,7 +114,9 @@ def installed_torch() -> str | None:
         spec = importlib.util.find_spec("torch")
     except (ImportError, ValueError):
         return None
-    for location in (spec.submodule_search_locations or []) if spec is not None else []:
+    if spec is None:
+        return None
+    for location in spec.submodule_search_locations or []:
         try:
             text = (Path(location) / "version.py").read_text()
         except OSError:
@@ -125,7 +127,7 @@ def installed_torch() -> str | None:
     from importlib import metadata  # only here: importing it cost the launcher 25 ms on the H200 test machine
 
     try:
-        return metadata.version("torch") if spec is not None else None
+        return metadata.version("torch")
     except metadata.PackageNotFoundError:
         return None
 

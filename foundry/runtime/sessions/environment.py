@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import platform
-from importlib import metadata
 from pathlib import Path
 
 from foundry.archive.schema import Environment
@@ -41,6 +40,8 @@ def driver_version() -> str:
 
 
 def _version_of(dist: str) -> str | None:
+    from importlib import metadata  # only here: a launcher reads the driver's version from this module
+
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
