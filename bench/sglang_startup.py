@@ -97,7 +97,7 @@ CACHE_VARIABLES = ("TRITON_CACHE_DIR", "TRITON_HOME", "TORCHINDUCTOR_CACHE_DIR",
                    "FLASHINFER_WORKSPACE_BASE", "FLASHINFER_JIT_DIR", "CUDA_CACHE_PATH", "SGLANG_CACHE_DIR",
                    "SGLANG_DG_CACHE_DIR", "XDG_CACHE_HOME", "HF_HOME", "TORCH_EXTENSIONS_DIR", "PYTHONPYCACHEPREFIX",
                    "FOUNDRY_JIT_ROOT")  # fmt: skip
-LAUNCHER_LINE = re.compile(r"^foundry: launcher: ([0-9.]+) s from its start to the program's exec$", re.M)
+LAUNCHER_LINE = re.compile(r"^foundry: launcher: ([0-9.]+) s from its start to the program's exec(?: \((.*)\))?$", re.M)
 COMPILERS = {"nvcc", "ptxas", "cicc", "fatbinary", "nvlink", "gcc", "g++", "cc", "c++", "cc1", "cc1plus", "ld",
              "ninja", "clang"}  # fmt: skip
 # build tools that compile nothing when their outputs are current: FlashInfer runs ninja at every load of a
@@ -252,6 +252,7 @@ def one_run(args: argparse.Namespace, kind: str, side: str, index: int) -> dict:
     launched = LAUNCHER_LINE.search(proc.stderr)
     if side == "load" and launched:
         result["launcher_s"] = float(launched.group(1))
+        result["launcher_steps"] = launched.group(2)  # where it went (None from a launcher that did not say)
     if side == "load" and kind != "import":
         result["build_threads"] = args.build_threads
     if kind != "import" and proc.returncode == 0:

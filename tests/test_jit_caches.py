@@ -746,6 +746,9 @@ def test_the_benchmark_reads_the_launcher_s_line_and_starts_fresh_runs_with_noth
                           capture_output=True, text=True)  # fmt: skip
     found = bench.LAUNCHER_LINE.search(proc.stderr)
     assert proc.returncode == 0 and found and 0 < float(found.group(1)) < 30
+    steps = dict(step.rsplit(" ", 2)[:2] for step in found.group(2).split(", "))
+    assert list(steps) == ["start and imports", "archive checks", "environment and JIT caches"]
+    assert sum(map(float, steps.values())) <= float(found.group(1)) + 0.02  # the start's clock ticks in 10 ms
     (tmp_path / "jit-root" / "some-archive").mkdir(parents=True)
     env = bench.fresh_environment(tmp_path / "scratch", tmp_path)
     assert not (tmp_path / "jit-root").exists() and env["FOUNDRY_JIT_ROOT"] == str(tmp_path / "jit-root")
