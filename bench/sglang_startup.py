@@ -10,10 +10,10 @@ caches under ``DIR/jit-root``, ``FOUNDRY_JIT_ROOT``). ``pairs`` runs N pairs of 
 Foundry LOAD (``--warmup restore --builder native --instantiate background
 --trust-cached-code``: the archive is the benchmark's own),
 alternating (plain first in odd pairs, LOAD first in even ones: ``first`` in each
-line), each run in a fresh process, and appends one JSON line per
-run to ``DIR/results.jsonl`` (its wall time, and ``cpu_s``: the CPU seconds of its
-process tree, less sensitive to a busy machine); ``--discard`` runs one plain start first and keeps it
-out of the figures; ``--build-threads T`` has the fresh and warm LOADs build their
+line), each run in a fresh process, and appends one JSON line per run to
+``DIR/results.jsonl`` (its wall time, and ``cpu_s``: the CPU seconds of its process
+tree, less sensitive to a busy machine); ``--discard`` runs one plain start first
+and keeps it out of the figures; ``--build-threads T`` has the fresh and warm LOADs build their
 graphs on T threads (each LOAD's line records it; ``summary --build-threads T`` takes
 the pairs whose LOAD did, default 1). A call may run a subset (one device call lasts
 at most ten minutes) and later calls append: ``summary`` merges every results file

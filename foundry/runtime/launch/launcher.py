@@ -23,8 +23,9 @@ A LOAD replaces the launcher with the program (``exec``): no second Python proce
 waits beside it, and the launcher's own imports stay few (no IR, no backends, no
 sessions) so that it adds little to the program's start-up; it says how long it took,
 from its process's start to the exec, and in which steps (its interpreter's start and
-imports, the archive's checks, the environment with the JIT caches). JIT caches (:mod:`.jit`): a SAVE records them
-with a priming run first, a LOAD installs them before the program starts.
+imports, the archive's checks, the environment with the JIT caches). JIT caches
+(:mod:`.jit`): a SAVE records them with a priming run first, a LOAD installs them
+before the program starts.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from foundry.env import RunEnvironment
 from foundry.errors import DriftError, FoundryError, HookError
 from foundry.runtime.launch import rank_runs
 from foundry.runtime.native.hook import LIBRARY, build_hint, library_path
+from foundry.runtime.sessions.base import Laps
 from foundry.runtime.sessions.marker import read_marker
 
 
@@ -212,10 +214,10 @@ def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Calla
     if config.mode == "load":  # refused now, in one line, not from inside the program after its start-up
         from foundry.runtime.launch.precheck import check_load
 
-        steps = LauncherSteps()
+        laps = Laps({"start and imports": seconds_since_start()})  # where the launcher's time goes, by step
         archive = check_load(config.archive, config.rank, command)
-        steps.mark("archive checks")
-        return _load(config, archive, command, log, replace_process, steps)
+        laps.mark("archive checks")
+        return _load(config, archive, command, log, replace_process, laps)
     if config.mode == "save" and config.jit_caches:
         from foundry.runtime.launch import jit
 
@@ -275,7 +277,7 @@ NO_LOAD_SESSION = (
 
 
 def _load(config: RunConfig, archive: Archive, command: list[str], log: Callable[[str], None],
-          replace_process: bool, steps: LauncherSteps) -> int:  # fmt: skip
+          replace_process: bool, laps: Laps) -> int:  # fmt: skip
     """A LOAD of ``archive`` (opened and checked once, for all the launcher reads): its JIT
     caches installed, then the program, in this process when ``replace_process``. The marker's
     directory is removed here unless the program took this process over (its hook removes it then)."""
@@ -291,9 +293,9 @@ def _load(config: RunConfig, archive: Archive, command: list[str], log: Callable
             from foundry.runtime.launch import jit
 
             env.update(jit.load_caches(archive, trust_host_code=config.trust_cached_code, log=log))
-        steps.mark("environment and JIT caches")
+        laps.mark("environment and JIT caches")
         if replace_process:
-            _exec(command, env, log, steps)
+            _exec(command, env, log, laps.into)
         code = _start(command, config, env=env)
         opened = read_marker(marker)
     finally:
@@ -304,33 +306,20 @@ def _load(config: RunConfig, archive: Archive, command: list[str], log: Callable
     return code
 
 
-class LauncherSteps:
-    """Where a LOAD's launcher spends its time: from its process's start to its first step
-    (the interpreter and the launcher's imports), then each step's seconds."""
-
-    def __init__(self) -> None:
-        self.seconds = [("start and imports", seconds_since_start())]
-        self._last = time.perf_counter()
-
-    def mark(self, name: str) -> None:
-        now = time.perf_counter()
-        self.seconds.append((name, now - self._last))
-        self._last = now
-
-    def line(self) -> str:
-        """``foundry: launcher: T s from its start to the program's exec (step s, ...)``."""
-        since = seconds_since_start()
-        split = ", ".join(f"{name} {_seconds(value)} s" for name, value in self.seconds)
-        return f"foundry: launcher: {_seconds(since)} s from its start to the program's exec ({split})"
+def launcher_line(steps: dict[str, float | None]) -> str:
+    """``foundry: launcher: T s from its start to the program's exec (step S s, ...)``."""
+    split = ", ".join(f"{name} {_seconds(value)} s" for name, value in steps.items())
+    return f"foundry: launcher: {_seconds(seconds_since_start())} s from its start to the program's exec ({split})"
 
 
 def _seconds(value: float | None) -> str:
     return "?" if value is None else f"{value:.3f}"
 
 
-def _exec(command: list[str], env: dict[str, str], log: Callable[[str], None], steps: LauncherSteps) -> NoReturn:
-    """Become the program, saying how long the launcher took."""
-    log(steps.line())
+def _exec(command: list[str], env: dict[str, str], log: Callable[[str], None],
+          steps: dict[str, float | None]) -> NoReturn:  # fmt: skip
+    """Become the program, saying how long the launcher took, by step."""
+    log(launcher_line(steps))
     sys.stdout.flush()
     sys.stderr.flush()
     try:

@@ -39,9 +39,9 @@ from foundry.runtime.sessions.marker import note_session
 
 class Laps:
     """Seconds between successive marks, by name, into a report's dict: where a step's
-    time goes."""
+    time goes (a session's start, a launcher's)."""
 
-    def __init__(self, into: dict[str, float]) -> None:
+    def __init__(self, into: dict[str, Any]) -> None:
         self.into = into
         self._last = time.perf_counter()
 
