@@ -103,3 +103,24 @@ def test_driver_version_is_read_from_proc_for_both_kernel_modules(text):
 
     assert version_in_proc(text) == "580.159.04"
     assert version_in_proc("NVRM version: (no version)\n") is None
+
+
+def test_a_load_hashes_the_images_on_a_thread_and_waits_for_it_before_restoring(tmp_path):
+    from foundry.runtime.sessions.load import LoadSession
+    from foundry.runtime.sessions.validate import start_module_check
+
+    blob = b"\x7fELF" + bytes(60)
+    archive = _archive_with_module(tmp_path / "a", blob)
+    assert start_module_check(archive).result() >= 0
+    path = next((tmp_path / "a" / "modules").iterdir())
+    path.write_bytes(blob[:-1] + b"\x01")
+    altered = Archive.open(tmp_path / "a")
+    session = LoadSession(altered)
+    session.module_check = start_module_check(altered)  # what start() leaves running
+    session._restore = lambda: pytest.fail("restored before the images' bytes were checked")
+    with pytest.raises(DriftError, match="altered") as err:
+        session.graph("sample.bs8", lambda: None)
+    assert err.value.field == f"modules/{path.name}"
+    path.unlink()
+    with pytest.raises(DriftError, match="missing"):  # presence is checked at once, not on the thread
+        start_module_check(Archive.open(tmp_path / "a"))

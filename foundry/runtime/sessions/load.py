@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,7 @@ class LoadSession(Session):
                                      self.archive.catalog.world_size)  # fmt: skip
         self.live_base: int | None = None  # the region's base in this process, once start() reserved it
         self.region_restore: RegionRestore | None = None  # once start() reserved the region
+        self.module_check: Future[float] | None = None  # start()'s check of the images' bytes, on a thread
         self.graphs: dict[str, RestoredGraph] | None = None
         self.report: dict[str, Any] = {"mode": "load", "archive": str(self.archive.root), "warmup": warmup}
 
@@ -102,14 +104,14 @@ class LoadSession(Session):
 
     def start(self) -> None:
         from foundry.runtime.sessions.environment import current_environment
-        from foundry.runtime.sessions.validate import check_environment, check_modules, check_region
+        from foundry.runtime.sessions.validate import check_environment, check_region, start_module_check
 
         laps = Laps(self.report.setdefault("start_s", {}))  # the session's start on the program's path, by step
         start_checked(self.mode)
         self.hook = Hook.attach()
         if self.hook.region().mode != "load":
             raise HookError("the hook is not in load mode (start the program with `foundry run --mode load`)")
-        check_modules(self.archive)
+        self.module_check = start_module_check(self.archive)  # the images' bytes: waited for before a restore
         laps.mark("hook_and_modules")
         init_cuda(self.device)
         check_active(self.hook)
@@ -167,6 +169,7 @@ class LoadSession(Session):
         self, name: str, fn: Callable[[], Any], *, shape_key: int | None = None, runner: str | None = None
     ) -> RestoredGraph:
         if self.graphs is None:
+            self._wait_for_module_check()
             self.graphs = self._restore()
         elif self.region_restore is not None:  # the warm-ups since made SAVE's late allocations again
             self.region_restore.check_followed()
@@ -180,6 +183,7 @@ class LoadSession(Session):
         if not hasattr(self, "hook"):
             raise FoundryError("finish() before start(): call session.start() before the first CUDA allocation")
         laps = Laps(self.report.setdefault("finish_s", {}))
+        self._wait_for_module_check()  # a session that restored nothing still refuses a damaged archive
         if self.instantiation is not None:  # every instantiation counted, or its error raised
             self.report["instantiated_s"] = self.instantiation.wait() - self._restore_started
         laps.mark("instantiation_wait")
@@ -189,6 +193,11 @@ class LoadSession(Session):
         laps.mark("trace_and_seal")
         self.report["counters"] = self.hook.counters()
         return self.report
+
+    def _wait_for_module_check(self) -> None:
+        if self.module_check is not None:
+            self.report["module_check_s"] = self.module_check.result()  # or its refusal
+            self.module_check = None
 
     # -- restoring --------------------------------------------------------------
 
