@@ -13,9 +13,12 @@ alternating (plain first in odd pairs, LOAD first in even ones: ``first`` in eac
 line), each run in a fresh process, and appends one JSON line per run to
 ``DIR/results.jsonl`` (its wall time, and ``cpu_s``: the CPU seconds of its process
 tree, less sensitive to a busy machine); ``--discard`` runs one plain start first
-and keeps it out of the figures; ``--build-threads T`` has the fresh and warm LOADs build their
-graphs on T threads (each LOAD's line records it; ``summary --build-threads T`` takes
-the pairs whose LOAD did, default 1). A call may run a subset (one device call lasts
+and keeps it out of the figures. Before each run the file system's unwritten data is
+flushed (``sync``; ``sync_s`` says how long that took), so that what one run wrote
+(a fresh plain run builds hundreds of files) is not written out during the next.
+``--build-threads T`` has the fresh and warm LOADs build their graphs on T threads
+(each LOAD's line records it; ``summary --build-threads T`` takes the pairs whose
+LOAD did, default 1). A call may run a subset (one device call lasts
 at most ten minutes) and later calls append: ``summary`` merges every results file
 it is given (by default DIR's) and prints medians, spreads (min-max) and median paired
 differences (LOAD minus plain) of: seconds to ready, to the first answer, before
@@ -222,6 +225,9 @@ def one_run(args: argparse.Namespace, kind: str, side: str, index: int) -> dict:
     env = fresh_environment(scratch, args.work) if kind == "fresh" else warm_environment(args.work)
     out = scratch / "report.json"
     command = import_command(args, side) if kind == "import" else recipe_command(args, out, side)
+    synced = time.perf_counter()
+    os.sync()  # what the run before wrote (a fresh plain run's builds) is flushed now, not during this run
+    synced = time.perf_counter() - synced
     marker = scratch / "marker"
     marker.touch()
     time.sleep(0.01)  # files made from now on are newer than the marker
@@ -232,6 +238,7 @@ def one_run(args: argparse.Namespace, kind: str, side: str, index: int) -> dict:
     cpu = children_cpu_s() - cpu
     (scratch / "log.txt").write_text(proc.stdout + proc.stderr)
     result = {"kind": kind, "side": side, "index": index, "rc": proc.returncode, "wall_s": wall, "cpu_s": cpu,
+              "sync_s": synced,
               "compilers": sorted(watch.seen), "compiler_commands": sorted(set(watch.commands.values()))[:10],
               "log": str(scratch / "log.txt")}  # fmt: skip
     if kind == "fresh":

@@ -799,3 +799,13 @@ def test_the_benchmark_times_a_run_s_cpu_and_alternates_which_side_goes_first(tm
         (2, "plain", False),
         (2, "load", True),
     ]
+
+
+def test_a_benchmark_run_flushes_what_the_run_before_wrote_and_times_its_cpu(tmp_path):
+    # a real run of the import kind: here torch and SGLang are missing, so the program ends at its first import
+    bench = startup_benchmark()
+    (tmp_path / "scratch").mkdir()
+    args = bench.argparse.Namespace(work=tmp_path, kind="import")
+    result = bench.one_run(args, "import", "plain", 1)
+    assert result["sync_s"] >= 0 and 0 < result["cpu_s"] < 60
+    assert Path(result["log"]).is_file()
