@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 #: Inside runtime/, the same rule between its sub-packages (the package itself re-exports the sessions).
 RUNTIME_LAYERS: tuple[str, ...] = (
+    "foundry.runtime.threads",
     "foundry.runtime.host_maps",
     "foundry.runtime.native",
     "foundry.runtime.code",

@@ -23,6 +23,7 @@ from foundry.graphir.cuda import cu, driver, handle_value
 from foundry.graphir.kernel import KernelIdentity
 from foundry.runtime.code.module_globals import check_live, restore_fresh
 from foundry.runtime.native.hook import Hook, Image
+from foundry.runtime.threads import on_thread
 
 
 class ArchiveFunctions:
@@ -67,10 +68,7 @@ class ArchiveFunctions:
             begun = time.perf_counter()
             return self.prefetch(images, context=context), time.perf_counter() - begun
 
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="foundry-images")
-        future = pool.submit(run)
-        pool.shutdown(wait=False)
-        return future
+        return on_thread("foundry-images", run)
 
     def prefetch(self, images: set[str], *, threads: int = 8, context: Any = None) -> int:
         """Read and check, then load, the archived images that have no live copy, several

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 from foundry.archive.reader import Archive
@@ -19,6 +19,7 @@ from foundry.graphir.cuda import cu
 from foundry.runtime.native.hook import Allocation, Hook
 from foundry.runtime.sessions.base import anchor_generator
 from foundry.runtime.sessions.placement import LATE, RestorePlan, check_followed, restore_plan
+from foundry.runtime.threads import on_thread
 
 
 class RegionRestore:
@@ -50,9 +51,7 @@ class RegionRestore:
         memory until then."""
         if self.warmup != "restore" or self.record.warmup_bytes is None or self._read is not None:
             return
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="foundry-warmup-read")
-        self._read = pool.submit(self._read_bytes)
-        pool.shutdown(wait=False)
+        self._read = on_thread("foundry-warmup-read", self._read_bytes)
 
     def _read_bytes(self) -> bytes:
         warm = self.record.warmup_bytes
@@ -90,9 +89,7 @@ class RegionRestore:
             self._restore_bytes()
             return
         context = cu("cuCtxGetCurrent")
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="foundry-warmup")
-        self._copy = pool.submit(self._restore_bytes, context)
-        pool.shutdown(wait=False)
+        self._copy = on_thread("foundry-warmup", self._restore_bytes, context)
 
     def _restore_region(self) -> None:
         """Map SAVE's ranges up to its final offset; a LOAD repeating the warm-ups leaves

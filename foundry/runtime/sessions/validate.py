@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from foundry.archive.reader import Archive
@@ -19,6 +19,7 @@ from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import KernelIdentity
 from foundry.graphir.operands import OperandSite
 from foundry.graphir.regions import RegionKind
+from foundry.runtime.threads import on_thread
 
 if TYPE_CHECKING:
     from foundry.archive.schema import BackendState
@@ -57,10 +58,7 @@ def start_module_check(archive: Archive) -> Future[float]:
         check_module_bytes(archive)
         return time.perf_counter() - begun
 
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="foundry-module-check")
-    future = pool.submit(timed)
-    pool.shutdown(wait=False)
-    return future
+    return on_thread("foundry-module-check", timed)
 
 
 def check_modules_present(archive: Archive) -> None:
