@@ -7,6 +7,7 @@ compilers that would fill them need a GPU); the archives are real H200 SAVEs."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import multiprocessing
@@ -34,6 +35,7 @@ from foundry.archive.jit_caches import (
     is_artefact,
     is_bookkeeping,
     is_host_code,
+    made_on_first_use,
     user_settings,
 )
 from foundry.archive.jit_collect import attach, make_manifest, new_artefacts, stage
@@ -408,6 +410,34 @@ def test_files_a_program_adds_or_rewrites_after_the_install_are_named(tmp_path):
     install(archive, manifest, arch.catalog.jit.sha256, data, trust_host_code=False)
     shutil.copy2(directory / "triton" / "KEY1" / "__triton_launcher.so", data / "triton" / "KEY1")
     assert changed_since_install(data, manifest, trust_host_code=False) == ["triton/KEY1/__triton_launcher.so"]
+
+
+def test_the_files_flashinfer_makes_on_first_use_are_laid_down_empty_and_stay_unchanged_while_empty(tmp_path):
+    flashinfer = SPECS[Cache.FLASHINFER]
+    made = made_on_first_use(flashinfer, ["0.6/90/cached_ops/norm/norm.so", "0.6/90/cached_ops/norm/.ninja_log",
+                                          "0.6/90/cached_ops/rope/rope.so", "0.6/90/generated/x.cu"])  # fmt: skip
+    assert made == {"0.6/90/cached_ops/tmp/norm.lock", "0.6/90/cached_ops/tmp/rope.lock", "0.6/90/flashinfer_jit.log"}
+    assert made_on_first_use(SPECS[Cache.TRITON], ["KEY/cached_ops/norm/a.so"]) == set()
+    archive, _ = with_caches(tmp_path)
+    arch, manifest = opened(archive)
+    directory = install_directory(tmp_path / "root", manifest.cache_id, trust_host_code=True)
+    workspace = directory / "flashinfer" / ".cache" / "flashinfer" / "0.6.15" / "90"
+    report = install(archive, manifest, arch.catalog.jit.sha256, directory, trust_host_code=True)
+    lock, log = workspace / "cached_ops" / "tmp" / "norm.lock", workspace / "flashinfer_jit.log"
+    assert report.placed == 2 and lock.read_bytes() == b"" and log.read_bytes() == b""
+    # what FlashInfer does at every load: its FileLock reopens the lock with truncation, its logger opens the log
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.close(fd)
+    open(log, "a").close()
+    assert changed_since_install(directory, manifest, trust_host_code=True) == []
+    log.write_text("a warning\n")  # the log written: the program did more than find its builds
+    assert changed_since_install(directory, manifest, trust_host_code=True) == [
+        "flashinfer/.cache/flashinfer/0.6.15/90/flashinfer_jit.log"
+    ]
+    data = install_directory(tmp_path / "root", manifest.cache_id, trust_host_code=False)  # FlashInfer's is host code
+    assert install(archive, manifest, arch.catalog.jit.sha256, data, trust_host_code=False).placed == 0
+    assert not (data / "flashinfer").exists()
 
 
 def test_a_failed_install_is_rolled_back(tmp_path):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import pwd
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -226,6 +226,24 @@ def is_artefact(spec: CacheSpec, relative: str) -> bool:
     if spec.cache is Cache.TVM_FFI:
         return name.endswith(".so")
     return spec.ninja or not name.endswith(_OBJECT_SUFFIXES)
+
+
+def made_on_first_use(spec: CacheSpec, artefacts: Iterable[str]) -> set[str]:
+    """The empty files a library makes beside builds it finds (``relative`` paths, POSIX,
+    below the cache's root), which SAVE leaves out as bookkeeping: FlashInfer 0.6.15's lock
+    per JIT module (``<workspace>/cached_ops/tmp/<module>.lock``, taken by its ``FileLock``
+    around every load, ``flashinfer/jit/core.py:268-269,313``) and its logger's file
+    (``<workspace>/flashinfer_jit.log``, created empty at import when missing, ``core.py:47-52``).
+    An install lays them down empty, so that a program which compiles nothing adds no file."""
+    if spec.cache is not Cache.FLASHINFER:
+        return set()
+    made = set()
+    for relative in artefacts:
+        parts = relative.split("/")  # <version>/<arch>/cached_ops/<module>/<file>
+        if len(parts) >= 5 and parts[2] == "cached_ops" and parts[3] != "tmp":
+            workspace = "/".join(parts[:2])
+            made |= {f"{workspace}/cached_ops/tmp/{parts[3]}.lock", f"{workspace}/flashinfer_jit.log"}
+    return made
 
 
 def host_code_by_name(spec: CacheSpec, relative: str) -> bool:

@@ -13,6 +13,10 @@
 - **A file already in place that differs** from the archive's is kept and named
   (:attr:`InstallReport.kept`): the engine wrote it (caches the driver updates, a
   kernel compiled anew); the archive never overwrites a file.
+- **The empty files a library makes beside builds it finds** (FlashInfer's lock per
+  module and its log, :func:`~foundry.archive.jit_caches.made_on_first_use`) are laid
+  down with the entries, so a program that compiles nothing adds no file to the
+  directory (:func:`changed_since_install` counts them as installed while empty).
 - **Free disk space** is checked first; a failed install removes what it wrote.
 - **Every file is checked while it is copied**: its size before a byte is read, its
   sha256 as it streams, and its first bytes, so a file marked as data that is host
@@ -34,7 +38,7 @@ from pathlib import Path
 import msgspec
 
 from foundry.archive.files import MiB, atomic_write, encode_record, iter_bounded, read_bounded
-from foundry.archive.jit_caches import SNIFF_BYTES, SPECS, is_host_code
+from foundry.archive.jit_caches import SNIFF_BYTES, SPECS, is_host_code, made_on_first_use
 from foundry.archive.jit_manifest import DEFAULT_JIT_LIMITS, JitLimits, blob_path, group_to_absolute
 from foundry.archive.jit_schema import Form, JitEntry, JitManifest
 from foundry.archive.reader import decode_typed
@@ -64,6 +68,7 @@ class InstallReport:
     present: int = 0  # files already there, the same
     kept: list[str] = field(default_factory=list)  # files already there, different, kept ("cache/path")
     left_out: int = 0  # host-code entries, not trusted
+    placed: int = 0  # empty files made where a library would make them on first use
     bytes: int = 0
 
 
@@ -91,6 +96,8 @@ def install(archive_root: Path, manifest: JitManifest, manifest_sha256: str, dir
         try:
             for entry in wanted:
                 _install_one(archive_root, entry, directory, limits, report, written, made)
+            for target in sorted(_first_use_targets(directory, wanted)):
+                _place_empty(target, directory, report, written, made)
             for folder in {p.parent for p in written}:
                 _fsync_dir(folder)
         except BaseException:
@@ -118,16 +125,20 @@ def changed_since_install(directory: Path, manifest: JitManifest, *, trust_host_
     ("cache/path", sorted): ones a program created there, and entries it rewrote (another
     size, or a modification time other than the entry's, which the install restores). A
     program that compiled nothing leaves none."""
-    entries = {_target(directory, e): e for e in manifest.entries if trust_host_code or not e.host_code}
+    wanted = [e for e in manifest.entries if trust_host_code or not e.host_code]
+    entries = {_target(directory, e): e for e in wanted}
+    placed = _first_use_targets(directory, wanted)
     changed = []
     for folder, _, names in os.walk(directory):  # links not followed: a link is a file here
         paths = [Path(folder, name) for name in names]
-        changed += [p for p in paths if p != directory / INDEX_FILE and _changed(p, entries.get(p))]
+        changed += [p for p in paths if p != directory / INDEX_FILE and _changed(p, entries.get(p), p in placed)]
     return sorted(p.relative_to(directory).as_posix() for p in changed)
 
 
-def _changed(path: Path, entry: JitEntry | None) -> bool:
+def _changed(path: Path, entry: JitEntry | None, placed: bool) -> bool:
     info = path.lstat()
+    if placed:  # laid down empty; FlashInfer reopens its lock with truncation at every load
+        return not stat.S_ISREG(info.st_mode) or info.st_size != 0
     if entry is None:
         return True
     resized = entry.form is Form.FILE and info.st_size != entry.size  # a group file is rewritten at install
@@ -201,6 +212,29 @@ def _make_parents(folder: Path, directory: Path, made: list[Path]) -> None:
         except FileExistsError:  # another process made it meanwhile
             if not stat.S_ISDIR(os.lstat(path).st_mode):
                 raise FoundryError("a cache directory is not a plain directory", path=str(path)) from None
+
+
+def _first_use_targets(directory: Path, entries: list[JitEntry]) -> set[Path]:
+    """Where the empty files the entries' libraries make on first use go."""
+    targets: set[Path] = set()
+    for cache in {e.cache for e in entries}:
+        spec = SPECS[cache]
+        made = made_on_first_use(spec, [e.path for e in entries if e.cache is cache])
+        targets |= {spec.root(directory / cache.value).joinpath(*path.split("/")) for path in made}
+    return targets
+
+
+def _place_empty(target: Path, directory: Path, report: InstallReport, written: list[Path],
+                 made: list[Path]) -> None:  # fmt: skip
+    """An empty file at ``target``, unless one is there (the library's, or another installer's)."""
+    _make_parents(target.parent, directory, made)
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except FileExistsError:
+        return
+    os.close(fd)
+    written.append(target)
+    report.placed += 1
 
 
 def _install_one(archive_root: Path, entry: JitEntry, directory: Path, limits: JitLimits, report: InstallReport,

@@ -84,9 +84,9 @@ def load_caches(source: Path | Archive, *, trust_host_code: bool, log: Log,
     directory = install_directory(jit_root(env), manifest.cache_id, trust_host_code=trust_host_code)
     report = install(archive.root, manifest, jit.sha256, directory, trust_host_code=trust_host_code)
     done = "already installed" if report.reused else f"{report.installed} installed, {report.present} in place"
-    left = ""
+    left = f"; {report.placed} empty locks and logs laid down where the libraries expect them" if report.placed else ""
     if report.left_out:
-        left = f"; {report.left_out} files of host code left out (--trust-cached-code installs them)"
+        left += f"; {report.left_out} files of host code left out (--trust-cached-code installs them)"
     log(f"foundry: JIT caches of the archive in {directory}: {jit.files} files ({done}){left}")
     if report.kept:
         log(f"foundry: JIT caches: {len(report.kept)} files already in {directory} differ from the archive's "
