@@ -49,7 +49,10 @@ Kinds:
   (its ``foundry: launcher: ...`` line). The program reads its clock at its first
   line and after the imports, so each run splits into ``to_program_s`` (from the
   benchmark's spawn to that first line: the interpreter's start, and a LOAD's
-  launcher), ``imports_s`` and ``exit_s``. The program opens no session, so its
+  launcher), ``imports_s`` and ``exit_s``; it also says how long ``import torch`` took
+  (``torch_import_s``), its own CPU seconds in the imports (``imports_cpu_s``, which
+  another process's load on the machine changes less than wall time), and whether they
+  started CUDA or mapped ``libcuda.so`` (``cuda_initialized``, ``libcuda_mapped``). The program opens no session, so its
   LOAD exits 2 saying so (``no_session``): that refusal is the expected end of
   this run, and counts as one.
 
@@ -107,10 +110,17 @@ COMPILERS = {"nvcc", "ptxas", "cicc", "fatbinary", "nvlink", "gcc", "g++", "cc",
 # JIT module, so a warm start runs it too (a 20 ms poll sees that short check only sometimes)
 BUILD_TOOLS = {"ninja"}
 # the program's own clock at its first line and after the imports: where a LOAD's extra time goes
+# the program's own clock at its first line, after torch and after SGLang, its own CPU time in the imports,
+# and whether they started CUDA (the hook does nothing until CUDA starts)
 IMPORT = (
-    "import time; t0 = time.time(); import torch, sglang.srt.entrypoints.engine; print('imported', t0, time.time())"
+    "import time; t0, c0 = time.time(), time.process_time(); import torch; t1 = time.time(); "
+    "import sglang.srt.entrypoints.engine; t2, c2 = time.time(), time.process_time(); "
+    "print('imported', t0, t2, 'torch', t1 - t0, 'cpu', c2 - c0, 'cuda', int(torch.cuda.is_initialized()), "
+    "int('libcuda.so' in open('/proc/self/maps').read()))"
 )
-IMPORTED_LINE = re.compile(r"^imported ([0-9.]+) ([0-9.]+)$", re.M)
+IMPORTED_LINE = re.compile(
+    r"^imported ([0-9.]+) ([0-9.]+)(?: torch ([0-9.]+) cpu ([0-9.]+) cuda ([01]) ([01]))?$", re.M
+)
 NO_SESSION = "never opened a LOAD session"  # how a LOAD of a program that opens none ends (exit 2)
 # where a run could leave files outside its own directories; pseudo file systems and this benchmark's own left out
 SCAN_PRUNE = ("/proc", "/sys", "/dev", "/run")
@@ -254,6 +264,9 @@ def one_run(args: argparse.Namespace, kind: str, side: str, index: int) -> dict:
     if imported:  # before the program's first line (the launcher's share), the imports, the exit after them
         first, last = float(imported.group(1)), float(imported.group(2))
         result.update(to_program_s=first - spawned, imports_s=last - first, exit_s=ended - last)
+        if imported.group(3) is not None:  # how the imports split, and whether they started CUDA
+            result.update(torch_import_s=float(imported.group(3)), imports_cpu_s=float(imported.group(4)))
+            result.update(cuda_initialized=imported.group(5) == "1", libcuda_mapped=imported.group(6) == "1")
     if kind == "import" and side == "load":
         result["no_session"] = proc.returncode == 2 and NO_SESSION in proc.stderr
     launched = LAUNCHER_LINE.search(proc.stderr)
@@ -346,7 +359,8 @@ def record(path: Path, result: dict) -> None:
 
 
 FIGURES = ("ready_s", "first_answer_s", "before_scheduler_s", "scheduler_e2e_s", "graph_phase_s", "foundry_s",
-           "launcher_s", "to_program_s", "imports_s", "exit_s", "wall_s", "cpu_s")  # fmt: skip
+           "launcher_s", "to_program_s", "imports_s", "torch_import_s", "imports_cpu_s", "exit_s", "wall_s",
+           "cpu_s")  # fmt: skip
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
@@ -389,6 +403,9 @@ def cmd_summary(args: argparse.Namespace) -> int:
         if kind == "import":  # no outputs: the program only imports SGLang
             print(f"import  LOADs ending in the hook's no-session exit 2 (expected: the program opens none): "
                   f"{sum(1 for q in loads if q.get('no_session'))} of {len(loads)}; {seen}")  # fmt: skip
+            for flag in ("cuda_initialized", "libcuda_mapped"):
+                print(f"import  {flag}: plain {sum(1 for p, _ in pairs if p.get(flag))}, "
+                      f"LOAD {sum(1 for q in loads if q.get(flag))} of {len(pairs)}")  # fmt: skip
             continue
         print(f"{kind:7s} outputs identical in {sum(1 for q in loads if q.get('identical'))} of {len(loads)} LOADs; "
               f"{seen}; files outside: "

@@ -787,12 +787,21 @@ def test_the_benchmark_reads_the_launcher_s_line_and_starts_fresh_runs_with_noth
 
 def test_the_benchmark_splits_an_import_run_and_names_the_compilers_it_saw(tmp_path):
     bench = startup_benchmark()
-    program = bench.IMPORT.replace("import torch, sglang.srt.entrypoints.engine", "import json")
-    assert program != bench.IMPORT
+    # stand-ins for torch and SGLang, which a machine without a GPU may lack: the program itself runs unchanged
+    for module in ("torch/__init__.py", "sglang/__init__.py", "sglang/srt/__init__.py",
+                   "sglang/srt/entrypoints/__init__.py", "sglang/srt/entrypoints/engine.py"):  # fmt: skip
+        (tmp_path / "stand-ins" / module).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "stand-ins" / module).write_text("")
+    (tmp_path / "stand-ins" / "torch" / "__init__.py").write_text(
+        "import time\ntime.sleep(0.2)\nclass cuda:\n    is_initialized = staticmethod(lambda: False)\n"
+    )
     begun = time.time()
-    found = bench.IMPORTED_LINE.search(subprocess.run([sys.executable, "-c", program], capture_output=True,
-                                                      text=True, check=True).stdout)  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "stand-ins")}
+    found = bench.IMPORTED_LINE.search(subprocess.run([sys.executable, "-c", bench.IMPORT], capture_output=True,
+                                                      text=True, check=True, env=env).stdout)  # fmt: skip
     assert found and begun < float(found.group(1)) <= float(found.group(2)) < time.time()
+    assert 0.2 <= float(found.group(3)) <= float(found.group(2)) - float(found.group(1))  # torch's share
+    assert 0 <= float(found.group(4)) < 0.1 and found.group(5, 6) == ("0", "0")  # a sleep takes no CPU; no CUDA
     source = tmp_path / "many.c"  # long enough to compile for the watch to see the compiler
     source.write_text("".join(f"int f{i}(int x) {{ return x * {i} + {i % 7}; }}\n" for i in range(4000)))
     with bench.CompilerWatch() as watch:
