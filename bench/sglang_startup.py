@@ -424,9 +424,10 @@ def print_what_loads_left(kind: str, loads: list[dict]) -> None:
     changed = [f for q in loads for f in q.get("new_in_caches", [])]
     home = [f for q in loads for f in q.get("new_in_home", [])]
     built = [f for f in changed if not is_bookkeeping(f)]  # locks and logs are written around builds, not built
-    around = f" ({len(changed) - len(built)} of them locks, logs or temporaries; first: {changed[0]})"
-    print(f"{kind:7s} files LOADs added to or rewrote in the installed caches: {len(changed)}"
-          f"{around if changed else ''}"
+    around = ""
+    if changed:
+        around = f" ({len(changed) - len(built)} of them locks, logs or temporaries; first: {changed[0]})"
+    print(f"{kind:7s} files LOADs added to or rewrote in the installed caches: {len(changed)}{around}"
           f"; build outputs among them: {len(built)}{f' (first: {built[0]})' if built else ''}"
           f"{f'; in the fresh HOME and XDG_CACHE_HOME: {len(home)}' if kind == 'fresh' else ''}"
           f"{f' (first: {home[0]})' if home else ''}")  # fmt: skip
