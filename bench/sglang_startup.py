@@ -62,15 +62,17 @@ gcc, ninja, ... polled every 20 ms) with their command lines and working directo
 caches it installed (``new_in_caches``: anything not the archive's entry at the
 size and modification time the install gave it); ``summary`` counts apart the
 locks, logs and temporaries among them (FlashInfer takes a lock and logs at each load
-of a JIT module) from build outputs. A LOAD that compiled nothing adds no build
-output. Build tools (ninja, which FlashInfer and torch's extension loader run at each
+of a JIT module; the install lays both down empty, so a LOAD that compiled nothing
+adds no file at all) from build outputs. Build tools (ninja, which FlashInfer and torch's extension loader run at each
 load of a JIT module to find it up to date) are listed whenever the poll catches
 them, and counted apart from compilers.
 
 Byte code is compiled once (``save`` runs ``compileall`` over the installed
 packages) so neither side pays it. Every LOAD's outputs are compared with the
 plain run of its pair (the 16 prompts x 32 tokens of ``recipes/sglang/run.py``):
-``identical`` in each result line.
+``identical`` in each result line. Each LOAD's line also holds the parts of Foundry's
+share from its report (``foundry_parts``: the plugin's session opening, graphs and
+finish, and the session's own steps in each).
 """
 
 from __future__ import annotations
@@ -304,9 +306,21 @@ def figures(report: dict) -> dict:
         "scheduler_e2e_s": e2e,
         "graph_phase_s": sum((startup.get("cuda_graph") or {}).values()) if startup else None,
         "foundry_s": (foundry.get("sglang_seconds") or {}).get("foundry_s"),
+        "foundry_parts": foundry_parts(foundry) if foundry else None,
         "outputs": [o["output_ids"] for o in report["outputs"]],
         "logprobs": [o["logprobs"] for o in report["outputs"]],
     }
+
+
+# where Foundry's share goes: the plugin's session opening, graphs and finish, and the session's own steps
+SHARE_PARTS = ("session_open_s", "graphs_s", "session_finish_s")
+SESSION_PARTS = ("open_s", "start_s", "finish_s", "module_check_s", "restore_s", "map_s", "build_s", "instantiated_s")
+
+
+def foundry_parts(foundry: dict) -> dict:
+    """A LOAD report's parts of Foundry's share (:data:`SHARE_PARTS`, :data:`SESSION_PARTS`)."""
+    seconds = foundry.get("sglang_seconds") or {}
+    return {**{k: seconds.get(k) for k in SHARE_PARTS}, **{k: foundry.get(k) for k in SESSION_PARTS}}
 
 
 def cmd_save(args: argparse.Namespace) -> int:

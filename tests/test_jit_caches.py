@@ -858,3 +858,16 @@ def test_the_benchmark_summarises_a_fresh_series_whose_loads_added_no_file(capsy
     printed = capsys.readouterr().out
     assert "fresh   files LOADs added to or rewrote in the installed caches: 0; build outputs among them: 0" in printed
     assert "fresh   outputs identical in 3 of 3 LOADs" in printed and "LOAD []" in printed
+
+
+def test_the_benchmark_splits_foundry_s_share_of_a_real_load_report():
+    """A fresh LOAD's report from the H200 test machine (qwen3-8b, 36 decode graphs, at 7339eb7)."""
+    bench = startup_benchmark()
+    report = json.loads((SAVE_A.parent / "sglang-reports" / "qwen3-8b-fresh-load.json").read_text())
+    found = bench.figures(report)
+    parts = found["foundry_parts"]
+    share = sum(parts[k] for k in bench.SHARE_PARTS)
+    assert abs(share - found["foundry_s"]) < 0.001  # the share is its opening, its graphs and its finish
+    assert set(parts["start_s"]) == {"hook_and_modules", "cuda", "environment", "reserve", "region"}
+    assert parts["graphs_s"] > parts["restore_s"] > 0 and parts["module_check_s"] > 0
+    assert bench.figures({**report, "foundry": {}})["foundry_parts"] is None  # a plain run's report

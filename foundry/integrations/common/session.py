@@ -91,11 +91,17 @@ def start_session(
 ) -> Any:
     """The process's SAVE or LOAD session, started (the region reserved). SAVE records
     ``live`` in the archive's catalog; LOAD refuses an archive whose record differs,
-    by field, after ``check_archive(archive, load options)`` accepted it."""
+    by field, after ``check_archive(archive, load options)`` accepted it. A LOAD's report says
+    where its opening went before its start, by step (``open_s``)."""
+    from foundry.runtime.sessions.base import Laps
+
+    opened: dict[str, float] = {}
+    laps = Laps(opened)
     from foundry.runtime.sessions.load import LoadSession
     from foundry.runtime.sessions.open import load_options
     from foundry.runtime.sessions.save import SaveSession
 
+    laps.mark("modules")
     if config.mode == "save":
         session: Any = SaveSession(config.archive, device=device, rank=rank, model=live, overwrite=OVERWRITE.read(),
                                    **save_options)  # fmt: skip
@@ -104,10 +110,14 @@ def start_session(
 
         options = load_options()
         archive = Archive.open(config.archive)
+        laps.mark("archive")
         if check_archive is not None:  # before the session, which would refuse less clearly
             check_archive(archive, options)
         session = LoadSession(archive, device=device, rank=rank, **options)
+        laps.mark("session")  # its options checked, the backends it needs discovered
         check_fields(session.archive.catalog.model, live)
+        laps.mark("engine_record")
+        session.report["open_s"] = opened
     session.start()
     return session
 
