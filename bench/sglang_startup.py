@@ -414,6 +414,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
                 f"{sum(1 for p, _ in pairs if BUILD_TOOLS & set(p['compilers']))} plain runs and "
                 f"{sum(1 for q in loads if BUILD_TOOLS & set(q['compilers']))} LOADs")  # fmt: skip
         print_what_loads_left(kind, loads)
+        print_share_parts(kind, loads)
         if kind == "import":  # no outputs: the program only imports SGLang
             print(f"import  LOADs ending in the hook's no-session exit 2 (expected: the program opens none): "
                   f"{sum(1 for q in loads if q.get('no_session'))} of {len(loads)}; {seen}")  # fmt: skip
@@ -425,6 +426,26 @@ def cmd_summary(args: argparse.Namespace) -> int:
               f"{seen}; files outside: "
               f"{sum(len(r.get('outside', [])) for p, q in pairs for r in (p, q))}")  # fmt: skip
     return 0
+
+
+def print_share_parts(kind: str, loads: list[dict]) -> None:
+    """Medians of the parts of Foundry's share over the LOADs that recorded them, with the
+    session's steps within each (``open_s``, ``start_s``, ``finish_s``)."""
+    parts = [q["foundry_parts"] for q in loads if q.get("foundry_parts")]
+    if not parts:
+        return
+    steps = [f"{name} {_median_of([p.get(name) for p in parts])}"
+             for name in (*SHARE_PARTS, "restore_s", "module_check_s")]  # fmt: skip
+    for nested in ("open_s", "start_s", "finish_s"):
+        inner = [p.get(nested) or {} for p in parts]
+        names = dict.fromkeys(n for steps_of in inner for n in steps_of)
+        steps.append(f"{nested} ({', '.join(f'{n} {_median_of([i.get(n) for i in inner])}' for n in names)})")
+    print(f"{kind:7s} Foundry's share, medians of {len(parts)} LOADs (s): {'; '.join(steps)}")
+
+
+def _median_of(values: list[float | None]) -> str:
+    known = [v for v in values if v is not None]
+    return f"{statistics.median(known):.3f}" if known else "?"
 
 
 def print_what_loads_left(kind: str, loads: list[dict]) -> None:

@@ -860,7 +860,7 @@ def test_the_benchmark_summarises_a_fresh_series_whose_loads_added_no_file(capsy
     assert "fresh   outputs identical in 3 of 3 LOADs" in printed and "LOAD []" in printed
 
 
-def test_the_benchmark_splits_foundry_s_share_of_a_real_load_report():
+def test_the_benchmark_splits_foundry_s_share_of_a_real_load_report(capsys):
     """A fresh LOAD's report from the H200 test machine (qwen3-8b, 36 decode graphs, at 7339eb7)."""
     bench = startup_benchmark()
     report = json.loads((SAVE_A.parent / "sglang-reports" / "qwen3-8b-fresh-load.json").read_text())
@@ -871,3 +871,7 @@ def test_the_benchmark_splits_foundry_s_share_of_a_real_load_report():
     assert set(parts["start_s"]) == {"hook_and_modules", "cuda", "environment", "reserve", "region"}
     assert parts["graphs_s"] > parts["restore_s"] > 0 and parts["module_check_s"] > 0
     assert bench.figures({**report, "foundry": {}})["foundry_parts"] is None  # a plain run's report
+    bench.print_share_parts("fresh", [{"foundry_parts": parts}, {"foundry_parts": None}])
+    printed = capsys.readouterr().out
+    assert printed.startswith("fresh   Foundry's share, medians of 1 LOADs (s): session_open_s 0.197; graphs_s 0.261")
+    assert "start_s (hook_and_modules 0.003, cuda 0.135," in printed and "finish_s (instantiation_wait 0.071" in printed
