@@ -7,7 +7,6 @@ import hashlib
 import os
 import re
 import stat
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
@@ -55,6 +54,8 @@ def atomic_write(path: Path, data: bytes) -> None:
     removes what a killed writer left (:func:`remove_stale_temporaries`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
+    import tempfile  # only here: the launcher, which writes nothing, does without it
+
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_HOST}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; archives are shared like other files

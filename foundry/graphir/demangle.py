@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import re
+from collections.abc import Iterator
+
+
+def _runtime_names() -> Iterator[str | None]:
+    """The C++ runtimes by their usual names first: finding one by search runs ``ldconfig``
+    (and importing :mod:`ctypes.util` costs every process that reads an archive)."""
+    yield from ("libstdc++.so.6", "libc++.so.1")
+    import ctypes.util
+
+    yield ctypes.util.find_library("stdc++")
 
 
 @functools.cache
 def _runtime() -> ctypes.CDLL | None:
-    for name in (ctypes.util.find_library("stdc++"), "libstdc++.so.6", "libc++.so.1"):
+    for name in _runtime_names():
         if not name:
             continue
         try:
