@@ -354,3 +354,22 @@ def test_without_foundry_run_the_plugin_prepares_the_schedulers_environment(with
     assert child["FOUNDRY_MODE"] == "save" and child["FOUNDRY_ARCHIVE"] == str(tmp_path / "a")
     assert child["PYTHONHASHSEED"] == "0"
     assert "FOUNDRY_LAYOUT_PAD" not in child and "FOUNDRY_SAVE_FIRST_RUN" not in child
+
+
+def test_a_load_session_s_report_says_where_its_opening_went(tmp_path, monkeypatch):
+    from foundry.archive.reader import Archive
+    from foundry.integrations.common import session as shared
+    from foundry.runtime.sessions.load import LoadSession
+
+    from .hostile import saved_archive
+
+    archive = saved_archive(tmp_path / "a")
+    # start() reserves the region through the hook on a GPU; this machine may have neither
+    monkeypatch.setattr(LoadSession, "start", lambda self: None)
+    live = dict(Archive.open(archive).catalog.model)
+    session = shared.start_session(PluginConfig(mode="load", archive=str(archive)), device=0, rank=0, live=live)
+    opened = session.report["open_s"]
+    assert list(opened) == ["modules", "archive", "session", "engine_record"] and min(opened.values()) >= 0
+    with pytest.raises(DriftError, match="model"):  # the record compared after the session, still refused
+        shared.start_session(PluginConfig(mode="load", archive=str(archive)), device=0, rank=0,
+                             live={**live, "model": "another"})  # fmt: skip
