@@ -312,8 +312,8 @@ def figures(report: dict) -> dict:
     }
 
 
-# where Foundry's share goes: the plugin's session opening, graphs and finish, and the session's own steps
-SHARE_PARTS = ("session_open_s", "graphs_s", "session_finish_s")
+# where Foundry's share goes: the plugin's session opening, start, graphs and finish, and the session's steps
+SHARE_PARTS = ("session_open_s", "session_start_s", "graphs_s", "session_finish_s")
 SESSION_PARTS = ("open_s", "start_s", "finish_s", "module_check_s", "restore_s", "map_s", "build_s", "instantiated_s")
 
 

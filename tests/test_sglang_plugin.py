@@ -373,3 +373,27 @@ def test_a_load_session_s_report_says_where_its_opening_went(tmp_path, monkeypat
     with pytest.raises(DriftError, match="model"):  # the record compared after the session, still refused
         shared.start_session(PluginConfig(mode="load", archive=str(archive)), device=0, rank=0,
                              live={**live, "model": "another"})  # fmt: skip
+
+
+def test_the_session_starts_once_at_the_model_runner_s_set_device_and_refuses_earlier_allocations(capsys, monkeypatch):
+    # The session stands in for the GPU's (its start reserves the region through the hook)
+    from foundry.integrations.sglang import plugin
+
+    made = {"allocations": 0}
+    starts = []
+    hook = types.SimpleNamespace(region=lambda: types.SimpleNamespace(**made))
+    session = types.SimpleNamespace(start=lambda: starts.append(1), hook=hook)
+    state = plugin.SchedulerState(PluginConfig(mode="load", archive="/srv/a"), session, 0)
+    monkeypatch.setattr(plugin, "_state", state)
+    plugin._on_device_set(object())
+    plugin._on_device_set(object())  # a draft model's runner: the session started with the target's
+    assert starts == [1] and state.started and 0 <= state.seconds["session_start_s"] <= state.seconds["foundry_s"]
+    assert "scheduler (tp rank 0) active: mode load, archive /srv/a" in capsys.readouterr().err
+    made["allocations"] = 3  # SGLang allocated before its runner set the device: the trace would miss them
+    state = plugin.SchedulerState(PluginConfig(mode="load", archive="/srv/a"), session, 0)
+    monkeypatch.setattr(plugin, "_state", state)
+    with pytest.raises(FoundryError, match="before its model runner set the device") as err:
+        plugin._on_device_set(object())
+    assert err.value.field == "sglang.session_start" and err.value.found == 3
+    monkeypatch.setattr(plugin, "_state", None)
+    plugin._on_device_set(object())  # mode off: nothing to start

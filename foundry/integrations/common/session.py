@@ -3,8 +3,9 @@
 - :func:`prepare_children`: without ``foundry run``, the processes the engine
   spawns get the hook preloaded and the session described in ``FOUNDRY_*``
   variables (a SAVE also turns address-space randomisation off for them);
-- :func:`start_session`: SAVE or LOAD opened and started before the process's
-  first CUDA allocation, a LOAD's live server compared with SAVE's by field;
+- :func:`open_session`, :func:`start_session`: SAVE or LOAD opened (a LOAD's live
+  server compared with SAVE's by field), and started before the process's first CUDA
+  allocation: at once, or where the engine has made CUDA's context itself;
 - :func:`pinned_budget`: the KV cache (and any other pool sized from free memory)
   sized as at SAVE instead of profiled again;
 - :func:`check_restored`: a LOAD restored every archived graph and captured none;
@@ -80,7 +81,14 @@ def prepare_children(config: PluginConfig, extra: Mapping[str, str] | None = Non
         launcher.preexec(run)()  # no address-space randomisation, inherited by every child
 
 
-def start_session(
+def start_session(config: PluginConfig, **options: Any) -> Any:
+    """The process's SAVE or LOAD session (:func:`open_session`), started: the region reserved."""
+    session = open_session(config, **options)
+    session.start()
+    return session
+
+
+def open_session(
     config: PluginConfig,
     *,
     device: int,
@@ -89,10 +97,10 @@ def start_session(
     check_archive: Callable[[Any, dict[str, Any]], None] | None = None,
     **save_options: Any,
 ) -> Any:
-    """The process's SAVE or LOAD session, started (the region reserved). SAVE records
-    ``live`` in the archive's catalog; LOAD refuses an archive whose record differs,
-    by field, after ``check_archive(archive, load options)`` accepted it. A LOAD's report says
-    where its opening went before its start, by step (``open_s``)."""
+    """The process's SAVE or LOAD session, checked but not started (nothing of CUDA's touched
+    yet). SAVE records ``live`` in the archive's catalog; LOAD refuses an archive whose record
+    differs, by field, after ``check_archive(archive, load options)`` accepted it. A LOAD's
+    report says where its opening went, by step (``open_s``)."""
     from foundry.runtime.sessions.base import Laps
 
     opened: dict[str, float] = {}
@@ -118,7 +126,6 @@ def start_session(
         check_fields(session.archive.catalog.model, live)
         laps.mark("engine_record")
         session.report["open_s"] = opened
-    session.start()
     return session
 
 

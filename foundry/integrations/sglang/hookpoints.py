@@ -27,8 +27,11 @@ HOOK_POINTS = (
     HookPoint("sglang.srt.managers.scheduler.Scheduler.__init__", "sglang.srt.managers.scheduler",
               ("self", "server_args", "port_args", "gpu_id", "tp_rank", "moe_ep_rank", "pp_rank", "attn_cp_rank",
                "moe_dp_rank", "dp_rank"),
-              "start the session in each scheduler process before its first CUDA allocation",
+              "open the session in each scheduler process, its archive and server arguments checked",
               "BEFORE", "_on_scheduler_start"),
+    HookPoint(f"{_RUNNER}.ModelRunner.init_torch_distributed", _RUNNER, ("self",),
+              "start the session once the model runner's set_device made CUDA's context, before its first "
+              "CUDA allocation", "BEFORE", "_on_device_set"),
     HookPoint(f"{_RUNNER}.ModelRunner.load_model", _RUNNER, ("self",),
               "compare each model runner's configuration (the target's, a draft model's) with SAVE's before its "
               "weights are allocated", "BEFORE", "_on_model_load"),

@@ -6,9 +6,11 @@ a plugin that cannot run stops the process itself (``SystemExit`` with the
 reason); inside the hooks a Foundry error propagates and the scheduler fails
 to start. In a scheduler:
 
-1. ``Scheduler.__init__`` (before): open the SAVE or LOAD session and reserve the
-   deterministic region before the first CUDA allocation; LOAD compares the
-   server arguments that shape memory with SAVE's, by name; report the rank active.
+1. ``Scheduler.__init__`` (before): open the SAVE or LOAD session; LOAD compares the
+   server arguments that shape memory with SAVE's, by name. Nothing of CUDA's yet.
+   ``ModelRunner.init_torch_distributed`` (before; the target's runner, right after its
+   ``set_device`` made CUDA's context): start the session, reserving the deterministic
+   region before the first CUDA allocation; report the rank active.
 2. ``ModelRunner.load_model`` (before): each model runner's configuration (the
    target's, and under speculative decoding the draft model's) is recorded at
    SAVE and compared at LOAD before its weights are allocated.
@@ -95,9 +97,11 @@ class SchedulerState:
     recording_error: str | None = None  # SAVE: why torch's allocation history is not recorded
     finished: bool = False
     # seconds in SGLang's eager warm-up forwards, in capturing (SAVE) or restoring (LOAD), and in
-    # every Foundry call on the scheduler's path (session start, graphs, finish with its waits);
-    # the session's opening and finish alone as session_open_s and session_finish_s
+    # every Foundry call on the scheduler's path (session opening and start, graphs, finish with its
+    # waits); the session's opening, start and finish alone as session_open_s, session_start_s and
+    # session_finish_s
     seconds: dict[str, float] = field(default_factory=lambda: {**_phase_seconds(), "foundry_s": 0.0})
+    started: bool = False  # the session started (at the target model runner's init_torch_distributed)
     prefetch: Any = None  # LOAD: Triton's cache key computed on a thread (startup.Prefetch)
     skipped_collections: bool = False  # LOAD: SGLang's collections around the capture loop were left out
 
@@ -183,14 +187,33 @@ def _on_scheduler_start(*args: Any, **kwargs: Any) -> None:
             check_warmup_skip(archive.catalog.model)
 
     # SAVE keeps the region's bytes to the end of the graph phase: what a LOAD skipping the warm-ups restores
-    started = shared.start_session(config, device=device, rank=rank, live=live, check_archive=check_archive,
-                                    warmup_bytes_until="finish")  # fmt: skip
-    _state = SchedulerState(config, started, rank, expected_runners=model_runners(server_args))
+    opened = shared.open_session(config, device=device, rank=rank, live=live, check_archive=check_archive,
+                                 warmup_bytes_until="finish")  # fmt: skip
+    _state = SchedulerState(config, opened, rank, expected_runners=model_runners(server_args))
     if config.mode == "load":  # Triton's cache key, which the graph phase's first Triton launch would compute
         _state.prefetch = startup.prefetch_triton_key()
     _state.seconds["session_open_s"] = time.perf_counter() - begun
     _state.seconds["foundry_s"] += time.perf_counter() - begun
-    _say(f"scheduler (tp rank {rank}) active: mode {config.mode}, archive {config.archive}")
+
+
+@_says_refusals
+def _on_device_set(*args: Any, **kwargs: Any) -> None:
+    """Start the session where SGLang's model runner has made CUDA's context current (its
+    ``set_device``) and before it allocates: SGLang initialises CUDA as it would without
+    Foundry, and the session's start finds the context made. Refused when anything was
+    allocated in the region before (the trace would begin without it)."""
+    if _state is None or _state.started:  # a draft model's runner: the session started with the target's
+        return
+    begun = time.perf_counter()
+    _state.session.start()
+    _state.started = True
+    made = _state.session.hook.region().allocations
+    if made:
+        raise FoundryError("CUDA allocations were made in the scheduler before its model runner set the device; "
+                           "the session would start after them", field="sglang.session_start", found=made)  # fmt: skip
+    _state.seconds["session_start_s"] = time.perf_counter() - begun
+    _state.seconds["foundry_s"] += time.perf_counter() - begun
+    _say(f"scheduler (tp rank {_state.rank}) active: mode {_state.config.mode}, archive {_state.config.archive}")
 
 
 @_says_refusals
