@@ -104,7 +104,7 @@ def open_session(
     from foundry.runtime.sessions.base import Laps
 
     opened: dict[str, float] = {}
-    laps = Laps(opened)
+    laps = Laps(opened)  # from before the sessions' modules are imported: the first open pays for them
     from foundry.runtime.sessions.load import LoadSession
     from foundry.runtime.sessions.open import load_options
     from foundry.runtime.sessions.save import SaveSession
