@@ -15,7 +15,6 @@ from __future__ import annotations
 import atexit
 import functools
 import gc
-import json
 import os
 import struct
 import sys
@@ -54,12 +53,16 @@ def _stdout(**options: Any) -> Console:
 
 
 def _emit_json(data: Any) -> None:
+    import json  # here, as in _fail: only --json and refusals write JSON
+
     click.echo(json.dumps(data, indent=1, default=str))
 
 
 def _fail(message: str, code: int, as_json: bool, detail: dict | None = None) -> None:
     """The one refusal: a JSON object on stdout with ``--json``, else one line on stderr."""
     if as_json:
+        import json
+
         click.echo(json.dumps({"ok": False, "error": detail or {"message": message}}, default=str))
     else:
         click.echo(f"foundry: error: {printable(message)}", err=True)

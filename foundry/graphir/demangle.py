@@ -2,26 +2,32 @@
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import re
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # ctypes is imported when a name is first demangled: reading graphs needs none
+    import ctypes
 
 
-def _runtime_names() -> Iterator[str | None]:
-    """The C++ runtimes by their usual names first: finding one by search runs ``ldconfig``
-    (and importing :mod:`ctypes.util` costs every process that reads an archive)."""
-    yield from ("libstdc++.so.6", "libc++.so.1")
-    import ctypes.util
+def _runtime_names() -> Iterator[str]:
+    """The C++ runtimes to try, libstdc++'s soname first: ``find_library`` runs ``ldconfig`` in a
+    child process, so it is asked only when the soname does not load."""
+    yield "libstdc++.so.6"
+    import ctypes.util  # imports subprocess
 
-    yield ctypes.util.find_library("stdc++")
+    found = ctypes.util.find_library("stdc++")
+    if found:
+        yield found
+    yield "libc++.so.1"
 
 
 @functools.cache
 def _runtime() -> ctypes.CDLL | None:
+    import ctypes
+
     for name in _runtime_names():
-        if not name:
-            continue
         try:
             lib = ctypes.CDLL(name)
         except OSError:
@@ -51,6 +57,8 @@ def demangle(name: str) -> str:
     name = _NV_STATIC.sub("", name)
     if lib is None or not name.startswith("_Z") or len(name) > _MAX_MANGLED or "\x00" in name:
         return name
+    import ctypes
+
     status = ctypes.c_int()
     out = lib.__cxa_demangle(name.encode(), None, None, ctypes.byref(status))
     if status.value != 0 or not out:
