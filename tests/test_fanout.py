@@ -127,14 +127,20 @@ def test_a_damaged_graph_read_by_a_worker_is_one_line_and_exit_2(many, tmp_path,
 
 
 def test_where_no_worker_can_start_the_graphs_are_read_here(many, registry, monkeypatch):
-    """STAND-IN: a machine without POSIX semaphores (some containers) refuses the pool's queues
-    with OSError; this one has them, so the refusal is stood in for."""
-    import concurrent.futures
+    """STAND-IN: a process at its limit of processes (or of memory to fork) is refused a worker
+    with OSError; this one is not, so the refusal is stood in for, at the second worker."""
+    forks = []
 
-    def refuse(*args, **kwargs):
-        raise OSError(38, "Function not implemented")
+    def refuse_the_second():
+        if forks:
+            raise OSError(11, "Resource temporarily unavailable")
+        forks.append(real_fork())
+        return forks[-1]
 
+    real_fork = os.fork
     archive = Archive.open(many)
     expected = summarize(archive, registry, workers=1).to_dict()
-    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", refuse)
+    monkeypatch.setattr(os, "fork", refuse_the_second)
     assert summarize(archive, registry, workers=2).to_dict() == expected
+    with pytest.raises(ChildProcessError):  # the one worker started was stopped and waited for
+        os.waitpid(forks[0], os.WNOHANG)

@@ -8,17 +8,22 @@ the reductions travel back, in the selection's order. Every check runs as it doe
 in one process; the first graph that fails (in that order) is the error raised,
 and the graphs after it are abandoned. A small archive, or one process asked for,
 stays in this process.
+
+The workers are plain forks, each with a fixed share of the graphs (every n-th) and
+a pipe back: no pool, whose imports, threads and queues cost a command more than a
+share of a few dozen similar graphs loses to uneven work.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import multiprocessing
 import os
+import pickle
+import signal
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, NamedTuple, NoReturn, TypeVar
 
 from foundry.archive.reader import Archive
 from foundry.archive.schema import GraphEntry
@@ -29,8 +34,6 @@ Work = Callable[[Archive, Any, int, GraphEntry], T]
 
 PARALLEL_BYTES = 16 << 20  # below this much graph data, forking costs more than it saves
 MAX_WORKERS = 8
-
-_shared: tuple[Archive, Any, Work, list[tuple[int, GraphEntry]]] | None = None  # what forked workers inherit
 
 
 def cores() -> int:
@@ -47,17 +50,9 @@ def workers_for(selection: list[tuple[int, GraphEntry]], workers: int | None = N
     if workers is None:
         big = sum(entry.size for _, entry in selection) >= PARALLEL_BYTES
         workers = min(cores(), MAX_WORKERS) if big else 1
-    if "fork" not in multiprocessing.get_all_start_methods():
+    if not hasattr(os, "fork"):
         return 1
     return max(1, min(workers, len(selection)))
-
-
-def _run(index: int) -> Any:
-    assert _shared is not None  # set before the workers were forked
-    archive, context, work, selection = _shared
-    rank, entry = selection[index]
-    with collector_paused():
-        return work(archive, context, rank, entry)
 
 
 @contextlib.contextmanager
@@ -80,45 +75,108 @@ def collector_paused() -> Iterator[None]:
 def map_graphs(archive: Archive, selection: list[tuple[int, GraphEntry]], work: Work, context: Any = None, *,
                workers: int | None = None, meanwhile: Callable[[], object] | None = None) -> Iterator[T]:  # fmt: skip
     """``work(archive, context, rank, entry)`` for every pair of ``selection``, yielded in its
-    order. ``work`` must be a module-level function (workers find it by name); what it returns
-    crosses back by pickle, so it should be small. Where no worker can be started (no fork,
-    no semaphores in a container) the graphs are read in this process. ``meanwhile`` is what
-    this process does while the workers read (a command's imports for its output: otherwise
-    they would wait for the last graph); without workers it runs first."""
-    global _shared
+    order. ``work`` must be a module-level function; what it returns crosses back by pickle,
+    so it should be small. Where no worker can be forked the graphs are read in this process.
+    ``meanwhile`` is what this process does while the workers read (a command's imports for
+    its output: otherwise they would wait for the last graph); without workers it runs first."""
     count = workers_for(selection, workers)
-    pool, futures = _start(archive, selection, work, context, count) if count > 1 else (None, [])
-    if meanwhile is not None:
-        meanwhile()
-    if pool is None:
-        for rank, entry in selection:
-            with collector_paused():
-                result = work(archive, context, rank, entry)
-            yield result
-        return
+    pipes = _start(archive, selection, work, context, count) if count > 1 else []
+    finished = False
     try:
-        for future in futures:
-            yield future.result()
+        if meanwhile is not None:
+            meanwhile()
+        if pipes:
+            for index in range(len(selection)):
+                yield _result(pipes[index % len(pipes)])
+        else:
+            for rank, entry in selection:
+                with collector_paused():
+                    result = work(archive, context, rank, entry)
+                yield result
+        finished = True
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)  # after a failure, the graphs not yet read stay unread
-        _shared = None
+        _stop(pipes, kill=not finished)  # after a failure, the graphs not yet read stay unread
 
 
 def _start(archive: Archive, selection: list[tuple[int, GraphEntry]], work: Work, context: Any,
-           count: int) -> tuple[Any, list[Any]]:  # fmt: skip
-    """``count`` forked workers with every graph of ``selection`` submitted, or ``(None, [])``."""
-    from concurrent.futures import ProcessPoolExecutor  # imported here: most runs never fork
-
+           count: int) -> list[_Worker]:  # fmt: skip
+    """``count`` forked workers, worker ``w`` reading graphs ``w``, ``w + count``, ... of
+    ``selection`` (they inherit the archive and the work with its context) and writing each
+    result to its own pipe; none where a process cannot be forked."""
     import foundry.graphir.codec  # noqa: F401  imported once here, not again in every worker
 
-    global _shared
-    _shared = (archive, context, work, selection)  # what the workers inherit when they are forked
-    pool = None
+    pipes: list[_Worker] = []
     try:
-        pool = ProcessPoolExecutor(max_workers=count, mp_context=multiprocessing.get_context("fork"))
-        return pool, [pool.submit(_run, index) for index in range(len(selection))]
+        for first in range(count):
+            read_end, write_end = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the worker: it never returns
+                for earlier in pipes:  # the parent's ends of the other workers' pipes
+                    earlier.results.close()
+                os.close(read_end)
+                _serve(archive, selection[first::count], work, context, write_end)
+            os.close(write_end)
+            pipes.append(_Worker(pid, os.fdopen(read_end, "rb")))
     except OSError:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-        _shared = None
-        return None, []
+        _stop(pipes, kill=True)
+        return []
+    return pipes
+
+
+class _Worker(NamedTuple):
+    pid: int
+    results: BinaryIO
+
+
+def _serve(archive: Archive, share: list[tuple[int, GraphEntry]], work: Work, context: Any, fd: int) -> NoReturn:
+    """A worker's life: each graph of its share read in turn, its result (or the error that
+    stopped it, after which it reads no more) pickled to ``fd``; then it exits, as a forked
+    child must, without running what the parent registered for its own exit."""
+    code = 0
+    try:
+        with os.fdopen(fd, "wb") as out, collector_paused():
+            for rank, entry in share:
+                try:
+                    outcome = (True, work(archive, context, rank, entry))
+                except Exception as err:  # noqa: BLE001 - raised where the command waits for this graph
+                    outcome = (False, err)
+                out.write(_pickled(outcome))
+                out.flush()
+                if not outcome[0]:
+                    break
+    except BaseException:  # noqa: BLE001 - a pipe closed by the command (it stopped reading): nothing to say
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _pickled(outcome: tuple[bool, Any]) -> bytes:
+    """``outcome`` as it crosses the pipe; one that cannot be pickled becomes the error saying so."""
+    try:
+        return pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as err:  # noqa: BLE001 - the command raises it in its order, as any other error
+        what = "result" if outcome[0] else f"error ({type(outcome[1]).__name__}: {outcome[1]})"
+        return pickle.dumps((False, RuntimeError(f"a graph's {what} cannot be sent back: {err}")))
+
+
+def _result(worker: _Worker) -> Any:
+    """The next result of ``worker``, or the error that stopped it raised here."""
+    try:
+        ok, value = pickle.load(worker.results)
+    except EOFError:
+        raise RuntimeError(f"a worker reading graphs (pid {worker.pid}) stopped before its last graph") from None
+    if not ok:
+        raise value
+    return value
+
+
+def _stop(pipes: list[_Worker], *, kill: bool) -> None:
+    """Close the workers' pipes and wait for them; ``kill``: stop first those still reading."""
+    for worker in pipes:
+        worker.results.close()
+        if kill:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.pid, signal.SIGKILL)
+    for worker in pipes:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(worker.pid, 0)
