@@ -184,42 +184,40 @@ def _render_restore(console: Console, s: ArchiveSummary) -> None:
 
 
 def render_lint(console: Console, report: LintReport, *, strict: bool = False, quiet: bool = False) -> None:
-    """Findings, expectations and the verdict; ``quiet`` leaves out what does not fail the run."""
+    """Findings, expectations and the verdict; ``quiet`` leaves out what does not fail the run.
+    Printed as one text: rich's work per print, not per line (a large archive has hundreds)."""
     from foundry.inspect.lint import Severity
 
     failing = {Severity.ERROR, Severity.WARNING} if strict else {Severity.ERROR}
+    lines: list[Text] = []
     for f in report.findings:
         if quiet and f.severity not in failing:
             continue
         style = "red" if f.severity is Severity.ERROR else "yellow"
         where = f"rank {f.rank} {f.graph}" + (f" node {f.node}" if f.node is not None else "")
-        console.print(
-            Text.assemble((f"{f.severity.value:7}", style), p(f" {f.rule}: {where}: {f.message}")), soft_wrap=True
-        )
+        lines.append(Text.assemble((f"{f.severity.value:7}", style), p(f" {f.rule}: {where}: {f.message}")))
     for e in report.expectations:
         if quiet and e.ok:
             continue
         scope = p(f"rank {e.rank} {e.graph}") if e.graph is not None else "total"
         mark = ("ok  ", "green") if e.ok else ("FAIL", "red")
-        console.print(
-            Text.assemble((mark[0], mark[1]), f" {e.kind}={e.expected} in {scope}: found {e.found}"), soft_wrap=True
-        )
+        lines.append(Text.assemble((mark[0], mark[1]), f" {e.kind}={e.expected} in {scope}: found {e.found}"))
     unlisted = sum(report.not_listed.values())
     if unlisted:
-        console.print(f"... and {unlisted} more finding(s) (a report lists {len(report.findings)})")
+        lines.append(Text(f"... and {unlisted} more finding(s) (a report lists {len(report.findings)})"))
     errors, warnings = report.count(Severity.ERROR), report.count(Severity.WARNING)
     failed = sum(not e.ok for e in report.expectations)
     verdict = ("FAILED", "red") if report.failed(strict=strict) else ("clean", "green")
     why = " (--strict: the warnings fail the run)" if strict and warnings else ""
-    console.print(
+    lines.append(
         Text.assemble(
             f"{len(report.graphs)} graph(s) checked: {errors} error(s), {warnings} warning(s), "
             f"{failed} failed expectation(s) — ",
             verdict,
             why,
-        ),
-        soft_wrap=True,
+        )
     )
+    console.print(Text("\n").join(lines), soft_wrap=True)
 
 
 def render_mark_differences(console: Console, g: GraphDiff, limit: int = 5) -> None:
