@@ -9,7 +9,7 @@ from rich.table import Table
 
 from foundry.archive import Archive
 from foundry.backends import BackendRegistry
-from foundry.inspect.render import GRAPH_COLUMNS, render_summary
+from foundry.inspect.render import GRAPH_COLUMNS, REGION_COLUMNS, render_summary
 from foundry.inspect.summary import summarize
 from foundry.inspect.text_table import Column, print_table
 
@@ -51,6 +51,23 @@ def test_inspect_s_graph_table_of_a_real_archive_matches_rich_s():
     assert [c[1].strip() for c in cells] == [g.name for g in summary.graphs]
     rows = [tuple(c.strip() for c in row) for row in cells]
     assert drawn == _rich("Graphs", list(GRAPH_COLUMNS), rows)
+
+
+def test_inspect_s_region_table_of_a_real_archive_matches_rich_s():
+    summary = summarize(Archive.open(FIXTURES / "tiny-qwen3"), BackendRegistry.discover())
+    console = _console()
+    render_summary(console, summary)
+    lines = console.file.getvalue().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Regions ("))
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("└"))
+    drawn = lines[start : end + 1]
+    rows = [tuple(c.strip() for c in line.split("│")[1:-1]) for line in drawn[4:-1]]
+    assert len(rows) == 16 and rows[-1][0] == "... 15 more (--json lists all)"
+    assert drawn == _rich(lines[start], list(REGION_COLUMNS), rows)
+
+
+def test_a_title_wider_than_its_table_is_left_to_rich():
+    assert not print_table(_console(), "Kernel histogram: 465 launches", [Column("kernel")], [("gemm",)])
 
 
 def test_a_table_wider_than_the_console_is_left_to_rich():

@@ -48,10 +48,11 @@ def _pad(value: str, size: int, right: bool) -> str:
 
 def print_table(console: Console, title: str, columns: Sequence[Column], rows: Sequence[Sequence[Cell]]) -> bool:
     """Print the table on ``console`` and return True, or return False (printing nothing) when
-    it is wider than the console or a cell holds a line break."""
+    it is wider than the console, its title wider than it, or a cell holds a line break."""
     sizes = widths(columns, rows)
-    if sum(sizes) + 3 * len(sizes) + 1 > console.width or any("\n" in _text(c) for row in rows for c in row):
-        return False
+    width = sum(sizes) + 3 * len(sizes) + 1
+    if width > console.width or cell_len(title) > width or any("\n" in _text(c) for row in rows for c in row):
+        return False  # rich shrinks the cells to the console, and wraps a title to the table
     text = Text(no_wrap=True, overflow="ignore", end="")
     text.append(f"{title}\n", style="italic")
     text.append("┏" + "┳".join("━" * (w + 2) for w in sizes) + "┓\n")
@@ -62,6 +63,10 @@ def print_table(console: Console, title: str, columns: Sequence[Column], rows: S
         text.append(" ┃")
     text.append("\n┡" + "╇".join("━" * (w + 2) for w in sizes) + "┩\n")
     for row in rows:
+        if all(isinstance(cell, str) for cell in row):  # most rows: one piece of text, not three per cell
+            padded = (_pad(cell, size, column.right) for column, size, cell in zip(columns, sizes, row, strict=True))
+            text.append("│ " + " │ ".join(padded) + " │\n")
+            continue
         text.append("│")
         for column, size, cell in zip(columns, sizes, row, strict=True):
             value, style = (cell, "") if isinstance(cell, str) else cell
