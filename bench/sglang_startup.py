@@ -71,8 +71,8 @@ Byte code is compiled once (``save`` runs ``compileall`` over the installed
 packages) so neither side pays it. Every LOAD's outputs are compared with the
 plain run of its pair (the 16 prompts x 32 tokens of ``recipes/sglang/run.py``):
 ``identical`` in each result line. Each LOAD's line also holds the parts of Foundry's
-share from its report (``foundry_parts``: the plugin's session opening, graphs and
-finish, and the session's own steps in each).
+share from its report (``foundry_parts``: the plugin's session opening, start, graphs
+and finish, and the session's own steps in each).
 """
 
 from __future__ import annotations
@@ -111,7 +111,6 @@ COMPILERS = {"nvcc", "ptxas", "cicc", "fatbinary", "nvlink", "gcc", "g++", "cc",
 # build tools that compile nothing when their outputs are current: FlashInfer runs ninja at every load of a
 # JIT module, so a warm start runs it too (a 20 ms poll sees that short check only sometimes)
 BUILD_TOOLS = {"ninja"}
-# the program's own clock at its first line and after the imports: where a LOAD's extra time goes
 # the program's own clock at its first line, after torch and after SGLang, its own CPU time in the imports,
 # and whether they started CUDA (the hook does nothing until CUDA starts)
 IMPORT = (

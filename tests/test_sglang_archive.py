@@ -21,7 +21,7 @@ from foundry.cli import main
 from foundry.errors import DriftError
 from foundry.graphir.passes.diff import REBUILT, Status
 from foundry.inspect.archive_diff import diff_archives
-from foundry.runtime.sessions.validate import check_modules
+from foundry.runtime.sessions.validate import start_module_check
 
 from .archive_tools import edit_graph
 from .conftest import FIXTURES
@@ -70,7 +70,7 @@ def test_load_refuses_the_stripped_sglang_archive():
     archive = Archive.open(SGLANG)
     assert archive.catalog.modules.state is ModuleState.STRIPPED
     with pytest.raises(DriftError) as err:
-        check_modules(archive)
+        start_module_check(archive).result()
     assert err.value.field == "modules.state"
 
 

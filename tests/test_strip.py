@@ -14,7 +14,7 @@ from foundry.archive import Archive
 from foundry.archive.schema import ModuleState
 from foundry.archive.strip import strip
 from foundry.errors import DriftError
-from foundry.runtime.sessions.validate import check_modules
+from foundry.runtime.sessions.validate import start_module_check
 
 from .archive_tools import write_archive
 from .conftest import SAVE_A
@@ -33,7 +33,7 @@ def test_strip_removes_images_and_warmup_bytes_and_says_so(tmp_path):
     assert reopened.catalog.modules.state is ModuleState.STRIPPED and reopened.catalog.modules.blobs
     assert reopened.graph(0, "sample.bs8") is not None  # still inspects
     with pytest.raises(DriftError):
-        check_modules(reopened)
+        start_module_check(reopened).result()
     out = subprocess.run([sys.executable, "-m", "foundry", "archive", "strip", str(root), "--json"],
                          capture_output=True, text=True)  # fmt: skip
     assert out.returncode == 0 and json.loads(out.stdout)["files"] == 0

@@ -13,7 +13,7 @@ from foundry.archive import Archive
 from foundry.archive.schema import ModuleState
 from foundry.errors import DriftError
 from foundry.graphir.regions import Region, RegionKind
-from foundry.runtime.sessions.validate import check_environment, check_graph, check_modules, check_region
+from foundry.runtime.sessions.validate import check_environment, check_graph, check_region, start_module_check
 
 from .archive_tools import write_archive
 from .conftest import FIXTURES, SAVE_A
@@ -36,7 +36,7 @@ def test_a_stripped_archive_is_refused(pair):
     a, _ = pair
     assert a.catalog.modules.state is ModuleState.STRIPPED
     with pytest.raises(DriftError) as err:
-        check_modules(a)
+        start_module_check(a).result()
     assert err.value.field == "modules.state" and err.value.found == "stripped"
 
 
@@ -47,15 +47,15 @@ def _archive_with_module(root: Path, blob: bytes) -> Archive:
 def test_missing_and_altered_module_images_are_refused(tmp_path):
     blob = b"\x7fELF" + bytes(60)
     archive = _archive_with_module(tmp_path / "a", blob)
-    check_modules(archive)
+    start_module_check(archive).result()
     path = next((tmp_path / "a" / "modules").iterdir())
     path.write_bytes(blob[:-1] + b"\x01")
     with pytest.raises(DriftError, match="altered") as err:
-        check_modules(Archive.open(tmp_path / "a"))
+        start_module_check(Archive.open(tmp_path / "a")).result()
     assert err.value.field == f"modules/{path.name}"
     path.unlink()
     with pytest.raises(DriftError, match="missing"):
-        check_modules(Archive.open(tmp_path / "a"))
+        start_module_check(Archive.open(tmp_path / "a")).result()
 
 
 def test_graphs_must_name_archived_images_and_point_only_into_the_region(pair):

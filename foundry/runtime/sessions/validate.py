@@ -40,16 +40,10 @@ def check_environment(recorded: Environment, live: Environment) -> None:
             )
 
 
-def check_modules(archive: Archive) -> None:
-    """Every image a graph names is in the archive, whole and unaltered."""
-    check_modules_present(archive)
-    check_module_bytes(archive)
-
-
 def start_module_check(archive: Archive) -> Future[float]:
-    """:func:`check_modules`, its bytes on a thread: the images' presence is checked now,
-    their reading and hashing (released from the interpreter lock) goes on beside the
-    program. The future gives the thread's seconds or raises the refusal: a LOAD waits
+    """Every image a graph names is in the archive, whole and unaltered: the images'
+    presence is checked now, their reading and hashing (released from the interpreter
+    lock) on a thread beside the program. The future gives the thread's seconds or raises the refusal: a LOAD waits
     for it before it restores a graph."""
     check_modules_present(archive)
 
