@@ -53,6 +53,10 @@ def test_missing_and_altered_module_images_are_refused(tmp_path):
     with pytest.raises(DriftError, match="altered") as err:
         start_module_check(Archive.open(tmp_path / "a")).result()
     assert err.value.field == f"modules/{path.name}"
+    path.write_bytes(blob[:-1])  # truncated: refused by its size at once, before any reading
+    with pytest.raises(DriftError, match="another size than recorded") as err:
+        start_module_check(Archive.open(tmp_path / "a"))
+    assert err.value.field == f"modules/{path.name}" and (err.value.expected, err.value.found) == (64, 63)
     path.unlink()
     with pytest.raises(DriftError, match="missing"):
         start_module_check(Archive.open(tmp_path / "a")).result()

@@ -23,14 +23,10 @@ from pathlib import Path
 
 from foundry.archive.named import open_named
 from foundry.archive.reader import Archive
-from foundry.archive.schema import ModuleState
 from foundry.errors import ArchiveError, DriftError
+from foundry.runtime.sessions.presence import check_modules_present
 
 ENV_FIELD = "environment.{}"
-WHY_NOT_COMPLETE = {
-    ModuleState.STRIPPED: "were stripped (foundry archive strip)",
-    ModuleState.ABSENT: "were not recorded (it was not saved with the hook)",
-}
 
 
 def check_load(archive_path: Path, rank: int, command: list[str]) -> Archive:
@@ -43,7 +39,7 @@ def check_load(archive_path: Path, rank: int, command: list[str]) -> Archive:
     session = archive.session(rank)
     if session.region is None:
         raise DriftError("the archive has no region record (it was not saved with the hook)", field="region")
-    _check_modules(archive)
+    check_modules_present(archive)
     _check_files(archive, rank)
     if session.backends:  # discovering them reads every installed distribution's entry points: only when needed
         from foundry.backends.registry import BackendRegistry
@@ -52,17 +48,6 @@ def check_load(archive_path: Path, rank: int, command: list[str]) -> Archive:
         required_backends(session, BackendRegistry.discover())
     _check_environment(archive, command)
     return archive
-
-
-def _check_modules(archive: Archive) -> None:
-    modules = archive.catalog.modules
-    if modules.state is not ModuleState.COMPLETE:
-        why = WHY_NOT_COMPLETE.get(modules.state, modules.state.value)
-        raise DriftError(f"the archive's module images {why}: it inspects, lints and diffs, but a LOAD needs them all",
-                         path=str(archive.root), field="modules.state", expected=ModuleState.COMPLETE.value,
-                         found=modules.state.value)  # fmt: skip
-    for blob in modules.blobs:
-        _check_size(archive.root / "modules" / f"{blob.sha256}.bin", blob.size, f"module image {blob.sha256[:12]}")
 
 
 def _check_files(archive: Archive, rank: int) -> None:

@@ -13,12 +13,13 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from foundry.archive.reader import Archive
-from foundry.archive.schema import Environment, ModuleState, RegionRecord
+from foundry.archive.schema import Environment, RegionRecord
 from foundry.errors import ArchiveError, DriftError
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import KernelIdentity
 from foundry.graphir.operands import OperandSite
 from foundry.graphir.regions import RegionKind
+from foundry.runtime.sessions.presence import check_modules_present
 from foundry.runtime.threads import on_thread
 
 if TYPE_CHECKING:
@@ -53,21 +54,6 @@ def start_module_check(archive: Archive) -> Future[float]:
         return time.perf_counter() - begun
 
     return on_thread("foundry-module-check", timed)
-
-
-def check_modules_present(archive: Archive) -> None:
-    """The archive holds its module images (not stripped), each one's file there."""
-    state = archive.catalog.modules.state
-    if state is not ModuleState.COMPLETE:
-        raise DriftError(
-            f"the archive's module images are {state.value}; a LOAD needs them all",
-            field="modules.state",
-            expected=ModuleState.COMPLETE.value,
-            found=state.value,
-        )
-    for blob in archive.catalog.modules.blobs:
-        if not archive.module_present(blob.sha256):
-            raise DriftError("a module image is missing from the archive", field=f"modules/{blob.sha256}.bin")
 
 
 def check_module_bytes(archive: Archive) -> None:
