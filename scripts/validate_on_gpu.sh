@@ -17,7 +17,8 @@
 # Needs torch with CUDA, cuda-bindings, zstandard, nvcc and this package
 # (installed, so its backends' entry points exist) with the native hook built.
 # Writes logs and reports under RESULTS_DIR and prints a summary table last; each
-# step says which command produced it, for docs/validation.md.
+# step says which command produced it, for docs/validation.md. A section longer than one
+# call's limit (sglang-spec) goes on where it stopped when run again with RESUME=1.
 set -uo pipefail
 RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|recipe-runs3|relocation|negative|bench|sglang|sglang-more|sglang-prefill|sglang-cold|scale-save|scale-load|scale-more|scale-tpot|scale-neg|vllm|vllm-http|vllm-more|vllm-cold|vllm-scale-save|vllm-scale-load|vllm-scale-more|sglang-spec|sglang-spec-more|sglang-ngram|sglang-hybrid|sglang-hybrid-more|sglang-mtp|tp2|tp2-nccl|ep2 ...]}
 shift
@@ -28,13 +29,18 @@ mkdir -p "$RESULTS"
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$RESULTS/jit/inductor}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$RESULTS/jit/triton}
 SUMMARY=$RESULTS/summary.txt
-: > "$SUMMARY"
+# RESUME=1: go on where an earlier call stopped (a section longer than one call's time limit):
+# the summary is kept, and each step that exited 0 before is not run again
+[ -n "${RESUME:-}" ] || : > "$SUMMARY"
+done_before() { [ -n "${RESUME:-}" ] && [ -e "$RESULTS/$1.ok" ]; }
 step() {  # step NAME CMD...: run, log, record the exit code
     local name=$1; shift
+    if done_before "$name"; then echo "$name: exited 0 in an earlier call, not run again" | tee -a "$SUMMARY"; return 0; fi
     local start=$SECONDS
     "$@" > "$RESULTS/$name.log" 2>&1
     local rc=$?
     printf '%-28s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - start))" "$*" | tee -a "$SUMMARY"
+    [ "$rc" -ne 0 ] || : > "$RESULTS/$name.ok"
     return $rc
 }
 refused() {  # refused NAME FIELD RC: the step NAME must have failed (RC) and named FIELD in its log(s)
@@ -375,10 +381,12 @@ fi
 specrun() {  # specrun DIR NAME PRESET RECIPE-ARGS...: plain, SAVE, SAVE2 (SAVE's command line), LOAD, diff
     local dir=$1 name=$2 preset=$3; shift 3
     local R=(python3 recipes/sglang/run.py --preset "$preset" --model-dir "$dir/model" "$@")
-    rm -rf "$dir" && mkdir -p "$dir"
+    done_before "$name-baseline" || { rm -rf "$dir" && mkdir -p "$dir"; }
     step "$name-baseline" "${R[@]}" --out "$dir/baseline.json"
-    step "$name-save2" python3 -m foundry run --mode save --archive "$dir/save" -- "${R[@]}" --out "$dir/save.json"
-    mv "$dir/save" "$dir/save2" && mv "$dir/save.json" "$dir/save2.json"
+    if done_before "$name-save2"; then step "$name-save2" true; else  # says it is not run again
+        step "$name-save2" python3 -m foundry run --mode save --archive "$dir/save" -- "${R[@]}" --out "$dir/save.json"
+        mv "$dir/save" "$dir/save2" && mv "$dir/save.json" "$dir/save2.json"
+    fi
     step "$name-save" python3 -m foundry run --mode save --archive "$dir/save" -- "${R[@]}" --out "$dir/save.json"
     step "$name-load" python3 -m foundry run --mode load --archive "$dir/save" -- "${R[@]}" --out "$dir/load.json"
     step "$name-diff" python3 -m foundry archive diff "$dir/save" "$dir/save2"
