@@ -84,6 +84,10 @@ def guarded(fn: Callable[..., int | None]) -> Callable[..., None]:
                   {"error": type(err).__name__, "message": str(err.strerror or err), "path": err.filename})  # fmt: skip
         except (click.exceptions.Exit, click.ClickException, SystemExit, KeyboardInterrupt):
             raise
+        except ModuleNotFoundError as err:  # this Python lacks a dependency: not Foundry's fault to report
+            _fail(f"this Python ({sys.executable}) has no module {err.name or err}, which this command needs: "
+                  "install it there (Foundry's own dependencies: pip install . in a checkout)", EXIT_ERROR, as_json,
+                  {"error": "ModuleNotFoundError", "message": str(err), "module": err.name})  # fmt: skip
         except Exception as err:  # noqa: BLE001 - the last guard: one line, no traceback, a distinct code
             _fail(f"internal error: {type(err).__name__}: {err} (please report this)", EXIT_INTERNAL, as_json)
         sys.exit(code or EXIT_OK)

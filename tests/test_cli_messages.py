@@ -234,3 +234,32 @@ def test_a_file_given_as_an_archive_is_refused_in_one_line(cli, tmp_path):
     afile = tmp_path / "a-file"
     afile.write_text("x")
     assert_refused(cli.run("archive", "inspect", afile), "an archive is a directory")
+
+
+# A Python without msgspec cannot be made in this environment (it is installed): a finder put
+# first on the child's import path refuses it, as a Python that lacks it would.
+WITHOUT_MSGSPEC = """
+import sys
+class Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "msgspec":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Absent())
+sys.argv = ["foundry", *sys.argv[1:]]
+from foundry.cli import main
+main()
+"""
+
+
+@pytest.mark.parametrize("json_flag", [(), ("--json",)])
+def test_a_missing_dependency_is_named_not_reported_as_a_bug(json_flag):
+    import subprocess
+
+    from .hostile import Outcome
+
+    argv = ("archive", "inspect", "@sample", *json_flag)
+    proc = subprocess.run([sys.executable, "-c", WITHOUT_MSGSPEC, *argv], capture_output=True, text=True, timeout=60)
+    text = assert_refused(Outcome(argv, proc.returncode, proc.stdout, proc.stderr))
+    assert "msgspec" in text and "please report" not in text
+    if not json_flag:
+        assert "has no module msgspec, which this command needs" in text and sys.executable in text
