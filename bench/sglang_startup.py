@@ -97,6 +97,7 @@ from foundry.archive.jit_caches import is_bookkeeping
 from foundry.archive.jit_install import changed_since_install, install_directory
 from foundry.archive.jit_manifest import read_manifest
 from foundry.archive.jit_schema import JitManifest
+from foundry.errors import FoundryError
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "recipes" / "sglang" / "run.py"
@@ -337,6 +338,11 @@ def cmd_save(args: argparse.Namespace) -> int:
 
 
 def cmd_pairs(args: argparse.Namespace) -> int:
+    try:  # refused before any run: a LOAD needs the archive `save` writes (and its JIT caches)
+        installed_manifest(args.work)
+    except FoundryError as err:
+        print(f"sglang_startup.py: {err} (run `save --work {args.work}` first)", file=sys.stderr)
+        return 2
     results = args.work / "results.jsonl"
     done = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
     start = 1 + max((r["index"] for r in done if r["kind"] == args.kind), default=0)

@@ -12,6 +12,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -829,6 +830,7 @@ def test_the_benchmark_times_a_run_s_cpu_and_alternates_which_side_goes_first(tm
     order = []
     monkeypatch.setattr(bench, "one_run", lambda args, kind, side, index: order.append((index, side)) or
                         {"kind": kind, "side": side, "index": index, "rc": 0, "compilers": []})  # fmt: skip
+    with_caches(tmp_path, "archive")  # the benchmark's archive, with its JIT caches, as `save` leaves it
     args = bench.argparse.Namespace(work=tmp_path, kind="fresh", pairs=4, discard=False)
     assert bench.cmd_pairs(args) == 0
     assert order == [(1, "plain"), (1, "load"), (2, "load"), (2, "plain"), (3, "plain"), (3, "load"),
@@ -858,6 +860,27 @@ def test_the_benchmark_summarises_a_fresh_series_whose_loads_added_no_file(capsy
     printed = capsys.readouterr().out
     assert "fresh   files LOADs added to or rewrote in the installed caches: 0; build outputs among them: 0" in printed
     assert "fresh   outputs identical in 3 of 3 LOADs" in printed and "LOAD []" in printed
+
+
+def test_the_benchmark_summarises_warm_pairs_without_the_discarded_run(capsys):
+    """The H200 test machine at c6651ce: 3 fresh and 3 warm pairs; the warm step's first plain
+    run (compiling, 125 s to ready) is discarded, so the warm plain medians are warm starts."""
+    bench = startup_benchmark()
+    results = SAVE_A.parents[2] / "bench" / "results" / "sglang_startup-h200-2026-12-02-c6651ce.jsonl"
+    assert bench.main(["summary", "--work", "unused", str(results)]) == 0
+    printed = capsys.readouterr().out
+    warm = re.search(r"^warm +ready_s +(\S+) \[(\S+)-(\S+)\] +(\S+) .* (\S+) s +(\d+)$", printed, re.M)
+    assert warm is not None, printed
+    assert warm.groups() == ("33.54", "31.27", "34.71", "29.90", "-4.04", "3")
+    assert "warm    outputs identical in 3 of 3 LOADs" in printed
+
+
+def test_the_benchmark_refuses_pairs_before_a_save(tmp_path, capsys):
+    bench = startup_benchmark()
+    assert bench.main(["pairs", "--work", str(tmp_path), "--kind", "import", "--pairs", "1"]) == 2
+    said = capsys.readouterr().err
+    assert said.count("\n") == 1 and "no such archive" in said and f"run `save --work {tmp_path}` first" in said
+    assert not (tmp_path / "results.jsonl").exists()
 
 
 def test_the_benchmark_splits_foundry_s_share_of_a_real_load_report(capsys):
