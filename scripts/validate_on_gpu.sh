@@ -31,7 +31,7 @@ export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$RESULTS/jit/triton}
 SUMMARY=$RESULTS/summary.txt
 # RESUME=1: go on where an earlier call stopped (a section longer than one call's time limit):
 # the summary is kept, and each step that exited 0 before is not run again
-[ -n "${RESUME:-}" ] || : > "$SUMMARY"
+[ -n "${RESUME:-}" ] || { : > "$SUMMARY"; rm -f "$RESULTS"/*.ok; }
 done_before() { [ -n "${RESUME:-}" ] && [ -e "$RESULTS/$1.ok" ]; }
 step() {  # step NAME CMD...: run, log, record the exit code
     local name=$1; shift
