@@ -15,7 +15,6 @@ LOAD itself checks all of it again, hashes included, and the rest on the GPU.
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import shutil
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 from foundry.archive.named import open_named
 from foundry.archive.reader import Archive
 from foundry.errors import ArchiveError, DriftError
-from foundry.runtime.sessions.presence import check_modules_present
+from foundry.runtime.sessions.presence import check_file_size, check_modules_present
 
 ENV_FIELD = "environment.{}"
 
@@ -54,23 +53,13 @@ def _check_files(archive: Archive, rank: int) -> None:
     """Every file the rank's session lists is there, at its recorded size."""
     session = archive.session(rank)
     for entry in session.graphs:
-        _check_size(archive.graph_path(rank, entry), entry.size, f"graph {entry.name!r}")
+        check_file_size(archive.graph_path(rank, entry), entry.size, f"graph {entry.name!r}")
         if entry.plan is not None:
-            _check_size(archive.session_path(rank).parent / entry.plan.file, entry.plan.size,
-                        f"launch plan of {entry.name!r}")  # fmt: skip
+            check_file_size(archive.session_path(rank).parent / entry.plan.file, entry.plan.size,
+                            f"launch plan of {entry.name!r}")  # fmt: skip
     warm = session.region.warmup_bytes if session.region is not None else None
     if warm is not None:
-        _check_size(archive.session_path(rank).parent / warm.file, warm.size, "warm-up bytes")
-
-
-def _check_size(path: Path, size: int, what: str) -> None:
-    try:
-        found = os.stat(path).st_size
-    except FileNotFoundError:
-        raise ArchiveError(f"the archive is incomplete: {what} is missing", path=str(path)) from None
-    if found != size:
-        raise ArchiveError(f"the archive is incomplete or damaged: {what} has another size than recorded",
-                           path=str(path), field="size", expected=size, found=found)  # fmt: skip
+        check_file_size(archive.session_path(rank).parent / warm.file, warm.size, "warm-up bytes")
 
 
 def _check_environment(archive: Archive, command: list[str]) -> None:
