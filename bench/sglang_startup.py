@@ -46,7 +46,9 @@ Kinds:
   start-up cost (the first call's first plain import is not counted: it may build
   Triton's helpers, as it did on the H200 test machine); each LOAD also records
   ``launcher_s``, the launcher's own figure from its start to the program's exec
-  (its ``foundry: launcher: ...`` line). The program reads its clock at its first
+  (its ``foundry: launcher: ...`` line), and ``hook_pre_cuda_ms``, the hook's own milliseconds
+  before CUDA started (its ``foundry: hook: ...`` line at exit: constructors, and the
+  lookup its ``dlsym`` does for each symbol asked, ``hook_lookups``). The program reads its clock at its first
   line and after the imports, so each run splits into ``to_program_s`` (from the
   benchmark's spawn to that first line: the interpreter's start, and a LOAD's
   launcher), ``imports_s`` and ``exit_s``; it also says how long ``import torch`` took
@@ -107,6 +109,7 @@ CACHE_VARIABLES = ("TRITON_CACHE_DIR", "TRITON_HOME", "TORCHINDUCTOR_CACHE_DIR",
                    "SGLANG_DG_CACHE_DIR", "XDG_CACHE_HOME", "HF_HOME", "TORCH_EXTENSIONS_DIR", "PYTHONPYCACHEPREFIX",
                    "FOUNDRY_JIT_ROOT")  # fmt: skip
 LAUNCHER_LINE = re.compile(r"^foundry: launcher: ([0-9.]+) s from its start to the program's exec(?: \((.*)\))?$", re.M)
+HOOK_LINE = re.compile(r"^foundry: hook: ([0-9.]+) ms of its own before CUDA started \((\d+) symbol lookups", re.M)
 COMPILERS = {"nvcc", "ptxas", "cicc", "fatbinary", "nvlink", "gcc", "g++", "cc", "c++", "cc1", "cc1plus", "ld",
              "ninja", "clang"}  # fmt: skip
 # build tools that compile nothing when their outputs are current: FlashInfer runs ninja at every load of a
@@ -275,6 +278,9 @@ def one_run(args: argparse.Namespace, kind: str, side: str, index: int) -> dict:
     if side == "load" and launched:
         result["launcher_s"] = float(launched.group(1))
         result["launcher_steps"] = launched.group(2)  # where it went (None from a launcher that did not say)
+    hooked = HOOK_LINE.search(proc.stderr) if side == "load" else None
+    if hooked:
+        result.update(hook_pre_cuda_ms=float(hooked.group(1)), hook_lookups=int(hooked.group(2)))
     if side == "load" and kind != "import":
         result["build_threads"] = args.build_threads
     if kind != "import" and proc.returncode == 0:
@@ -378,8 +384,8 @@ def record(path: Path, result: dict) -> None:
 
 
 FIGURES = ("ready_s", "first_answer_s", "before_scheduler_s", "scheduler_e2e_s", "graph_phase_s", "foundry_s",
-           "launcher_s", "to_program_s", "imports_s", "torch_import_s", "imports_cpu_s", "exit_s", "wall_s",
-           "cpu_s")  # fmt: skip
+           "launcher_s", "hook_pre_cuda_ms", "to_program_s", "imports_s", "torch_import_s", "imports_cpu_s", "exit_s",
+           "wall_s", "cpu_s")  # fmt: skip
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
@@ -410,8 +416,9 @@ def cmd_summary(args: argparse.Namespace) -> int:
             diffs = [q[name] - p[name] for p, q in pairs if p.get(name) is not None and q.get(name) is not None]
             if not load and not plain:
                 continue
+            unit = "ms" if name.endswith("_ms") else "s"
             print(f"{kind:7s} {name:20s} {spread(plain):26s} {spread(load):26s} "
-                  f"{statistics.median(diffs) if diffs else float('nan'):+9.2f} s  {len(pairs)}")  # fmt: skip
+                  f"{statistics.median(diffs) if diffs else float('nan'):+9.2f} {unit}  {len(pairs)}")  # fmt: skip
         loads = [q for _, q in pairs]
         tools = ", ".join(sorted(BUILD_TOOLS))
         seen = (f"compilers seen: plain {sorted({c for p, _ in pairs for c in compiled(p)})}, "

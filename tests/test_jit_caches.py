@@ -780,6 +780,8 @@ def test_the_benchmark_reads_the_launcher_s_line_and_starts_fresh_runs_with_noth
     steps = dict(step.rsplit(" ", 2)[:2] for step in found.group(2).split(", "))
     assert list(steps) == ["start and imports", "archive checks", "environment and JIT caches"]
     assert sum(map(float, steps.values())) <= float(found.group(1)) + 0.02  # the start's clock ticks in 10 ms
+    hook = bench.HOOK_LINE.search(proc.stderr)  # the hook's line, as the C side writes it, read by the benchmark
+    assert hook and 0 < float(hook.group(1)) < 1000 and int(hook.group(2)) > 0, proc.stderr
     (tmp_path / "jit-root" / "some-archive").mkdir(parents=True)
     env = bench.fresh_environment(tmp_path / "scratch", tmp_path)
     assert not (tmp_path / "jit-root").exists() and env["FOUNDRY_JIT_ROOT"] == str(tmp_path / "jit-root")

@@ -7,6 +7,7 @@ refusal made before it started is told apart from one it made itself."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from importlib import metadata
@@ -64,6 +65,24 @@ def test_a_complete_archive_passes_and_the_program_starts(complete, tmp_path, wi
     proc = _run(complete, RAN, witness)
     assert witness.read_text() == "ran"  # the checks passed: the program ran (and opened no session)
     assert proc.returncode == 2 and "never opened a LOAD session: nothing was restored" in proc.stderr
+
+
+HOOK_LINE = re.compile(r"^foundry: hook: ([0-9.]+) ms of its own before CUDA started "
+                       r"\((\d+) symbol lookups, (\d+) constructors(; CUDA never started)?\)$", re.M)  # fmt: skip
+
+
+def test_the_hook_says_its_own_time_before_cuda_started(complete, tmp_path, with_hook):
+    # each extension module Python imports is a dlsym through the hook: counted, none of them the driver's
+    imports = "import _ctypes, _decimal, _sqlite3, _ssl, _bz2, _lzma"
+    found = HOOK_LINE.search(_run(complete, imports, tmp_path / "ran").stderr)
+    assert found and found[4] == "; CUDA never started" and int(found[3]) == 2
+    assert 0 < float(found[1]) < 1000 and int(found[2]) >= 6
+    fewer = HOOK_LINE.search(_run(complete, "pass", tmp_path / "ran").stderr)
+    assert fewer and int(fewer[2]) < int(found[2])  # the lookups are the program's own, counted
+    # a driver entry point asked for (there is no driver here: ctypes finds none) ends the count
+    starts = "import ctypes\ntry:\n    ctypes.CDLL(None).cuMemAlloc_v2\nexcept AttributeError:\n    pass\n" + imports
+    started = HOOK_LINE.search(_run(complete, starts, tmp_path / "ran").stderr)
+    assert started and started[4] is None and int(started[2]) < int(found[2])
 
 
 def _scratch_env(tmp_path: Path) -> tuple[dict, Path]:
@@ -195,8 +214,9 @@ def test_a_session_opened_without_a_cuda_gpu_says_so_in_one_line(complete, tmp_p
     proc = _run(complete, OPENS, witness)
     assert witness.exists()  # the program ran and opened its session
     # one error line of Foundry's (torch may warn on import, about numpy, on its own lines; the
-    # launcher times itself on one)
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("foundry") and "launcher:" not in line]
+    # launcher times itself on one, the hook on another)
+    timings = ("foundry: launcher: ", "foundry: hook: ")
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("foundry") and not line.startswith(timings)]
     assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert lines[0].startswith("foundry: error: SAVE/LOAD needs a CUDA GPU"), lines[0]
     try:

@@ -33,7 +33,11 @@ static int echo_enabled;
 static int echoed;
 
 /* Read once as the library loads, before the program can change its environment. */
-__attribute__((constructor)) static void read_echo_setting(void) { echo_enabled = fh_env_flag(FOUNDRY_ENV_HOOK_ECHO); }
+__attribute__((constructor)) static void read_echo_setting(void) {
+    uint64_t begun = fh_pre_cuda_clock();
+    echo_enabled = fh_env_flag(FOUNDRY_ENV_HOOK_ECHO);
+    fh_pre_cuda_constructor(begun);
+}
 
 void fh_event(const char *fmt, ...) {
     char line[512];

@@ -3,6 +3,7 @@
 #define FOUNDRY_HOOK_INTERNAL_H
 
 #include <cuda.h>
+#include <stdio.h>
 
 #include "foundry_env.h"
 #include "foundry_hook.h"
@@ -26,6 +27,14 @@ uint64_t fh_env_import_base(void);          /* FOUNDRY_IMPORT_BASE, or the defau
 int fh_env_load_captures_allowed(void);     /* FOUNDRY_LOAD_CAPTURES=allow */
 long fh_env_session_pid(void);              /* FOUNDRY_SESSION_PID: 0 when unset, -1 when not a process id */
 int fh_env_session_checked(void);           /* 1: a LOAD, a marker named, and FOUNDRY_SESSION_PID is this process */
+
+/* pre_cuda.c: the hook's own time before CUDA starts. fh_pre_cuda_clock() is 0 once it has
+ * (then the others do nothing); fh_pre_cuda_end() marks the first driver entry point resolved. */
+uint64_t fh_pre_cuda_clock(void);
+void fh_pre_cuda_lookup(uint64_t begun);
+void fh_pre_cuda_constructor(uint64_t begun);
+void fh_pre_cuda_end(void);
+void fh_pre_cuda_say(FILE *out);
 
 /* resolve.c: the real driver entry point for an exported (versioned) symbol name. */
 void *fh_real(const char *exported);

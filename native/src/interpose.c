@@ -236,8 +236,11 @@ static int is_own(void *fn) {
 /* -- dlsym ------------------------------------------------------------------------ */
 
 void *dlsym(void *handle, const char *symbol) {
+    uint64_t begun = fh_pre_cuda_clock();
     const struct hook *h = find_exported(symbol);
+    fh_pre_cuda_lookup(begun);
     if (h == NULL) return fh_real_dlsym(handle, symbol);
+    fh_pre_cuda_end(); /* a driver entry point asked for: CUDA is starting */
     void *real = fh_real_dlsym(handle, symbol);
     if (is_own(real)) /* RTLD_DEFAULT finds our export first */
         real = fh_libcuda() ? fh_real_dlsym(fh_libcuda(), symbol) : NULL;
@@ -271,6 +274,7 @@ static void log_symbol(const char *symbol, int version, cuuint64_t flags) {
 
 static CUresult hook_get_proc_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
                                  CUdriverProcAddressQueryResult *status) {
+    fh_pre_cuda_end();
     get_proc_v2_fn real = (get_proc_v2_fn)fh_real("cuGetProcAddress_v2");
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     log_symbol(symbol, version, flags);
@@ -280,6 +284,7 @@ static CUresult hook_get_proc_v2(const char *symbol, void **pfn, int version, cu
 }
 
 static CUresult hook_get_proc_v1(const char *symbol, void **pfn, int version, cuuint64_t flags) {
+    fh_pre_cuda_end();
     get_proc_v1_fn real = (get_proc_v1_fn)fh_real("cuGetProcAddress");
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     log_symbol(symbol, version, flags);
@@ -293,6 +298,7 @@ static CUresult hook_get_proc_v1(const char *symbol, void **pfn, int version, cu
 /* A call through an export shows the hook in the path as dlsym and cuGetProcAddress do. */
 static void reached_by_export(void) { /* read first: every allocation comes here, from any thread */
     if (!atomic_load_explicit(&interposed, memory_order_relaxed)) atomic_store(&interposed, 1);
+    fh_pre_cuda_end();
 }
 
 /* Each hooked name under the symbol cuda.h makes callers link to (its macros pick the

@@ -10,7 +10,8 @@
  * status stays the program's. The marker and its directory are removed either way.
  * A process that replaces itself again (a shell's exec) keeps its pid and loads the
  * hook again, so the check moves with it; a child it forks inherits the exit handler
- * but is not checked.
+ * but is not checked. Before that check it says the hook's own time before CUDA
+ * started (pre_cuda.c).
  */
 #include <limits.h>
 #include <stdio.h>
@@ -39,6 +40,7 @@ static void remove_marker(void) {
 static void check_session_at_exit(int status, void *unused) {
     (void)unused;
     if (getpid() != armed) return;
+    fh_pre_cuda_say(stderr);
     int opened = access(marker, F_OK) == 0;
     remove_marker();
     if (status != 0 || opened) return;
@@ -47,10 +49,16 @@ static void check_session_at_exit(int status, void *unused) {
     _exit(2);
 }
 
-__attribute__((constructor)) static void arm_session_check(void) {
+static void arm(void) {
     const char *path = fh_env_text(FOUNDRY_ENV_SESSION_MARKER);
     if (!fh_env_session_checked() || strlen(path) >= sizeof marker) return;
     memcpy(marker, path, strlen(path) + 1);
     armed = getpid();
     on_exit(check_session_at_exit, NULL);
+}
+
+__attribute__((constructor)) static void arm_session_check(void) {
+    uint64_t begun = fh_pre_cuda_clock();
+    arm();
+    fh_pre_cuda_constructor(begun);
 }
