@@ -55,11 +55,16 @@ def graph_file(root: Path, name: str, rank: int = 0) -> Path:
 
 
 def edit_graph(root: Path, name: str, edit: Callable[[GraphIR], None], *, rank: int = 0) -> None:
-    """Decode a graph, let ``edit`` change its IR, write it back and re-seal."""
+    """Decode a graph, let ``edit`` change its IR, write it back, drop its launch plan (as
+    Foundry's own rewrites do: a LOAD then builds from the IR) and re-seal."""
     path = graph_file(root, name, rank)
     ir = decode_graph(path.read_bytes())
     edit(ir)
     path.write_bytes(encode_graph(ir))
+    session_path = root / f"rank{rank}" / "session.json"
+    session = json.loads(session_path.read_text())
+    next(g for g in session["graphs"] if g["name"] == name)["plan"] = None
+    session_path.write_text(json.dumps(session, indent=1) + "\n")
     reseal(root)
 
 

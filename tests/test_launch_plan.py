@@ -105,6 +105,58 @@ def test_load_uses_plans_only_when_nothing_needs_patching(tmp_path):
     assert not session._plans_apply()  # one graph without a plan: all build from the IR
 
 
+def test_a_graph_changed_after_save_without_its_plan_is_refused_on_reading(tmp_path):
+    """A LOAD from plans never decodes the graph, so a plan bound to another graph file than
+    the entry's is refused by every reader, before any GPU work (it replayed the old bytes)."""
+    import json
+    import subprocess
+    import sys
+
+    from foundry.archive.files import sha256_hex
+    from foundry.graphir.codec import encode_graph
+
+    from .archive_tools import reseal
+
+    ir = Archive.open(SAVE_A).graph(0, "decode.bs8")
+    archive = write_archive(tmp_path / "a", [ir], like=SAVE_A, plan_of=make_plan)
+    entry = archive.entry(0, "decode.bs8")
+    assert entry.plan.graph_sha256 == entry.sha256 == sha256_hex(archive.graph_bytes(0, entry))
+    assert archive.session(0).format_version == 4  # an older Foundry refuses it by version, not by field
+
+    first = ir.kernels()[0]  # a parameter byte changed and the archive re-sealed, the plan kept
+    ir.replace_node(msgspec.structs.replace(first, params=bytes([first.params[0] ^ 1]) + first.params[1:]))
+    (tmp_path / "a" / "rank0" / entry.file).write_bytes(encode_graph(ir))
+    reseal(tmp_path / "a")
+    with pytest.raises(ArchiveError, match="packed from another graph file") as refused:
+        Archive.open(tmp_path / "a").session(0)
+    assert refused.value.field == "graphs[0].plan.graph_sha256"
+    run = subprocess.run([sys.executable, "-m", "foundry", "archive", "inspect", str(tmp_path / "a")],
+                         capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 2 and run.stdout == "" and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "plan.graph_sha256" in run.stderr and "Traceback" not in run.stderr
+
+    session_path = tmp_path / "a" / "rank0" / "session.json"  # a plan of session format 3: no binding
+    session = json.loads(session_path.read_text())
+    del session["graphs"][0]["plan"]["graph_sha256"]
+    session["format_version"] = 3
+    session_path.write_text(json.dumps(session))
+    reseal(tmp_path / "a", graphs=False)
+    assert Archive.open(tmp_path / "a").entry(0, "decode.bs8").plan.graph_sha256 is None  # read; verify compares
+
+
+def test_the_negative_control_edit_drops_the_plan_of_the_graph_it_alters(tmp_path):
+    from .archive_tools import edit_graph
+
+    source = Archive.open(SAVE_A)
+    irs = [source.graph(0, "decode.bs1"), source.graph(0, "decode.bs8")]
+    write_archive(tmp_path / "a", irs, like=SAVE_A, plan_of=make_plan)
+    edit_graph(tmp_path / "a", "decode.bs1", lambda ir: None)
+    archive = Archive.open(tmp_path / "a")
+    kept = archive.entry(0, "decode.bs8")
+    assert archive.entry(0, "decode.bs1").plan is None  # a LOAD builds every graph from its IR (test above)
+    assert kept.plan is not None and kept.plan.graph_sha256 == kept.sha256
+
+
 def test_verify_packs_each_graph_again_and_compares_its_plan(tmp_path):
     import json
     import subprocess

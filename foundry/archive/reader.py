@@ -107,6 +107,19 @@ def _check_sha(value: str, *, path: Path, field: str) -> None:
         raise ArchiveError("not a sha256 (64 lowercase hex digits)", path=str(path), field=field, found=value)
 
 
+def _check_plan(graph: GraphEntry, *, path: Path, rank_dir: Path, field: str) -> None:
+    """A launch plan's own record, and that it was packed from the graph file the entry names:
+    a LOAD from plans never decodes the graph, so a graph changed after SAVE must not keep it."""
+    plan = graph.plan
+    assert plan is not None
+    _check_sha(plan.sha256, path=path, field=f"{field}.sha256")
+    contained_path(rank_dir, plan.file, field=f"{field}.file", source=path)
+    if plan.graph_sha256 is not None and plan.graph_sha256 != graph.sha256:
+        raise ArchiveError(f"the launch plan of graph {graph.name!r} was packed from another graph file: "
+                           "the graph changed after SAVE and its plan did not", path=str(path),
+                           field=f"{field}.graph_sha256", expected=graph.sha256, found=plan.graph_sha256)  # fmt: skip
+
+
 class Archive:
     """An opened archive. Sessions and graphs are read lazily and checked on read."""
 
@@ -233,8 +246,7 @@ class Archive:
             if graph.outputs is not None:
                 check_output(graph.outputs, path=str(path), field=f"{field}.outputs")
             if graph.plan is not None:
-                _check_sha(graph.plan.sha256, path=path, field=f"{field}.plan.sha256")
-                contained_path(rank_dir, graph.plan.file, field=f"{field}.plan.file", source=path)
+                _check_plan(graph, path=path, rank_dir=rank_dir, field=f"{field}.plan")
         warm = session.region.warmup_bytes if session.region is not None else None
         if warm is not None:
             _check_sha(warm.sha256, path=path, field="region.warmup_bytes.sha256")

@@ -13,7 +13,7 @@ import msgspec
 
 from foundry.archive.files import atomic_write, encode_record, sha256_hex
 from foundry.archive.reader import Archive
-from foundry.archive.schema import CATALOG_FILE, GraphEntry, RankEntry
+from foundry.archive.schema import CATALOG_FILE, GraphEntry, RankEntry, session_version
 from foundry.graphir.codec import encode_graph
 from foundry.graphir.fingerprint import fingerprint, topology_key
 from foundry.graphir.graph import GraphIR
@@ -49,11 +49,15 @@ def rewrite_rank_graphs(archive: Archive, transform: Callable[[int, list[GraphIR
         entries = []
         for entry, data, ir in graphs:
             atomic_write(archive.graph_path(rank, entry), data)
-            entries.append(msgspec.structs.replace(entry, sha256=sha256_hex(data), size=len(data),
-                                                   fingerprint=fingerprint(ir), nodes=len(ir),
-                                                   topology=topology_key(ir),
-                                                   plan=entry.plan if keep_plans else None))  # fmt: skip
-        data = encode_record(msgspec.structs.replace(archive.session(rank), graphs=tuple(entries)))
+            sha256 = sha256_hex(data)
+            plan = entry.plan if keep_plans else None
+            if plan is not None and plan.graph_sha256 is not None:  # bound to the graph it still encodes
+                plan = msgspec.structs.replace(plan, graph_sha256=sha256)
+            entries.append(msgspec.structs.replace(entry, sha256=sha256, size=len(data), fingerprint=fingerprint(ir),
+                                                   nodes=len(ir), topology=topology_key(ir), plan=plan))  # fmt: skip
+        session = archive.session(rank)
+        version = max(session.format_version, session_version(session.images, entries))
+        data = encode_record(msgspec.structs.replace(session, graphs=tuple(entries), format_version=version))
         atomic_write(archive.session_path(rank), data)
         ranks.append(RankEntry(rank, rank_entry.session, sha256_hex(data)))
     catalog = msgspec.structs.replace(archive.catalog, ranks=tuple(ranks))

@@ -7,6 +7,7 @@ by its version, not by the first field this version does not know.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Annotated, Literal
 
@@ -21,10 +22,10 @@ ARCHIVE_FORMAT = "foundry-archive"
 SESSION_FORMAT = "foundry-session"
 # of the catalog: 2 adds ``jit`` (the JIT caches); written at the lowest version that holds its content
 FORMAT_VERSION = 2
-# of sessions: 2 adds ``GlobalRecord.loader_words``, 3 ``GlobalRecord.host_words``. A session
-# is written at the lowest version that holds its content, so an archive without them stays
-# readable by older Foundry.
-SESSION_VERSION = 3
+# of sessions: 2 adds ``GlobalRecord.loader_words``, 3 ``GlobalRecord.host_words``, 4
+# ``LaunchPlan.graph_sha256``. A session is written at the lowest version that holds its
+# content, so an archive without them stays readable by older Foundry.
+SESSION_VERSION = 4
 
 # Counts a session may hold, checked before the elements are decoded: at least 4x the largest
 # real archives (vLLM's ~2,000 piecewise graphs per rank on 8 ranks; SGLang's MoE preset, 52
@@ -160,8 +161,10 @@ class ImageRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     globals: Annotated[tuple[GlobalRecord, ...], at_most(MAX_GLOBALS)] = ()
 
 
-def session_version(images: tuple[ImageRecord, ...] | list[ImageRecord]) -> int:
-    """The lowest session format version that holds these image records."""
+def session_version(images: Sequence[ImageRecord], graphs: Sequence[GraphEntry] = ()) -> int:
+    """The lowest session format version that holds these image records and graph entries."""
+    if any(g.plan is not None and g.plan.graph_sha256 is not None for g in graphs):
+        return 4
     if any(g.host_words for image in images for g in image.globals):
         return 3
     return 2 if any(g.loader_words for image in images for g in image.globals) else 1
@@ -195,6 +198,10 @@ class LaunchPlan(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     sha256: str
     size: U64
     kernels: tuple[PlanKernel, ...]
+    # the graph file it was packed from: a graph changed after SAVE without its plan is
+    # refused on reading, since a LOAD from plans never decodes the graph (None: session
+    # format 3 and older, whose plans only `foundry archive verify` can compare)
+    graph_sha256: str | None = None
 
 
 class GraphEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -87,15 +87,16 @@ class RankWriter:
             outputs=outputs,
             topology=topology_key(ir),
             rng=rng,
-            plan=None if plan is None else self._write_plan(ir.name, *plan),
+            plan=None if plan is None else self._write_plan(ir.name, *plan, graph_sha256=sha256_hex(data)),
         )
         self.graphs.append(entry)
         return entry
 
-    def _write_plan(self, name: str, data: bytes, kernels: tuple[PlanKernel, ...]) -> LaunchPlan:
+    def _write_plan(self, name: str, data: bytes, kernels: tuple[PlanKernel, ...], *, graph_sha256: str) -> LaunchPlan:
         relative = f"plans/{name}{PLAN_SUFFIX}"
         atomic_write(self.dir / relative, data)
-        return LaunchPlan(file=relative, sha256=sha256_hex(data), size=len(data), kernels=kernels)
+        return LaunchPlan(file=relative, sha256=sha256_hex(data), size=len(data), kernels=kernels,
+                          graph_sha256=graph_sha256)  # fmt: skip
 
     def add_backend_state(self, state: BackendState) -> None:
         self._check_open()
@@ -122,7 +123,7 @@ class RankWriter:
         self._check_open()
         session = Session(
             format=SESSION_FORMAT,
-            format_version=session_version(self.images),
+            format_version=session_version(self.images, self.graphs),
             rank=self.rank,
             graphs=tuple(self.graphs),
             region=self.region,
