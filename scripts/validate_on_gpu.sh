@@ -252,9 +252,13 @@ fi
 # naming the first differing prompt and step
 if wants scale-neg; then
 rm -rf "$SS/neg" && cp -r "$SS/save" "$SS/neg"
-step sgs-neg-edit python3 recipes/torch/negative_control.py "$SS/neg" --graph decode.bs1 --last
+step sgs-neg-edit python3 recipes/torch/negative_control.py "$SS/neg" --graph decode.bs1 --last --epsilon 1e30
 step sgs-load-neg python3 -m foundry run --mode load --archive "$SS/neg" -- $SGS --out "$SS/load-neg.json"
 step sgs-compare-neg python3 recipes/sglang/compare.py "$SS"/baseline.json "$SS"/load-neg.json  # must exit 1
+# the same archive asked for launch plans: the altered graph has none, so every graph builds from its IR
+step sgs-load-neg-fast python3 -m foundry run --mode load --warmup restore --builder native --instantiate background \
+    --archive "$SS/neg" -- $SGS --out "$SS/load-neg-fast.json"
+step sgs-compare-neg-fast python3 recipes/sglang/compare.py "$SS"/baseline.json "$SS"/load-neg-fast.json  # must exit 1
 fi
 
 # 6e. vLLM (not yet run on the H200 test machine): a tiny Qwen3 served by vLLM 0.25.1 through
