@@ -210,55 +210,59 @@ fi
 # set: SAVE, plain SGLang, LOAD repeating the warm-ups, LOAD restoring their bytes from launch
 # plans, each with the 256-prompt wave; then SAVE2, diff, lint, TPOT and the negative control. Five
 # sections, each within ten minutes: scale-save, scale-load, scale-more, scale-tpot, scale-neg (in that order).
+# SG_EXTRA: more recipe arguments for every run of these sections, SG_TAG: the name of their
+# directory's variant (e.g. SG_EXTRA="--set attention_backend=flashinfer --set
+# cuda_graph_backend_prefill=full" SG_TAG=fi-prefill: decode and full prefill graphs with FlashInfer)
 PRESET=${PRESET:-qwen3-8b}
-SS=$RESULTS/scale-$PRESET
-SGS="$SG --preset $PRESET --wave"
+SS=$RESULTS/scale-$PRESET${SG_TAG:+-$SG_TAG}
+SGS="$SG --preset $PRESET --wave ${SG_EXTRA:-}"
+SGP=sgs${SG_TAG:+-$SG_TAG}  # the steps' names (logs, RESUME marks)
 REGION=()
 [ "$PRESET" = qwen3-30b-a3b ] && REGION=(--region-size 0x1a00000000)  # the weights and the KV pool
 if wants scale-save; then
 rm -rf "$SS" && mkdir -p "$SS"
-step sgs-save python3 -m foundry run --mode save "${REGION[@]}" --archive "$SS/save" -- $SGS --out "$SS/save.json"
-step sgs-inspect python3 -m foundry archive inspect "$SS/save" --json
-step sgs-trace python3 scripts/region_trace.py "$SS/save" "$SS/trace.json"
+step $SGP-save python3 -m foundry run --mode save "${REGION[@]}" --archive "$SS/save" -- $SGS --out "$SS/save.json"
+step $SGP-inspect python3 -m foundry archive inspect "$SS/save" --json
+step $SGP-trace python3 scripts/region_trace.py "$SS/save" "$SS/trace.json"
 fi
 if wants scale-load; then
-step sgs-baseline $SGS --out "$SS/baseline.json"
-step sgs-load python3 -m foundry run --mode load --archive "$SS/save" -- $SGS --out "$SS/load.json"
-step sgs-load-fast python3 -m foundry run --mode load --warmup restore --builder native --instantiate background \
+step $SGP-baseline $SGS --out "$SS/baseline.json"
+step $SGP-load python3 -m foundry run --mode load --archive "$SS/save" -- $SGS --out "$SS/load.json"
+step $SGP-load-fast python3 -m foundry run --mode load --warmup restore --builder native --instantiate background \
     --archive "$SS/save" -- $SGS --out "$SS/load-fast.json"
-step sgs-compare python3 recipes/sglang/compare.py "$SS"/baseline.json "$SS"/save.json "$SS"/load.json "$SS"/load-fast.json
+step $SGP-compare python3 recipes/sglang/compare.py "$SS"/baseline.json "$SS"/save.json "$SS"/load.json "$SS"/load-fast.json
 fi
 if wants scale-more; then
 rm -rf "$SS/save2"
 mv "$SS/save" "$SS/save.kept" && mv "$SS/save.json" "$SS/save.json.kept"
-step sgs-save2 python3 -m foundry run --mode save "${REGION[@]}" --archive "$SS/save" -- $SGS --out "$SS/save.json"
+step $SGP-save2 python3 -m foundry run --mode save "${REGION[@]}" --archive "$SS/save" -- $SGS --out "$SS/save.json"
 mv "$SS/save" "$SS/save2" && mv "$SS/save.json" "$SS/save2.json"
 mv "$SS/save.kept" "$SS/save" && mv "$SS/save.json.kept" "$SS/save.json"
-step sgs-compare2 python3 recipes/sglang/compare.py "$SS"/baseline.json "$SS"/save2.json
-step sgs-diff python3 -m foundry archive diff "$SS/save" "$SS/save2"
-step sgs-lint python3 -m foundry graph lint "$SS/save" --expect nccl-allreduce=0
+step $SGP-compare2 python3 recipes/sglang/compare.py "$SS"/baseline.json "$SS"/save2.json
+step $SGP-diff python3 -m foundry archive diff "$SS/save" "$SS/save2"
+step $SGP-lint python3 -m foundry graph lint "$SS/save" --expect nccl-allreduce=0
 fi
 # TPOT: decode step times at bs 1, 8, 64, 256 from SGLang's decode log lines, plain vs the
 # fast LOAD (the start-up figure's builder)
 if wants scale-tpot; then
 TP=(--tpot 1,8,64,256 --set decode_log_interval=1 --set log_level=info)
-step sgs-tpot-plain $SG --preset $PRESET "${TP[@]}" --out "$SS/tpot-plain.json"
-step sgs-tpot-load python3 -m foundry run --mode load --warmup restore --builder native --instantiate background \
-    --archive "$SS/save" -- $SG --preset $PRESET "${TP[@]}" --out "$SS/tpot-load.json"
-step sgs-tpot python3 recipes/sglang/tpot.py "$RESULTS/sgs-tpot-plain.log" "$RESULTS/sgs-tpot-load.log"
+step $SGP-tpot-plain $SG --preset $PRESET ${SG_EXTRA:-} "${TP[@]}" --out "$SS/tpot-plain.json"
+step $SGP-tpot-load python3 -m foundry run --mode load --warmup restore --builder native --instantiate background \
+    --archive "$SS/save" -- $SG --preset $PRESET ${SG_EXTRA:-} "${TP[@]}" --out "$SS/tpot-load.json"
+step $SGP-tpot python3 recipes/sglang/tpot.py "$RESULTS/$SGP-tpot-plain.log" "$RESULTS/$SGP-tpot-load.log"
 fi
 # negative control: decode.bs1 with its final norm's epsilon altered (on the logits path; with
 # dummy weights a layer's norm is not, see recipes/torch/negative_control.py); compare must exit 1
 # naming the first differing prompt and step
 if wants scale-neg; then
 rm -rf "$SS/neg" && cp -r "$SS/save" "$SS/neg"
-step sgs-neg-edit python3 recipes/torch/negative_control.py "$SS/neg" --graph decode.bs1 --last --epsilon 1e30
-step sgs-load-neg python3 -m foundry run --mode load --archive "$SS/neg" -- $SGS --out "$SS/load-neg.json"
-step sgs-compare-neg python3 recipes/sglang/compare.py "$SS"/baseline.json "$SS"/load-neg.json  # must exit 1
+step $SGP-neg-edit python3 recipes/torch/negative_control.py "$SS/neg" --graph decode.bs1 --last --epsilon 1e30
+step $SGP-load-neg python3 -m foundry run --mode load --archive "$SS/neg" -- $SGS --out "$SS/load-neg.json"
+step $SGP-compare-neg python3 recipes/sglang/compare.py "$SS"/baseline.json "$SS"/load-neg.json  # must exit 1
 # the same archive asked for launch plans: the altered graph has none, so every graph builds from its IR
-step sgs-load-neg-fast python3 -m foundry run --mode load --warmup restore --builder native --instantiate background \
+step $SGP-load-neg-fast python3 -m foundry run --mode load --warmup restore --builder native --instantiate background \
     --archive "$SS/neg" -- $SGS --out "$SS/load-neg-fast.json"
-step sgs-compare-neg-fast python3 recipes/sglang/compare.py "$SS"/baseline.json "$SS"/load-neg-fast.json  # must exit 1
+step $SGP-compare-neg-fast python3 recipes/sglang/compare.py "$SS"/baseline.json "$SS"/load-neg-fast.json  # must exit 1
 fi
 
 # 6e. vLLM (not yet run on the H200 test machine): a tiny Qwen3 served by vLLM 0.25.1 through
