@@ -156,12 +156,18 @@ class PlanBuilder:
         try:
             # the archived images load on threads while the plans are read and the region mapped,
             # in the context torch makes current here (it may not be yet on this thread)
+            begun = time.perf_counter()
             torch.cuda.synchronize()
+            synced = time.perf_counter()
             prefetching = self.functions.prefetch_ahead({k.image for e in entries for k in e.plan.kernels})
             plans = [(e.name, self.archive.rank_blob(self.rank, e.plan.file, sha256=e.plan.sha256, size=e.plan.size,
                                                      what="launch plan"), e.plan) for e in entries]  # fmt: skip
+            read = time.perf_counter()
             region.map(overlap=True)
             self.mapped = time.perf_counter()
+            # where map_s goes: the GPU's queue drained, the plans read and checked, the region mapped
+            self.report.update(sync_s=synced - begun, plans_read_s=read - synced, region_map_s=self.mapped - read,
+                               plans_bytes=sum(len(data) for _, data, _ in plans))  # fmt: skip
             prefetched, prefetch_s = prefetching.result()
             self.report.update(prefetch_s=prefetch_s, prefetch_wait_s=time.perf_counter() - self.mapped,
                                prefetched_images=prefetched)  # fmt: skip
