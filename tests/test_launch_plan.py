@@ -17,6 +17,7 @@ from foundry.archive import Archive
 from foundry.archive.rewrite import rewrite_graphs
 from foundry.archive.schema import LaunchPlan
 from foundry.errors import ArchiveError, HookError, IRError
+from foundry.graphir.passes.definedness import mark_undefined
 from foundry.runtime.graphs.launch_plan import check_plan, make_plan, plannable
 from foundry.runtime.sessions.load import LoadSession
 
@@ -80,6 +81,13 @@ def test_plans_are_stored_checked_and_dropped_by_rewrites(tmp_path):
 
     rewrite_graphs(archive, lambda _, g: g, keep_plans=True)  # marks only: the plan stays
     assert Archive.open(tmp_path / "a").entry(0, "decode.bs8").plan == plan
+    first = ir.kernels()[0]  # a merge marks a byte another run saw differently: a new graph file, the same plan
+    other = Archive.open(SAVE_A).graph(0, "decode.bs8")
+    other.replace_node(msgspec.structs.replace(first, params=bytes([first.params[0] ^ 1]) + first.params[1:]))
+    rewrite_graphs(Archive.open(tmp_path / "a"), lambda _, g: mark_undefined(g, other)[0], keep_plans=True)
+    marked = Archive.open(tmp_path / "a").entry(0, "decode.bs8")
+    assert marked.sha256 != archive.entry(0, "decode.bs8").sha256 and marked.plan.sha256 == plan.sha256
+    assert marked.plan.graph_sha256 == marked.sha256  # rebound, so it still reads
     rewrite_graphs(Archive.open(tmp_path / "a"), lambda _, g: g)  # any other edit: LOAD builds from the IR
     assert Archive.open(tmp_path / "a").entry(0, "decode.bs8").plan is None
 
