@@ -3,7 +3,7 @@
     python -m foundry run --mode save --save-runs 1 --archive A -- \
         python recipes/torch/run.py --bench --config qwen3-0.6b --batches 1,64,256 --out save.json
     FOUNDRY_LOAD_CAPTURES=allow python -m foundry run --mode load --warmup restore --builder native \
-        --archive A -- python bench/replay_after_capture.py --bench --config qwen3-0.6b \
+        --archive A -- python bench/replay_after_capture.py [--probe] --bench --config qwen3-0.6b \
         --batches 1,64,256 --out load.json
 
 Runs recipes/torch/run.py (its arguments are passed through) and, where the
@@ -11,7 +11,11 @@ recipe would time its replays, first times the restored graphs of batch sizes 1,
 64 and 256; then captures the recipe's decode step with torch, one batch size
 after another (bench/cold_start.py's 36), and times the restored graphs again
 after 1, 4, 12 and 36 captures (and after the last), beside torch's own graphs
-of those batch sizes. Every time is the median of 20 replays behind a sleep kernel: the GPU's
+of those batch sizes. With ``--probe`` it first takes the driver's steps one at a
+time, timing the restored graphs after each: a stream capture of one memset begun and
+ended through the driver (thread-local, then global mode, torch's default), that graph
+instantiated, then launched, then one empty torch capture; where the slowdown begins
+says whose state it is. Every time is the median of 20 replays behind a sleep kernel: the GPU's
 execution alone. bench/cold_start.py compares restored graphs with the graphs of
 another process, which captured; this compares them in one process, before and
 after it captures. Prints a table. The recipe then times its replays and writes
@@ -50,6 +54,34 @@ def row(label: str, graphs: dict) -> None:
     print(f"{label:44} {' '.join(cells)}", flush=True)
 
 
+def probe(graphs: dict) -> None:
+    """The driver's steps of a capture one at a time, the restored graphs timed after each."""
+    import torch
+
+    from foundry.graphir.cuda import cu, driver
+
+    drv, side = driver(), torch.cuda.Stream()
+    target = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda")
+    stream = drv.CUstream(side.cuda_stream)
+    graph = None
+    for label, mode in (("thread-local", "CU_STREAM_CAPTURE_MODE_THREAD_LOCAL"),
+                        ("global", "CU_STREAM_CAPTURE_MODE_GLOBAL")):  # fmt: skip
+        torch.cuda.synchronize()
+        cu("cuStreamBeginCapture", stream, getattr(drv.CUstreamCaptureMode, mode))
+        cu("cuMemsetD8Async", drv.CUdeviceptr(target.data_ptr()), 1, target.numel(), stream)
+        graph = cu("cuStreamEndCapture", stream)
+        row(f"restored, after a driver capture ({label})", graphs)
+    graph_exec = cu("cuGraphInstantiate", graph, 0)
+    row("restored, after instantiating it", graphs)
+    cu("cuGraphLaunch", graph_exec, stream)
+    cu("cuStreamSynchronize", stream)
+    row("restored, after launching it", graphs)
+    empty = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(empty):
+        target.add_(1)  # one kernel: torch refuses an empty capture on some versions
+    row("restored, after one torch capture of one kernel", graphs)
+
+
 def time_then_capture(graphs: dict, *args, **kwargs) -> dict:
     import torch
 
@@ -57,6 +89,8 @@ def time_then_capture(graphs: dict, *args, **kwargs) -> dict:
 
     print(f"{'bs ' + ', '.join(map(str, TIMED)) + ': ms, GPU execution':44}")
     row("restored, before any capture", graphs)
+    if PROBE:
+        probe(graphs)
     model, captured = decoders[0], {}
     ids = torch.zeros(model.cache.shape[2], dtype=torch.long, device="cuda")
     pos = torch.zeros_like(ids)
@@ -73,6 +107,9 @@ def time_then_capture(graphs: dict, *args, **kwargs) -> dict:
 recipe_timing = run.time_replays
 run.Decoder = RecordedDecoder
 run.time_replays = time_then_capture
+PROBE = "--probe" in sys.argv
+if PROBE:  # ours, not the recipe's
+    sys.argv.remove("--probe")
 
 if __name__ == "__main__":
     sys.exit(run.main())
