@@ -61,11 +61,11 @@ def edit_graph(root: Path, name: str, edit: Callable[[GraphIR], None], *, rank: 
     ir = decode_graph(path.read_bytes())
     edit(ir)
     path.write_bytes(encode_graph(ir))
-    session_path = root / f"rank{rank}" / "session.json"
-    session = json.loads(session_path.read_text())
-    next(g for g in session["graphs"] if g["name"] == name)["plan"] = None
-    session_path.write_text(json.dumps(session, indent=1) + "\n")
-    reseal(root)
+
+    def drop_plan(session: dict) -> None:
+        next(g for g in session["graphs"] if g["name"] == name)["plan"] = None
+
+    edit_json(root / f"rank{rank}" / "session.json", drop_plan, root=root, graphs=True)
 
 
 def edit_json(path: Path, edit: Callable[[dict], None], *, root: Path | None = None, graphs: bool = False) -> None:

@@ -116,14 +116,13 @@ def test_load_uses_plans_only_when_nothing_needs_patching(tmp_path):
 def test_a_graph_changed_after_save_without_its_plan_is_refused_on_reading(tmp_path):
     """A LOAD from plans never decodes the graph, so a plan bound to another graph file than
     the entry's is refused by every reader, before any GPU work (it replayed the old bytes)."""
-    import json
     import subprocess
     import sys
 
     from foundry.archive.files import sha256_hex
     from foundry.graphir.codec import encode_graph
 
-    from .archive_tools import reseal
+    from .archive_tools import edit_json, reseal
 
     ir = Archive.open(SAVE_A).graph(0, "decode.bs8")
     archive = write_archive(tmp_path / "a", [ir], like=SAVE_A, plan_of=make_plan)
@@ -143,12 +142,11 @@ def test_a_graph_changed_after_save_without_its_plan_is_refused_on_reading(tmp_p
     assert run.returncode == 2 and run.stdout == "" and len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert "plan.graph_sha256" in run.stderr and "Traceback" not in run.stderr
 
-    session_path = tmp_path / "a" / "rank0" / "session.json"  # a plan of session format 3: no binding
-    session = json.loads(session_path.read_text())
-    del session["graphs"][0]["plan"]["graph_sha256"]
-    session["format_version"] = 3
-    session_path.write_text(json.dumps(session))
-    reseal(tmp_path / "a", graphs=False)
+    def unbound(session: dict) -> None:  # a plan of session format 3: no binding
+        del session["graphs"][0]["plan"]["graph_sha256"]
+        session["format_version"] = 3
+
+    edit_json(tmp_path / "a" / "rank0" / "session.json", unbound, root=tmp_path / "a")
     assert Archive.open(tmp_path / "a").entry(0, "decode.bs8").plan.graph_sha256 is None  # read; verify compares
 
 
