@@ -14,7 +14,7 @@ after 1, 4, 12 and 36 captures (and after the last), beside torch's own graphs
 of those batch sizes. With ``--probe`` it first takes the driver's steps one at a
 time, timing the restored graphs after each: a stream capture of one memset begun and
 ended through the driver (thread-local, then global mode, torch's default), that graph
-instantiated, then launched, then one empty torch capture; where the slowdown begins
+instantiated, then launched, then one torch capture of one kernel; where the slowdown begins
 says whose state it is. Every time is the median of 20 replays behind a sleep kernel: the GPU's
 execution alone. bench/cold_start.py compares restored graphs with the graphs of
 another process, which captured; this compares them in one process, before and
@@ -63,7 +63,6 @@ def probe(graphs: dict) -> None:
     drv, side = driver(), torch.cuda.Stream()
     target = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda")
     stream = drv.CUstream(side.cuda_stream)
-    graph = None
     for label, mode in (("thread-local", "CU_STREAM_CAPTURE_MODE_THREAD_LOCAL"),
                         ("global", "CU_STREAM_CAPTURE_MODE_GLOBAL")):  # fmt: skip
         torch.cuda.synchronize()
@@ -76,8 +75,8 @@ def probe(graphs: dict) -> None:
     cu("cuGraphLaunch", graph_exec, stream)
     cu("cuStreamSynchronize", stream)
     row("restored, after launching it", graphs)
-    empty = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(empty):
+    one = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(one):
         target.add_(1)  # one kernel: torch refuses an empty capture on some versions
     row("restored, after one torch capture of one kernel", graphs)
 

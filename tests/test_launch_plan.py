@@ -65,6 +65,11 @@ def test_graphs_pointing_outside_the_region_get_no_plan():
     assert not plannable(ir) and make_plan(ir) is None
 
 
+def _flip_first_param_byte(ir) -> None:
+    first = ir.kernels()[0]
+    ir.replace_node(msgspec.structs.replace(first, params=bytes([first.params[0] ^ 1]) + first.params[1:]))
+
+
 def test_plans_are_stored_checked_and_dropped_by_rewrites(tmp_path):
     ir = Archive.open(SAVE_A).graph(0, "decode.bs8")
     archive = write_archive(tmp_path / "a", [ir], like=SAVE_A, plan_of=make_plan)
@@ -81,9 +86,8 @@ def test_plans_are_stored_checked_and_dropped_by_rewrites(tmp_path):
 
     rewrite_graphs(archive, lambda _, g: g, keep_plans=True)  # marks only: the plan stays
     assert Archive.open(tmp_path / "a").entry(0, "decode.bs8").plan == plan
-    first = ir.kernels()[0]  # a merge marks a byte another run saw differently: a new graph file, the same plan
-    other = Archive.open(SAVE_A).graph(0, "decode.bs8")
-    other.replace_node(msgspec.structs.replace(first, params=bytes([first.params[0] ^ 1]) + first.params[1:]))
+    other = Archive.open(SAVE_A).graph(0, "decode.bs8")  # a merge marks a byte another run saw differently:
+    _flip_first_param_byte(other)  # a new graph file, the same plan
     rewrite_graphs(Archive.open(tmp_path / "a"), lambda _, g: mark_undefined(g, other)[0], keep_plans=True)
     marked = Archive.open(tmp_path / "a").entry(0, "decode.bs8")
     assert marked.sha256 != archive.entry(0, "decode.bs8").sha256 and marked.plan.sha256 == plan.sha256
@@ -130,8 +134,7 @@ def test_a_graph_changed_after_save_without_its_plan_is_refused_on_reading(tmp_p
     assert entry.plan.graph_sha256 == entry.sha256 == sha256_hex(archive.graph_bytes(0, entry))
     assert archive.session(0).format_version == 4  # an older Foundry refuses it by version, not by field
 
-    first = ir.kernels()[0]  # a parameter byte changed and the archive re-sealed, the plan kept
-    ir.replace_node(msgspec.structs.replace(first, params=bytes([first.params[0] ^ 1]) + first.params[1:]))
+    _flip_first_param_byte(ir)  # a parameter byte changed and the archive re-sealed, the plan kept
     (tmp_path / "a" / "rank0" / entry.file).write_bytes(encode_graph(ir))
     reseal(tmp_path / "a")
     with pytest.raises(ArchiveError, match="packed from another graph file") as refused:

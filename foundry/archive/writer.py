@@ -75,10 +75,11 @@ class RankWriter:
         data = encode_graph(ir)
         relative = f"graphs/{ir.name}{GRAPH_SUFFIX}"
         atomic_write(self.dir / relative, data)
+        sha256 = sha256_hex(data)
         entry = GraphEntry(
             name=ir.name,
             file=relative,
-            sha256=sha256_hex(data),
+            sha256=sha256,
             size=len(data),
             fingerprint=fingerprint(ir),
             nodes=len(ir),
@@ -87,7 +88,7 @@ class RankWriter:
             outputs=outputs,
             topology=topology_key(ir),
             rng=rng,
-            plan=None if plan is None else self._write_plan(ir.name, *plan, graph_sha256=sha256_hex(data)),
+            plan=None if plan is None else self._write_plan(ir.name, *plan, graph_sha256=sha256),
         )
         self.graphs.append(entry)
         return entry
