@@ -14,7 +14,10 @@ after 1, 4, 12 and 36 captures (and after the last), beside torch's own graphs
 of those batch sizes. With ``--probe`` it first takes the driver's steps one at a
 time, timing the restored graphs after each: a stream capture of one memset begun and
 ended through the driver (thread-local, then global mode, torch's default), that graph
-instantiated, then launched, then one torch capture of one kernel; where the slowdown begins
+instantiated, then launched; then torch's steps toward capturing the decode step: one
+kernel captured, a fresh GiB allocated, one eager decode step, one GEMM captured, one kernel
+captured with keep_graph=True and replayed, two decode steps on a side stream (a capture's
+warm-up), the decode step captured, then replayed; where the slowdown begins
 says whose state it is. Every time is the median of 20 replays behind a sleep kernel: the GPU's
 execution alone. bench/cold_start.py compares restored graphs with the graphs of
 another process, which captured; this compares them in one process, before and
@@ -54,8 +57,9 @@ def row(label: str, graphs: dict) -> None:
     print(f"{label:44} {' '.join(cells)}", flush=True)
 
 
-def probe(graphs: dict) -> None:
-    """The driver's steps of a capture one at a time, the restored graphs timed after each."""
+def probe(graphs: dict, step) -> None:
+    """The driver's steps of a capture one at a time, the restored graphs timed after each; then
+    torch's steps toward capturing the decode ``step`` (bs 1), one at a time, timed the same way."""
     import torch
 
     from foundry.graphir.cuda import cu, driver
@@ -75,10 +79,44 @@ def probe(graphs: dict) -> None:
     cu("cuGraphLaunch", graph_exec, stream)
     cu("cuStreamSynchronize", stream)
     row("restored, after launching it", graphs)
-    one = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(one):
-        target.add_(1)  # one kernel: torch refuses an empty capture on some versions
-    row("restored, after one torch capture of one kernel", graphs)
+    kept: list = []  # every object made below lives until the probe ends, as a capture's would
+    matrix = torch.ones(64, 1024, dtype=torch.bfloat16, device="cuda")
+    for label, action in (
+        ("one torch capture of one kernel", lambda: torch_capture(lambda: target.add_(1))),
+        ("a fresh 1 GiB from torch", lambda: torch.ones(1 << 30, dtype=torch.uint8, device="cuda")),
+        ("one eager decode step", step),
+        ("one torch capture of one GEMM", lambda: torch_capture(lambda: matrix @ matrix.T)),
+        ("one kernel captured with keep_graph=True", lambda: torch_capture(lambda: target.add_(1), keep=True)),
+        ("that graph replayed", lambda: kept[-1].replay()),
+        ("two decode steps on a side stream", lambda: on_side_stream(step, 2)),
+        ("the decode step captured", lambda: torch_capture(step)),
+        ("that graph replayed", lambda: kept[-1].replay()),
+    ):  # fmt: skip
+        kept.append(action())
+        torch.cuda.synchronize()
+        row(f"restored, after {label}", graphs)
+
+
+def torch_capture(fn, keep: bool = False):
+    """``fn`` captured into a torch graph on its default pool; ``keep``: torch's keep_graph."""
+    import torch
+
+    graph = torch.cuda.CUDAGraph(keep_graph=keep)
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def on_side_stream(fn, times: int) -> None:
+    """``fn`` run ``times`` on a new stream, as a capture's warm-up runs it."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(times):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
 
 
 def time_then_capture(graphs: dict, *args, **kwargs) -> dict:
@@ -88,11 +126,11 @@ def time_then_capture(graphs: dict, *args, **kwargs) -> dict:
 
     print(f"{'bs ' + ', '.join(map(str, TIMED)) + ': ms, GPU execution':44}")
     row("restored, before any capture", graphs)
-    if PROBE:
-        probe(graphs)
     model, captured = decoders[0], {}
     ids = torch.zeros(model.cache.shape[2], dtype=torch.long, device="cuda")
     pos = torch.zeros_like(ids)
+    if PROBE:
+        probe(graphs, lambda: model.step(ids[:1], pos[:1]))
     sizes = [bs for bs in run.BENCH_BATCHES if bs <= len(ids)]
     for count, bs in enumerate(sizes, start=1):
         captured[bs] = capture(lambda bs=bs: model.step(ids[:bs], pos[:bs]))[0]
