@@ -316,6 +316,39 @@ def test_a_late_allocation_that_departs_from_saves_is_refused_naming_both(saved_
     assert "SAVE's #" in result["error"] and "bytes at offset" in result["error"], result
 
 
+@pytest.fixture(scope="module")
+def saved_own(tmp_path_factory) -> tuple[Path, dict]:
+    """A SAVE whose program creates each shape's table itself between captures, outside
+    its warm-ups, its warm-up bytes taken at finish()."""
+    archive = tmp_path_factory.mktemp("own") / "archive"
+    result = late_run("save", archive, "--bytes-until", "finish", "--own-tables")
+    assert "error" not in result, result
+    return archive, result
+
+
+def test_the_programs_own_allocations_between_captures_land_at_saves_offsets_in_both_load_modes(saved_own):
+    from foundry.archive import Archive
+
+    archive, saved = saved_own
+    trace = Archive.open(archive).session(0).region.trace
+    between = [a for a in trace if a.phase == "between"]
+    assert len(between) >= 3, trace  # the tables of bs 32, 16 and 8, made outside the warm-ups
+    for extra in ((), ("--warmup", "restore")):
+        loaded = late_run("load", archive, "--own-tables", extra=extra)
+        assert "error" not in loaded, (extra, loaded)
+        assert loaded["outputs"] == saved["outputs"], extra
+        assert loaded["report"]["counters"]["stream_captures"] == 0
+    assert loaded["report"]["late_allocations"] == len(between)  # the restoring LOAD made exactly those again
+    assert loaded["report"]["restored_again"] == len(between)  # and got SAVE's bytes in them
+
+
+def test_a_load_skipping_the_warmups_whose_own_allocation_departs_is_refused(saved_own):
+    archive, _ = saved_own
+    result = late_run("load", archive, "--own-tables", "--grow", "16", extra=("--warmup", "restore"))
+    assert result.get("field") == "region.trace", result
+    assert "made between captures, diverges from SAVE's trace" in result["error"], result
+
+
 def test_warmup_bytes_taken_at_the_first_capture_are_dropped_when_memory_came_later(tmp_path):
     saved = late_run("save", tmp_path / "archive", "--bytes-until", "capture")
     assert "error" not in saved, saved

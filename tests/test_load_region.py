@@ -44,3 +44,31 @@ def test_only_a_load_restoring_the_warmup_reads_its_bytes_ahead(tmp_path):
     region, _ = restore_of(saved_archive(tmp_path / "a"), warmup="replay")
     region.prefetch()
     assert region._read is None
+
+
+def test_the_first_copy_leaves_out_the_holes_the_program_fills_later():
+    from foundry.runtime.sessions.load_region import outside
+
+    assert outside(0, 100, [(10, 5), (50, 10)]) == [(0, 10), (15, 35), (60, 40)]
+    assert outside(10, 10, [(0, 12), (18, 5)]) == [(12, 6)]  # holes reaching over either end
+    assert outside(0, 100, [(0, 100)]) == [] and outside(0, 10, [(20, 5)]) == [(0, 10)]
+
+
+def test_at_finish_saves_bytes_go_again_into_the_holes_and_the_named_ranges_within_the_warmup_bytes(tmp_path):
+    from foundry.archive.schema import AllocationRecord
+    from foundry.runtime.sessions.placement import restore_plan
+
+    region, report = restore_of(saved_archive(tmp_path / "a"))
+    warm = region.record.warmup_bytes
+    start, end = warm.offset, warm.offset + warm.size
+    hole = AllocationRecord(7, start + 512, 256, 256, "between")
+    region.placement = restore_plan([hole], start, end, warmups_repeated=False)
+    region.again = [(start - 64, 128), (start + 1024, 64), (end + 4096, 64)]  # below, inside, beyond the bytes
+    copied: list[tuple[int, int]] = []
+    region._copy_back = lambda data, offset, size: copied.append((offset, size))
+    region._kept = WARMUP
+    region.restore_again()
+    assert copied == [(start + 512, 256), (start, 64), (start + 1024, 64)] and report["restored_again"] == 4
+    assert region._kept is None  # the bytes freed
+    region.restore_again()  # a second call copies nothing
+    assert len(copied) == 3

@@ -18,6 +18,7 @@ from foundry.integrations.sglang.config import PluginConfig, load_config
 from foundry.integrations.sglang.hookpoints import CHECKED_VERSIONS, HOOK_POINTS, check_version
 from foundry.integrations.sglang.plugin import graph_name
 from foundry.integrations.sglang.server_args import SERVER_ARGS, check_server_args, server_fingerprint
+from foundry.integrations.sglang.warmup_skip import PLACED, VERDICT
 
 from .engine_stubs import fake_engine
 
@@ -251,7 +252,8 @@ def test_the_report_splits_the_graph_phase_into_sglangs_warmups_and_foundrys_gra
         return types.SimpleNamespace(outputs=f"outputs of {name}")
 
     session = types.SimpleNamespace(graph=graph, finish=lambda: {"counters": {"stream_captures": 4}},
-                                    warmup=lambda fn: fn(), entries=[], device=0, model={})  # fmt: skip
+                                    warmup=lambda fn: fn(), entries=[], device=0, model={}, warmup_pool=None,
+                                    warmups_between=[])  # fmt: skip
     state = plugin.SchedulerState(PluginConfig(mode="save", archive=str(tmp_path)), session, 0,
                                   configs={"target": "ab" * 32})  # fmt: skip
     monkeypatch.setattr(plugin, "_state", state)
@@ -260,7 +262,11 @@ def test_the_report_splits_the_graph_phase_into_sglangs_warmups_and_foundrys_gra
 
     recording = []
     monkeypatch.setattr(warmup_skip, "start_recording", lambda: recording.append("start"))
-    monkeypatch.setattr(warmup_skip, "stop_recording", lambda device: recording.append("stop") or ([], []))
+    monkeypatch.setattr(
+        warmup_skip,
+        "stop_recording",
+        lambda device, pool: recording.append("stop") or (warmup_skip.PhaseBlocks([], []), []),
+    )
     session.hook = types.SimpleNamespace(region=lambda: types.SimpleNamespace(base=0x600000000000), trace=lambda: [])
     session.warmup_start = (0, 0)
     monkeypatch.setenv("FOUNDRY_SGLANG_REPORT", str(tmp_path / "report.json"))
@@ -285,7 +291,7 @@ def test_a_load_skips_the_warmups_only_where_save_found_it_safe(monkeypatch):
     import functools
 
     from foundry.integrations.sglang import plugin
-    from foundry.integrations.sglang.warmup_skip import SAFE, VERDICT
+    from foundry.integrations.sglang.warmup_skip import SAFE
     from foundry.runtime.sessions.load import LoadSession
 
     for recorded in (None, "unsafe: decode.bs8 node 3 points at 0x7f00, in memory ...", "unknown: overflowed"):
@@ -300,7 +306,7 @@ def test_a_load_skips_the_warmups_only_where_save_found_it_safe(monkeypatch):
         _tp_group=types.SimpleNamespace(barrier=lambda: None),
         _graphs={}, _outputs={}, _foundry_runner="decode",
     )  # fmt: skip
-    restoring = types.SimpleNamespace(warmup_mode="restore")
+    restoring = types.SimpleNamespace(warmup_mode="restore", region_restore=None)
     session = types.SimpleNamespace(
         warmup=functools.partial(LoadSession.warmup, restoring),
         graph=lambda *a, **k: types.SimpleNamespace(outputs="restored outputs"),
@@ -320,20 +326,30 @@ def test_save_judges_the_skip_unsafe_when_a_graph_points_into_memory_of_the_phas
 
     ir = Archive.open(FIXTURES / "saveload-a").graph(0, "decode.bs8")
     target = next(iter(ir.operands)).value
-    kept = types.SimpleNamespace(offset=0x100, size=4096, freed=False)  # a library's own, no torch segment
+    # a library's own driver memory (no torch segment), taken in the first shape's warm-up
+    kept = types.SimpleNamespace(order=3, offset=0x100, size=4096, freed=False, phase="warmup")
     region = types.SimpleNamespace(base=target - 0x180)
     hook = types.SimpleNamespace(region=lambda: region, trace=lambda: [kept])
-    session = types.SimpleNamespace(device=0, entries=[(ir, {})], warmup_start=(3, 0x100), hook=hook)
+    session = types.SimpleNamespace(device=0, entries=[(ir, {})], warmup_start=(3, 0x100), hook=hook,
+                                    warmup_pool=None, warmups_between=[])  # fmt: skip
     state = plugin.SchedulerState(PluginConfig(mode="save", archive="/a"), session, 0)
     monkeypatch.setattr(plugin, "_state", state)
-    monkeypatch.setattr(warmup_skip, "stop_recording", lambda device: ([], []))
-    assert plugin._judge_warmup_skip(session).startswith("unsafe: decode.bs8 node")
-    monkeypatch.setattr(warmup_skip, "stop_recording", lambda device: ([], [target - 0x80]))  # torch's segment
-    assert plugin._judge_warmup_skip(session) == "safe"
-    monkeypatch.setattr(warmup_skip, "stop_recording", lambda device: ([(target, 8)], [target - 0x80]))
-    assert plugin._judge_warmup_skip(session).startswith("unsafe: decode.bs8")
+
+    def recorded(warmup=(), program=(), segments=()):
+        blocks = warmup_skip.PhaseBlocks(list(warmup), list(program))
+        monkeypatch.setattr(warmup_skip, "stop_recording", lambda device, pool: (blocks, list(segments)))
+
+    recorded()
+    assert plugin._judge_warmup_skip(session)[VERDICT].startswith("unsafe: decode.bs8 node")
+    recorded(segments=[target - 0x80])  # torch's segment
+    assert plugin._judge_warmup_skip(session) == {VERDICT: "safe"}
+    recorded(warmup=[(target, 8)], segments=[target - 0x80])  # a block a warm-up kept
+    assert plugin._judge_warmup_skip(session)[VERDICT].startswith("unsafe: decode.bs8")
+    recorded(program=[(target, 8), (target + (1 << 30), 8)], segments=[target - 0x80])  # the capture loop's
+    assert plugin._judge_warmup_skip(session) == {VERDICT: "safe", PLACED: "[[384,8]]"}  # the one a graph reads
     state.recording_error = "the program records torch's allocation history itself"
-    assert plugin._judge_warmup_skip(session) == "unknown: the program records torch's allocation history itself"
+    said = plugin._judge_warmup_skip(session)
+    assert said == {VERDICT: "unknown: the program records torch's allocation history itself"}
 
 
 def test_without_foundry_run_the_plugin_prepares_the_schedulers_environment(with_hook, tmp_path):

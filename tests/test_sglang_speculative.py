@@ -138,6 +138,7 @@ class Session:
         self.hook = types.SimpleNamespace(region=lambda: types.SimpleNamespace(base=0x600000000000),
                                           trace=lambda: [])  # fmt: skip
         self.warmup_start = (0, 0)
+        self.warmup_pool, self.warmups_between = None, []  # the warm-ups' MemPool is a GPU's
 
     def warmup(self, fn):
         fn()
@@ -171,7 +172,7 @@ def serve(session: Session, monkeypatch, tmp_path, mode: str, draft: types.Simpl
                                   expected_runners=("target", "draft"))  # fmt: skip
     monkeypatch.setattr(plugin, "_state", state)
     monkeypatch.setattr(warmup_skip, "start_recording", lambda: None)  # torch's allocation history: a CUDA build
-    monkeypatch.setattr(warmup_skip, "stop_recording", lambda device: ([], []))
+    monkeypatch.setattr(warmup_skip, "stop_recording", lambda device, pool: (warmup_skip.PhaseBlocks([], []), []))
     monkeypatch.setenv("FOUNDRY_SGLANG_REPORT", str(tmp_path / "report.json"))
     plugin._on_model_load(TARGET)
     plugin._on_model_load(draft)

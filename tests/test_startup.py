@@ -95,3 +95,14 @@ def test_sglangs_collections_stay_everywhere_else(monkeypatch, mode, warmup, gc_
     with plugin._freeze_gc(original, False):
         pass
     assert original.calls == [False] and not plugin._state.skipped_collections
+
+
+def test_a_load_restoring_the_warmups_that_follows_saves_trace_collects_as_save_did(monkeypatch):
+    # its capture loop makes SAVE's allocations again: garbage left uncollected would move them
+    config = PluginConfig(mode="load", archive="/a", warmup="restore")
+    state = plugin.SchedulerState(config, object(), 0, placed=[(4096, 512)], follows_trace=True)
+    monkeypatch.setattr(plugin, "_state", state)
+    original = Collections()
+    with plugin._freeze_gc(original, False):
+        pass
+    assert original.calls == [False] and not plugin._state.skipped_collections

@@ -23,9 +23,9 @@ SESSION_FORMAT = "foundry-session"
 # of the catalog: 2 adds ``jit`` (the JIT caches); written at the lowest version that holds its content
 FORMAT_VERSION = 2
 # of sessions: 2 adds ``GlobalRecord.loader_words``, 3 ``GlobalRecord.host_words``, 4
-# ``LaunchPlan.graph_sha256``. A session is written at the lowest version that holds its
-# content, so an archive without them stays readable by older Foundry.
-SESSION_VERSION = 4
+# ``LaunchPlan.graph_sha256``, 5 the allocation phase ``between``. A session is written at the
+# lowest version that holds its content, so an archive without them stays readable by older Foundry.
+SESSION_VERSION = 5
 
 # Counts a session may hold, checked before the elements are decoded: at least 4x the largest
 # real archives (vLLM's ~2,000 piecewise graphs per rank on 8 ranks; SGLang's MoE preset, 52
@@ -99,13 +99,15 @@ def catalog_version(catalog: Catalog | None) -> int:
 
 
 class AllocationRecord(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
-    """One region allocation: call order, offset, mapped size, bytes asked for, phase."""
+    """One region allocation: call order, offset, mapped size, bytes asked for, phase
+    (``late``: between captures, in a warm-up; ``between``: between captures, the program's
+    own; see foundry.runtime.sessions.placement)."""
 
     order: U64
     offset: U64
     size: U64
     request: U64
-    phase: Literal["warmup", "capture", "late"]
+    phase: Literal["warmup", "capture", "late", "between"]
 
 
 class WarmupBytes(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -161,8 +163,12 @@ class ImageRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     globals: Annotated[tuple[GlobalRecord, ...], at_most(MAX_GLOBALS)] = ()
 
 
-def session_version(images: Sequence[ImageRecord], graphs: Sequence[GraphEntry] = ()) -> int:
-    """The lowest session format version that holds these image records and graph entries."""
+def session_version(
+    images: Sequence[ImageRecord], graphs: Sequence[GraphEntry] = (), region: RegionRecord | None = None
+) -> int:
+    """The lowest session format version that holds these image records, graph entries and region."""
+    if region is not None and any(a.phase == "between" for a in region.trace):
+        return 5
     if any(g.plan is not None and g.plan.graph_sha256 is not None for g in graphs):
         return 4
     if any(g.host_words for image in images for g in image.globals):

@@ -124,7 +124,7 @@ class RankWriter:
         self._check_open()
         session = Session(
             format=SESSION_FORMAT,
-            format_version=session_version(self.images, self.graphs),
+            format_version=session_version(self.images, self.graphs, self.region),
             rank=self.rank,
             graphs=tuple(self.graphs),
             region=self.region,

@@ -56,7 +56,8 @@ from foundry.integrations.sglang.hookpoints import HOOK_POINTS, check_version
 from foundry.integrations.sglang.runners import graph_name, phase_of, role_of
 from foundry.integrations.sglang.server_args import check_server_args, model_config_digest, server_fingerprint
 from foundry.integrations.sglang.speculative import check_speculative, model_runners
-from foundry.integrations.sglang.warmup_skip import SAFE, VERDICT
+from foundry.integrations.sglang.warmup_skip import SAFE, VERDICT, decode_placed
+from foundry.runtime.sessions.placement import BETWEEN
 
 KV_BUDGET = "sglang.kv_budget_bytes"
 MAMBA_POOL = "sglang.mamba_cache_size"  # hybrid models: slots of the linear-attention state pool
@@ -104,6 +105,10 @@ class SchedulerState:
     started: bool = False  # the session started (at the target model runner's init_torch_distributed)
     prefetch: Any = None  # LOAD: Triton's cache key computed on a thread (startup.Prefetch)
     skipped_collections: bool = False  # LOAD: SGLang's collections around the capture loop were left out
+    # LOAD restoring the warm-ups: the blocks SAVE's graphs read that the capture loop allocated
+    # (warmup_skip), and whether it makes allocations of SAVE's trace again (then it collects as SAVE did)
+    placed: list[tuple[int, int]] = field(default_factory=list)
+    follows_trace: bool = False
 
 
 _state: SchedulerState | None = None
@@ -182,14 +187,21 @@ def _on_scheduler_start(*args: Any, **kwargs: Any) -> None:
     _check_supported(server_args)
     live = server_fingerprint(server_args, installed_version())
 
+    placed: list[tuple[int, int]] = []
+    follows: list[bool] = []
+
     def check_archive(archive: Any, options: dict[str, Any]) -> None:
         if options["warmup"] == "restore":
             check_warmup_skip(archive.catalog.model)
+            placed.extend(decode_placed(archive.catalog.model))
+            region = archive.session(rank).region
+            follows.append(bool(placed) or any(a.phase == BETWEEN for a in (region.trace if region else ())))
 
     # SAVE keeps the region's bytes to the end of the graph phase: what a LOAD skipping the warm-ups restores
     opened = shared.open_session(config, device=device, rank=rank, live=live, check_archive=check_archive,
                                  warmup_bytes_until="finish")  # fmt: skip
-    _state = SchedulerState(config, opened, rank, expected_runners=model_runners(server_args))
+    _state = SchedulerState(config, opened, rank, expected_runners=model_runners(server_args), placed=placed,
+                            follows_trace=any(follows))  # fmt: skip
     if config.mode == "load":  # Triton's cache key, which the graph phase's first Triton launch would compute
         _state.prefetch = startup.prefetch_triton_key()
     _state.seconds["session_open_s"] = time.perf_counter() - begun
@@ -207,6 +219,8 @@ def _on_device_set(*args: Any, **kwargs: Any) -> None:
     begun = time.perf_counter()
     _state.session.start()
     _state.started = True
+    if _state.placed:  # SGLang makes them again during its graph phase, after the warm-up bytes are copied
+        _state.session.restore_again_at_finish(_state.placed)
     made = _state.session.hook.region().allocations
     if made:
         raise FoundryError("CUDA allocations were made in the scheduler before its model runner set the device; "
@@ -219,13 +233,15 @@ def _on_device_set(*args: Any, **kwargs: Any) -> None:
 @_says_refusals
 def _freeze_gc(original: Any, enable_cudagraph_gc: bool) -> Any:
     """SGLang collects garbage fully before and after its capture loop (about 0.9 s in a
-    server's scheduler). A LOAD that restores the warm-ups' bytes keeps only the freeze:
-    nothing of it follows SAVE's allocation trace, so garbage left uncollected moves no
-    allocation a graph reads; ``FOUNDRY_SGLANG_GC=keep`` keeps SGLang's collections."""
+    server's scheduler). A LOAD that restores the warm-ups' bytes keeps only the freeze
+    where nothing of it follows SAVE's allocation trace, so garbage left uncollected moves
+    no allocation a graph reads; one whose capture loop makes SAVE's allocations again
+    collects as SAVE did. ``FOUNDRY_SGLANG_GC=keep`` keeps SGLang's collections."""
     if (
         _state is None
         or _state.config.mode != "load"
         or _state.config.warmup != "restore"
+        or _state.follows_trace
         or SGLANG_GC.read() == "keep"
     ):
         return original(enable_cudagraph_gc)
@@ -436,8 +452,10 @@ def _on_graphs_done(result: Any, *args: Any, **kwargs: Any) -> None:
     begun = time.perf_counter()
     if _state.config.mode == "save" and _state.graph_phase:
         judged = _judge_warmup_skip(_state.session)
-        _state.session.model[VERDICT] = judged
-        _state.session.keep_warmup_bytes = judged == SAFE  # what only a LOAD skipping the warm-ups restores
+        _state.session.model.update(judged)
+        _state.session.keep_warmup_bytes = judged[VERDICT] == SAFE  # what only a LOAD skipping the warm-ups restores
+    elif _state.placed:  # before the first replay: the blocks the graphs read where SAVE had them
+        _check_placed()
     report = _state.session.finish()
     _state.seconds["session_finish_s"] = time.perf_counter() - begun
     if _state.config.mode == "load":
@@ -480,23 +498,44 @@ def _check_model_runners() -> None:
                            found=sorted(_state.configs))  # fmt: skip
 
 
-def _judge_warmup_skip(session: Any) -> str:
-    """SAVE's verdict on a LOAD that skips SGLang's warm-ups (see warmup_skip); not judged
-    for several model runners or a hybrid model's state pool."""
+def _judge_warmup_skip(session: Any) -> dict[str, str]:
+    """SAVE's verdict on a LOAD that skips SGLang's warm-ups and the capture loop's blocks
+    its graphs read (see warmup_skip), as archive model entries; not judged for several
+    model runners or a hybrid model's state pool."""
     from foundry.integrations.sglang import warmup_skip
 
     assert _state is not None
     irs = [ir for ir, _ in session.entries]
-    recorded = _state.recording_error or warmup_skip.stop_recording(session.device)
+    pool = None if session.warmup_pool is None else tuple(session.warmup_pool.id)
+    recorded = _state.recording_error or warmup_skip.stop_recording(session.device, pool)
     unjudged = warmup_skip.unjudged(_state.runners, _state.hybrid)
     if unjudged is not None:
         recorded = unjudged
     if isinstance(recorded, str):  # never recorded, unreadable or not judged: the verdict says why
-        return warmup_skip.verdict(irs, recorded)
+        return {VERDICT: warmup_skip.verdict(irs, recorded)}
     blocks, segments = recorded
     info = session.hook.region()
-    foreign = warmup_skip.foreign_allocations(session.hook.trace(), session.warmup_start[1], info.base, segments)
-    return warmup_skip.verdict(irs, sorted(blocks + foreign))
+    foreign = warmup_skip.foreign_allocations(session.hook.trace(), session.warmup_start[1], info.base, segments,
+                                              session.warmups_between)  # fmt: skip
+    judged = {VERDICT: warmup_skip.verdict(irs, blocks.warmup, foreign)}
+    placed = warmup_skip.read_blocks(irs, blocks.program)
+    if judged[VERDICT] == SAFE and placed:
+        judged[warmup_skip.PLACED] = warmup_skip.encode_placed(placed, info.base)
+    return judged
+
+
+def _check_placed() -> None:
+    """(``--warmup restore``) Each block SAVE's graphs read that SGLang's capture loop
+    allocated is allocated again at SAVE's address, or the LOAD refuses naming it."""
+    import torch
+
+    from foundry.integrations.sglang import warmup_skip
+
+    assert _state is not None
+    begun = time.perf_counter()
+    base = _state.session.hook.region().base
+    warmup_skip.check_placed(_state.placed, base, torch.cuda.memory_snapshot())
+    _state.seconds["placed_check_s"] = time.perf_counter() - begun
 
 
 def _check_restored(report: dict[str, Any]) -> None:

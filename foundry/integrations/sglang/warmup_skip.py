@@ -3,30 +3,44 @@
 SGLang runs two eager forwards per shape before capturing it. A LOAD that skips
 them (``--warmup restore``) gets instead the region's bytes as SAVE left them at
 the end of its graph phase. Its caching allocator, though, never holds the blocks
-those forwards and the capture loop allocated. Tensors the capture loop creates
-between captures then land elsewhere than at SAVE. That is harmless unless a graph
-points at such a tensor: SGLang would fill the tensor at its new address while the
-graph reads SAVE's.
+those forwards allocated. The forwards allocate from a pool of their own
+(``Session.warmup``), so the tensors SGLang's capture loop creates between
+captures (an attention backend's per-shape buffers, say) land where they landed
+at SAVE all the same, in torch's default pool; what the forwards kept lands
+nowhere at such a LOAD.
 
 SAVE therefore records torch's allocation history over the graph phase. At its end
 the history gives the blocks allocated in that phase, outside the graph pools,
-and still alive. Every graph operand is checked against them, and the archive
-records the verdict under ``sglang.warmup_skip``. A LOAD that skips the warm-ups
-refuses an archive whose verdict is not ``safe``. Servers with several model
-runners (speculative decoding) and hybrid models are not judged
-(:func:`unjudged`): their verdict is ``unknown``.
+and still alive: the warm-ups' and the capture loop's. Every graph operand is
+checked against them. One that points into a warm-up's block (or memory a
+library took from the driver in a warm-up) makes the verdict ``unsafe``; the
+capture loop's blocks that graphs read are recorded (``sglang.placed_blocks``),
+and a LOAD skipping the warm-ups checks that each is allocated at SAVE's address
+before any replay, and copies SAVE's bytes into it again. The archive records the
+verdict under ``sglang.warmup_skip``; a LOAD that skips the warm-ups refuses an
+archive whose verdict is not ``safe``. Servers with several model runners
+(speculative decoding) and hybrid models are not judged (:func:`unjudged`): their
+verdict is ``unknown``.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
+from foundry.errors import ArchiveError, DriftError
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.regions import AddressRanges
+from foundry.runtime.sessions.placement import BETWEEN, between_phase
 
 VERDICT = "sglang.warmup_skip"
+PLACED = "sglang.placed_blocks"
 SAFE = "safe"
+_PLACED_TEXT = 1 << 20  # characters of PLACED a LOAD reads: tens of thousands of blocks
 _HISTORY_ENTRIES = 1_000_000  # allocation events kept; a graph phase that overflows them is not judged
 _FREES = ("free_requested", "free_completed")
 
@@ -46,7 +60,7 @@ def start_recording() -> str | None:
     return None
 
 
-def stop_recording(device: int) -> tuple[list[tuple[int, int]], list[int]] | str:
+def stop_recording(device: int, warmup_pool: tuple[int, int] | None) -> tuple[PhaseBlocks, list[int]] | str:
     """The live phase blocks (see :func:`live_phase_blocks`) and the start of every
     segment torch holds, or why they are unknown. Recording stops."""
     import torch
@@ -59,37 +73,51 @@ def stop_recording(device: int) -> tuple[list[tuple[int, int]], list[int]] | str
         return f"torch's allocation history cannot be read ({err})"
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    blocks = live_phase_blocks(snapshot, device)
+    blocks = live_phase_blocks(snapshot, device, warmup_pool)
     if isinstance(blocks, str):
         return blocks
     return blocks, sorted(int(s["address"]) for s in snapshot["segments"] if s.get("device", device) == device)
 
 
 def foreign_allocations(
-    trace: Iterable[Any], start: int, base: int, torch_segments: list[int]
+    trace: Iterable[Any], start: int, base: int, torch_segments: list[int], warmups: list[tuple[int, int]]
 ) -> list[tuple[int, int]]:
-    """Region allocations made in the phase (offset from ``start`` on, still mapped) that
-    are none of torch's segments: memory a library took from the driver itself, which a
-    LOAD that skips the warm-ups would see that library take elsewhere. Allocations
-    inside a capture are torch's graph pools, so they are torch's segments."""
+    """Region allocations made in a warm-up of the phase (offset from ``start`` on, still
+    mapped, not between captures outside ``warmups``) that are none of torch's segments:
+    memory a library took from the driver itself, which a LOAD that skips the warm-ups
+    would see that library take elsewhere. Allocations inside a capture are torch's graph
+    pools, so they are torch's segments; those between captures outside a warm-up the
+    LOAD makes again at SAVE's offset."""
     segments = set(torch_segments)
     return sorted(
         (base + a.offset, a.size)
         for a in trace
-        if a.offset >= start and not a.freed and base + a.offset not in segments
+        if a.offset >= start
+        and not a.freed
+        and base + a.offset not in segments
+        and between_phase(a.phase, a.order, warmups) != BETWEEN
     )
 
 
-def live_phase_blocks(snapshot: Mapping[str, Any], device: int) -> list[tuple[int, int]] | str:
-    """``(address, size)`` of every block allocated during the recording, outside a graph
-    pool, and not freed by its end, sorted; or why the history cannot tell."""
+@dataclass(frozen=True)
+class PhaseBlocks:
+    """Torch's blocks the graph phase allocated outside the graph pools and kept, sorted
+    ``(address, size)``: in the warm-ups' pool, or the program's own (the default pool)."""
+
+    warmup: list[tuple[int, int]]
+    program: list[tuple[int, int]]
+
+
+def live_phase_blocks(snapshot: Mapping[str, Any], device: int, warmup_pool: tuple[int, int] | None = None
+                      ) -> PhaseBlocks | str:  # fmt: skip
+    """The blocks allocated during the recording and not freed by its end, outside the graph
+    pools, by pool (``warmup_pool``: the warm-ups' pool id); or why the history cannot tell."""
     try:
         traces = snapshot["device_traces"][device]
-        graph_segments = AddressRanges.of_blocks(
-            (int(s["address"]), int(s["total_size"]))
-            for s in snapshot["segments"]
-            if s.get("device", device) == device and tuple(s.get("segment_pool_id", (0, 0))) != (0, 0)
-        )
+        pools = {tuple(s.get("segment_pool_id", (0, 0))): [] for s in snapshot["segments"]}
+        for s in snapshot["segments"]:
+            if s.get("device", device) == device:
+                pools[tuple(s.get("segment_pool_id", (0, 0)))].append((int(s["address"]), int(s["total_size"])))
         if len(traces) >= _HISTORY_ENTRIES:
             return f"the allocation history overflowed ({len(traces)} events kept)"
         live: dict[int, int] = {}
@@ -100,7 +128,67 @@ def live_phase_blocks(snapshot: Mapping[str, Any], device: int) -> list[tuple[in
                 live.pop(int(entry["addr"]), None)
     except (KeyError, IndexError, TypeError, ValueError) as err:
         return f"torch's allocator snapshot has another shape ({type(err).__name__}: {err})"
-    return sorted((a, s) for a, s in live.items() if a not in graph_segments)
+    default = AddressRanges.of_blocks(pools.get((0, 0), []))
+    warm = AddressRanges.of_blocks(pools.get(tuple(warmup_pool), []) if warmup_pool is not None else [])
+    kept = sorted(live.items())
+    return PhaseBlocks([b for b in kept if b[0] in warm], [b for b in kept if b[0] in default])
+
+
+def read_blocks(irs: Iterable[GraphIR], blocks: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Those of ``blocks`` (sorted ``(address, size)``) that a graph operand points into."""
+    hit: set[tuple[int, int]] = set()
+    starts = [address for address, _ in blocks]
+    ranges = AddressRanges.of_blocks(blocks)
+    for ir in irs:
+        for operand in ir.operands:
+            if operand.value in ranges:  # the block starting at or below it (blocks are disjoint)
+                hit.add(blocks[bisect.bisect_right(starts, operand.value) - 1])
+    return sorted(hit)
+
+
+def encode_placed(blocks: list[tuple[int, int]], base: int) -> str:
+    """``PLACED``'s value: each block as ``[region offset, size]``."""
+    return msgspec.json.encode([[address - base, size] for address, size in blocks]).decode()
+
+
+def decode_placed(model: Mapping[str, str]) -> list[tuple[int, int]]:
+    """``(region offset, size)`` of each block SAVE's graphs read that the capture loop
+    allocated (none where the archive names none); hostile text is refused by field."""
+    text = model.get(PLACED)
+    if text is None:
+        return []
+    if len(text) > _PLACED_TEXT:
+        raise ArchiveError("too many placed blocks", field=PLACED, expected=f"at most {_PLACED_TEXT} characters",
+                           found=len(text))  # fmt: skip
+    try:
+        blocks = msgspec.json.decode(text, type=list[tuple[int, int]])
+    except msgspec.DecodeError as err:
+        raise ArchiveError(f"placed blocks unreadable ({err})", field=PLACED) from None
+    if any(offset < 0 or size <= 0 for offset, size in blocks):
+        raise ArchiveError("a placed block with a negative offset or no size", field=PLACED)
+    return blocks
+
+
+def check_placed(placed: list[tuple[int, int]], base: int, segments: Iterable[Mapping[str, Any]]) -> None:
+    """Refuse a LOAD in which a block SAVE's graphs read is not an allocated block of torch
+    at SAVE's address with SAVE's size (``segments``: ``torch.cuda.memory_snapshot()``)."""
+    allocated: dict[int, int] = {}
+    for segment in segments:
+        at = int(segment["address"])
+        for block in segment.get("blocks", ()):
+            if block.get("state") == "active_allocated":
+                allocated[int(block.get("address", at))] = int(block["size"])
+            at += int(block["size"])
+    for index, (offset, size) in enumerate(placed):
+        found = allocated.get(base + offset)
+        if found != size:
+            raise DriftError(
+                f"block #{index} of those SAVE's graphs read, which SGLang allocated between captures, is not where "
+                "SAVE had it",
+                field=PLACED,
+                expected=f"{size} bytes at offset {offset}",
+                found="no block of torch's starts there" if found is None else f"a block of {found} bytes",
+            )
 
 
 def unjudged(model_runners: Iterable[str], hybrid: bool) -> str | None:
@@ -118,15 +206,21 @@ def unjudged(model_runners: Iterable[str], hybrid: bool) -> str | None:
     return None
 
 
-def verdict(irs: Iterable[GraphIR], blocks: list[tuple[int, int]] | str) -> str:
+def verdict(irs: Iterable[GraphIR], blocks: list[tuple[int, int]] | str,
+            foreign: list[tuple[int, int]] = ()) -> str:  # fmt: skip
     """``safe``, or the first reason a LOAD may not skip the warm-ups: a graph points into
-    one of ``blocks`` (sorted ``(address, size)``), or they are unknown."""
+    one of ``blocks`` (sorted ``(address, size)``: torch's, kept from a warm-up) or of
+    ``foreign`` (driver memory a library took in a warm-up), or they are unknown."""
     if isinstance(blocks, str):
         return f"unknown: {blocks}"
-    kept = AddressRanges.of_blocks(blocks)
+    kept = AddressRanges.of_blocks(sorted([*blocks, *foreign]))
     hits = [(ir.name, operand) for ir in irs for operand in ir.operands if operand.value in kept]
     if not hits:
         return SAFE
     name, operand = hits[0]
-    return (f"unsafe: {name} node {operand.node} points at 0x{operand.value:x}, in memory allocated during the "
-            f"graph phase outside a capture and kept ({len(hits)} such operand(s))")  # fmt: skip
+    torch_block = operand.value in AddressRanges.of_blocks(blocks)
+    where = ("a block of torch's that a warm-up allocated during the graph phase and kept" if torch_block
+             else "memory taken from the driver during a warm-up of the graph phase, not torch's")  # fmt: skip
+    graphs = len({graph for graph, _ in hits})
+    return (f"unsafe: {name} node {operand.node} points at 0x{operand.value:x}, in {where} "
+            f"({len(hits)} such operand(s) in {graphs} graph(s))")  # fmt: skip

@@ -96,7 +96,9 @@ def check_active(hook: Hook) -> None:
 def anchor_generator() -> Any:
     """Register the default generator with a graph now, so its seed/offset cells are
     allocated at the same point of the trace in SAVE (where the first capture would
-    allocate them) and in LOAD (which never captures)."""
+    allocate them) and in LOAD (which never captures): at the first warm-up, before it
+    runs, or else before the first capture. Before the warm-up, because a LOAD that
+    skips it must make the same allocations of the program's pool up to there."""
     import torch
 
     anchor = torch.cuda.CUDAGraph()
@@ -148,15 +150,29 @@ class Session:
             note_session(self.mode)
         self.device = device
         self.pool: Any = None
+        self.warmup_pool: Any = None  # torch's MemPool of the warm-ups, from the first one on
 
     def start(self) -> None:
         init_cuda(self.device)
 
     def warmup(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn``, the program's eager warm-up, with this thread's allocations in a pool of
+        their own: what the warm-ups allocate and free never moves the program's own
+        allocations between captures, so those land alike whether a LOAD repeats the
+        warm-ups or skips them (``foundry.runtime.sessions.placement``)."""
         import torch
 
-        fn()
+        if self.warmup_pool is None:
+            self.warmup_pool = torch.cuda.MemPool()
+        with torch.cuda.use_mem_pool(self.warmup_pool):
+            fn()
         torch.cuda.synchronize()
+
+    def release_warmup_pool(self) -> None:
+        """Once the graph phase is over: the warm-ups' pool goes, and torch hands back the
+        memory it cached for them (blocks a warm-up kept stay), so the program's later work
+        is not short of it."""
+        self.warmup_pool = None
 
     def graph(
         self, name: str, fn: Callable[[], Any], *, shape_key: int | None = None, runner: str | None = None

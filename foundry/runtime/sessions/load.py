@@ -22,7 +22,15 @@ from foundry.env import BUILDERS, INSTANTIATE_MODES, WARMUP_MODES
 from foundry.errors import DriftError, FoundryError, HookError
 from foundry.graphir.graph import GraphIR
 from foundry.runtime.native.hook import Hook
-from foundry.runtime.sessions.base import Laps, RestoredGraph, Session, check_active, init_cuda, start_checked
+from foundry.runtime.sessions.base import (
+    Laps,
+    RestoredGraph,
+    Session,
+    anchor_generator,
+    check_active,
+    init_cuda,
+    start_checked,
+)
 from foundry.runtime.sessions.load_region import RegionRestore
 from foundry.runtime.sessions.load_relocation import Relocation
 from foundry.runtime.sessions.validate import check_claims, check_relocation, required_backends
@@ -162,6 +170,8 @@ class LoadSession(Session):
         self.attached[backend] = facts
 
     def warmup(self, fn: Callable[[], Any]) -> None:
+        if self.region_restore is not None and self.region_restore.anchor is None:  # where SAVE registered it
+            self.region_restore.anchor = anchor_generator()
         if self.warmup_mode == "replay":
             super().warmup(fn)
 
@@ -179,6 +189,15 @@ class LoadSession(Session):
             )
         return self.graphs[name]
 
+    def restore_again_at_finish(self, ranges: list[tuple[int, int]]) -> None:
+        """(``--warmup restore``) Region ``(offset, size)`` ranges the program makes again during
+        its graph phase, after the warm-up bytes were copied (say a buffer an engine creates
+        between captures): :meth:`finish` copies SAVE's bytes into them again. Before the
+        first ``graph()``."""
+        if self.region_restore is None or self.graphs is not None:
+            raise FoundryError("restore_again_at_finish() between start() and the first graph()")
+        self.region_restore.again = sorted(ranges)
+
     def finish(self) -> dict[str, Any]:
         if not hasattr(self, "hook"):
             raise FoundryError("finish() before start(): call session.start() before the first CUDA allocation")
@@ -189,8 +208,10 @@ class LoadSession(Session):
         laps.mark("instantiation_wait")
         if self.graphs is not None and self.region_restore is not None:
             self.region_restore.check_followed(complete=True)
+            self.region_restore.restore_again()
             self.hook.seal()  # what the program allocates from now on is its own
         laps.mark("trace_and_seal")
+        self.release_warmup_pool()
         self.report["counters"] = self.hook.counters()
         return self.report
 

@@ -39,6 +39,10 @@ class RegionRestore:
         self._read: Future[bytes] | None = None  # the thread reading them since prefetch()
         self.placement: RestorePlan | None = None  # how map() restored the region
         self._restored_at = 0  # allocations the trace held right after the restore
+        # (--warmup restore) region ranges the program makes again after the bytes were copied
+        # (SAVE's between allocations, the blocks an integration names): copied again at finish
+        self.again: list[tuple[int, int]] = []
+        self._kept: bytes | None = None  # the warm-up bytes, held for that second copy
 
     def _expected_count(self) -> int:
         if self.warmup == "restore":
@@ -76,7 +80,7 @@ class RegionRestore:
         thread while the graphs are built; :meth:`finish` joins it)."""
         import torch
 
-        if self.warmup == "replay":  # SAVE allocated the generator's cells after its warm-up
+        if self.anchor is None:  # a program without a warm-up: SAVE registered it before its first capture
             self.anchor = anchor_generator()
         torch.cuda.synchronize()
         self.check_trace()
@@ -96,8 +100,8 @@ class RegionRestore:
         SAVE's allocations between captures to them (:mod:`foundry.runtime.sessions.placement`)."""
         info = self.hook.region()
         self.placement = restore_plan(self.record.trace, info.cursor, self.record.final_offset,
-                                      follow=self.warmup == "replay")  # fmt: skip
-        late = [Allocation(a.order, a.offset, a.size, a.request, False, False, a.phase) for a in self.placement.late]
+                                      warmups_repeated=self.warmup == "replay")  # fmt: skip
+        late = [Allocation(a.order, a.offset, a.size, a.request, False, False, LATE) for a in self.placement.late]
         self.hook.restore(list(self.placement.ranges), self.placement.final_offset, late,
                           follow=self.placement.follow)  # fmt: skip
         self._restored_at = self.hook.region().allocations
@@ -151,15 +155,56 @@ class RegionRestore:
         import torch
 
         warm = self.record.warmup_bytes
-        assert warm is not None
+        assert warm is not None and self.placement is not None
         if context is not None:  # another thread: the driver's current context is per thread
             cu("cuCtxSetCurrent", context)
         begun = time.perf_counter()
         data = self.warmup_data()
         read = time.perf_counter()
-        # the driver reads straight from the bytes object (alive until the call returns): no copy
-        cu("cuMemcpyHtoD", self.record.base + warm.offset, ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value,
-           len(data))  # fmt: skip
+        holes = [(a.offset, a.size) for a in self.placement.late]  # not mapped yet: the program makes them
+        for offset, size in outside(warm.offset, len(data), holes):
+            self._copy_back(data, offset, size)
+        if holes or self.again:
+            self._kept = data
         torch.cuda.default_generators[self.device].set_offset(warm.generator_offset)
         self.report.update(warmup_bytes=len(data), warmup_wait_s=read - begun,
                            warmup_copy_s=time.perf_counter() - read)  # fmt: skip
+
+    def _copy_back(self, data: bytes, offset: int, size: int) -> None:
+        """SAVE's bytes of region ``[offset, offset + size)``, which ``data`` holds from the
+        warm-up's offset on. The driver reads straight from the bytes object (alive until
+        the call returns): no copy."""
+        warm = self.record.warmup_bytes
+        assert warm is not None
+        start = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+        cu("cuMemcpyHtoD", self.record.base + offset, start + offset - warm.offset, size)
+
+    def restore_again(self) -> None:
+        """(``--warmup restore``, at finish) SAVE's bytes into what the program made again after
+        the first copy: its between allocations and the ranges in :attr:`again`, as far as
+        the warm-up's bytes reach (memory below them held the program's own bytes at SAVE
+        as well, and no LOAD restores it)."""
+        data, self._kept = self._kept, None
+        if data is None or self.placement is None:
+            return
+        warm = self.record.warmup_bytes
+        assert warm is not None
+        end = warm.offset + len(data)
+        for offset, size in [*((a.offset, a.size) for a in self.placement.late), *self.again]:
+            first, last = max(offset, warm.offset), min(offset + size, end)
+            if first < last:
+                self._copy_back(data, first, last - first)
+        self.report["restored_again"] = len(self.placement.late) + len(self.again)
+
+
+def outside(start: int, size: int, holes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``(offset, size)`` spans of ``[start, start + size)`` that none of ``holes`` (ascending,
+    disjoint ``(offset, size)``) covers."""
+    spans, at, end = [], start, start + size
+    for offset, length in holes:
+        if offset > at:
+            spans.append((at, min(offset, end) - at))
+        at = max(at, offset + length)
+    if at < end:
+        spans.append((at, end - at))
+    return [(o, n) for o, n in spans if n > 0]

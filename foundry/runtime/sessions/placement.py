@@ -2,19 +2,22 @@
 
 SAVE's region is a cursor that only moves forward, so the same requests in the
 same order give the same addresses. Engines warm each shape up right before
-capturing it, and at a production graph set some of those eager warm-ups take
-new memory after the first capture began: SAVE's trace marks them ``late``,
-between the graph pool's allocations (``capture``). A LOAD never captures, so
-the captures' memory must be mapped for it, and the late allocations must land
-where SAVE's trace put them:
+capturing it, and at a production graph set some allocations take new memory
+after the first capture began, between the graph pool's (``capture``): those of
+the eager warm-ups (``late``), and the program's own between its warm-ups, say a
+buffer an attention backend creates for the next shape (``between``). Warm-ups
+allocate from a pool of their own (``Session.warmup``), so the program's own
+allocations land alike whether the warm-ups ran or not. A LOAD never captures,
+so the captures' memory is mapped for it, and what it allocates again must land
+where SAVE's trace put it:
 
 - a LOAD that repeats the warm-ups maps every range the captures used at once
-  and leaves a hole for each late allocation; its own warm-ups then make them
-  again, and the hook places each in its hole, provided it asks for the same
-  bytes in the same order (the first that does not is a divergence, refused
-  naming both allocations);
+  and leaves a hole for each late and between allocation; its warm-ups and its
+  own code then make them again, and the hook places each in its hole, provided
+  it asks for the same bytes in the same order (the first that does not is a
+  divergence, refused naming both allocations);
 - a LOAD that restores the warm-up's bytes instead maps the late allocations
-  too: nothing of it allocates them again.
+  too (nothing of it makes them) and leaves holes for the between ones only.
 
 Everything here is pure: the hook executes the plan (``Hook.restore``).
 """
@@ -27,7 +30,8 @@ from typing import Protocol
 
 from foundry.errors import ArchiveError, DriftError
 
-LATE = "late"
+LATE = "late"  # between captures, in a warm-up
+BETWEEN = "between"  # between captures, outside the warm-ups: the program's own
 
 
 class TraceEntry(Protocol):
@@ -55,15 +59,25 @@ class RestorePlan:
 
 
 def late_allocations(trace: Sequence[TraceEntry]) -> list[TraceEntry]:
-    """SAVE's allocations between captures, in call order."""
-    return [a for a in trace if a.phase == LATE]
+    """SAVE's allocations between captures (the warm-ups' and the program's), in call order."""
+    return [a for a in trace if a.phase in (LATE, BETWEEN)]
 
 
-def restore_plan(trace: Sequence[TraceEntry], start: int, final_offset: int, *, follow: bool) -> RestorePlan:
-    """The plan for a LOAD whose cursor stands at ``start``: with ``follow`` (the warm-ups
-    repeated) SAVE's late allocations at or above ``start`` are left for the program to
-    make again; without it everything up to ``final_offset`` is mapped."""
-    late = [a for a in late_allocations(trace) if a.offset >= start] if follow else []
+def between_phase(phase: str, order: int, warmups: Sequence[tuple[int, int]]) -> str:
+    """The phase SAVE records for the hook's allocation number ``order``: a late one outside
+    every warm-up (``warmups``: their ``[first, end)`` allocation numbers) is ``between``."""
+    if phase != LATE or any(first <= order < end for first, end in warmups):
+        return phase
+    return BETWEEN
+
+
+def restore_plan(trace: Sequence[TraceEntry], start: int, final_offset: int, *, warmups_repeated: bool) -> RestorePlan:
+    """The plan for a LOAD whose cursor stands at ``start``: SAVE's allocations at or above
+    ``start`` that the LOAD makes again (all between captures when it repeats the
+    warm-ups, else the program's own) are left for it; everything else up to
+    ``final_offset`` is mapped. It follows SAVE's trace when it makes any again."""
+    again = (LATE, BETWEEN) if warmups_repeated else (BETWEEN,)
+    late = [a for a in trace if a.phase in again and a.offset >= start]
     ranges: list[tuple[int, int]] = []
     at = start
     for a in late:  # the cursor only moved forward: ascending, never overlapping
@@ -75,7 +89,7 @@ def restore_plan(trace: Sequence[TraceEntry], start: int, final_offset: int, *, 
         at = a.offset + a.size
     if at < final_offset:
         ranges.append((at, final_offset - at))
-    return RestorePlan(start, max(final_offset, start), tuple(ranges), tuple(late), follow)
+    return RestorePlan(start, max(final_offset, start), tuple(ranges), tuple(late), warmups_repeated or bool(late))
 
 
 def check_followed(plan: RestorePlan, live: Sequence[TraceEntry], *, complete: bool) -> None:
@@ -87,7 +101,7 @@ def check_followed(plan: RestorePlan, live: Sequence[TraceEntry], *, complete: b
         if want is None:
             raise DriftError(
                 f"allocation #{made.order} of {made.request} bytes, made between captures, has no counterpart in "
-                f"SAVE's trace: SAVE made {len(plan.late)} allocations between its captures",
+                f"SAVE's trace: SAVE made {len(plan.late)} allocations between its captures that this LOAD makes again",
                 field="region.trace",
                 found=f"#{made.order}: {made.request} bytes",
             )
@@ -101,7 +115,7 @@ def check_followed(plan: RestorePlan, live: Sequence[TraceEntry], *, complete: b
     if complete and len(live) < len(plan.late):
         want = plan.late[len(live)]
         raise DriftError(
-            f"the LOAD made {len(live)} of SAVE's {len(plan.late)} allocations between captures",
+            f"the LOAD made {len(live)} of the {len(plan.late)} allocations between captures it makes again",
             field="region.trace",
             expected=f"SAVE's #{want.order}: {want.request} bytes at offset {want.offset}",
             found="none",

@@ -27,7 +27,7 @@ from foundry.runtime.sessions.base import (
     init_cuda,
     start_checked,
 )
-from foundry.runtime.sessions.placement import late_allocations
+from foundry.runtime.sessions.placement import between_phase, late_allocations
 
 WARMUP_FILE = "warmup.bin"
 # (stack shift, fill pattern) of the extra captures that find undefined parameter bytes:
@@ -67,6 +67,8 @@ class SaveSession(Session):
         self.entries: list[tuple[GraphIR, dict[str, Any]]] = []
         self.warmup_start: tuple[int, int] | None = None  # (allocations, cursor) when the warm-up began
         self.warmup_end: tuple[int, int] | None = None
+        self.anchor: Any = None  # the default generator registered with a graph (anchor_generator)
+        self.warmups_between: list[tuple[int, int]] = []  # [first, end) allocation numbers of later warm-ups
         self.warmup_data: bytes | None = None
         self.generator_offset: int | None = None
         self.undefined_bytes = 0
@@ -101,10 +103,14 @@ class SaveSession(Session):
         self.attached[backend] = (owner, backend_facts(owner, objects))
 
     def warmup(self, fn: Callable[[], Any]) -> None:
+        if self.anchor is None:
+            self.anchor = anchor_generator()
+        info = self.hook.region()
         if self.warmup_start is None:  # warm-ups between captures (SGLang's) extend the first one
-            info = self.hook.region()
             self.warmup_start = (info.allocations, info.cursor)
         super().warmup(fn)
+        if self.warmup_end is not None:  # its allocations are the warm-up's, the others between captures the program's
+            self.warmups_between.append((info.allocations, self.hook.region().allocations))
 
     def graph(
         self, name: str, fn: Callable[[], Any], *, shape_key: int | None = None, runner: str | None = None
@@ -134,7 +140,8 @@ class SaveSession(Session):
         from foundry.graphir.lower import AddressResolver
         from foundry.runtime.code.images import HookImages
 
-        self.anchor = anchor_generator()
+        if self.anchor is None:  # a program without a warm-up
+            self.anchor = anchor_generator()
         torch.cuda.synchronize()
         info = self.hook.region()
         self.warmup_end = (info.allocations, info.cursor)
@@ -266,6 +273,7 @@ class SaveSession(Session):
         rank.seal()
         committed = writer.commit() is not None
         self.hook.seal()  # what the program allocates from now on (a server's requests) is its own
+        self.release_warmup_pool()
         return {
             "mode": "save",
             "archive": str(self.path),
@@ -299,7 +307,11 @@ class SaveSession(Session):
         import msgspec
 
         info = self.hook.region()
-        trace = tuple(AllocationRecord(a.order, a.offset, a.size, a.request, a.phase) for a in self.hook.trace())
+        warmups = self.warmups_between
+        trace = tuple(
+            AllocationRecord(a.order, a.offset, a.size, a.request, between_phase(a.phase, a.order, warmups))
+            for a in self.hook.trace()
+        )
         warm = None
         if self.warmup_data is not None and self.warmup_start is not None:
             sha = rank.add_file(WARMUP_FILE, self.warmup_data)
