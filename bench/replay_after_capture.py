@@ -63,6 +63,7 @@ def probe(graphs: dict, step) -> None:
     import torch
 
     from foundry.graphir.cuda import cu, driver
+    from foundry.runtime.graphs.capture import warm_up_on_side_stream
 
     drv, side = driver(), torch.cuda.Stream()
     target = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda")
@@ -88,7 +89,7 @@ def probe(graphs: dict, step) -> None:
         ("one torch capture of one GEMM", lambda: torch_capture(lambda: matrix @ matrix.T)),
         ("one kernel captured with keep_graph=True", lambda: torch_capture(lambda: target.add_(1), keep=True)),
         ("that graph replayed", lambda: kept[-1].replay()),
-        ("two decode steps on a side stream", lambda: on_side_stream(step, 2)),
+        ("two decode steps on a side stream", lambda: warm_up_on_side_stream(step, 2)),
         ("the decode step captured", lambda: torch_capture(step)),
         ("that graph replayed", lambda: kept[-1].replay()),
     ):  # fmt: skip
@@ -105,18 +106,6 @@ def torch_capture(fn, keep: bool = False):
     with torch.cuda.graph(graph):
         fn()
     return graph
-
-
-def on_side_stream(fn, times: int) -> None:
-    """``fn`` run ``times`` on a new stream, as a capture's warm-up runs it."""
-    import torch
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(times):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
 
 
 def time_then_capture(graphs: dict, *args, **kwargs) -> dict:

@@ -9,17 +9,24 @@ from foundry.archive.outputs import OutputValue, TensorSpec, describe
 from foundry.graphir.lower import AddressResolver
 
 
-def capture(fn: Callable[[], Any], *, warmup: int = 2, pool: Any = None) -> tuple[Any, Any]:
-    """Warm ``fn`` up on a side stream, then capture it into a
-    ``torch.cuda.CUDAGraph(keep_graph=True)``; return ``(graph, outputs)``."""
+def warm_up_on_side_stream(fn: Callable[[], Any], times: int) -> None:
+    """Run ``fn`` ``times`` on a new stream, ordered after and before the current one's work."""
     import torch
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for _ in range(warmup):
+        for _ in range(times):
             fn()
     torch.cuda.current_stream().wait_stream(stream)
+
+
+def capture(fn: Callable[[], Any], *, warmup: int = 2, pool: Any = None) -> tuple[Any, Any]:
+    """Warm ``fn`` up on a side stream, then capture it into a
+    ``torch.cuda.CUDAGraph(keep_graph=True)``; return ``(graph, outputs)``."""
+    import torch
+
+    warm_up_on_side_stream(fn, warmup)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph(keep_graph=True)
     with torch.cuda.graph(graph, pool=pool):
