@@ -187,21 +187,18 @@ def _on_scheduler_start(*args: Any, **kwargs: Any) -> None:
     _check_supported(server_args)
     live = server_fingerprint(server_args, installed_version())
 
-    placed: list[tuple[int, int]] = []
-    follows: list[bool] = []
-
     def check_archive(archive: Any, options: dict[str, Any]) -> None:
         if options["warmup"] == "restore":
             check_warmup_skip(archive.catalog.model)
-            placed.extend(decode_placed(archive.catalog.model))
-            region = archive.session(rank).region
-            follows.append(bool(placed) or any(a.phase == BETWEEN for a in (region.trace if region else ())))
 
     # SAVE keeps the region's bytes to the end of the graph phase: what a LOAD skipping the warm-ups restores
     opened = shared.open_session(config, device=device, rank=rank, live=live, check_archive=check_archive,
                                  warmup_bytes_until="finish")  # fmt: skip
-    _state = SchedulerState(config, opened, rank, expected_runners=model_runners(server_args), placed=placed,
-                            follows_trace=any(follows))  # fmt: skip
+    _state = SchedulerState(config, opened, rank, expected_runners=model_runners(server_args))
+    if config.mode == "load" and config.warmup == "restore":
+        _state.placed = decode_placed(opened.archive.catalog.model)
+        region = opened.archive.session(rank).region
+        _state.follows_trace = bool(_state.placed) or any(a.phase == BETWEEN for a in (region.trace if region else ()))
     if config.mode == "load":  # Triton's cache key, which the graph phase's first Triton launch would compute
         _state.prefetch = startup.prefetch_triton_key()
     _state.seconds["session_open_s"] = time.perf_counter() - begun
