@@ -97,12 +97,19 @@ def test_sglangs_collections_stay_everywhere_else(monkeypatch, mode, warmup, gc_
     assert original.calls == [False] and not plugin._state.skipped_collections
 
 
-def test_a_load_restoring_the_warmups_that_follows_saves_trace_collects_as_save_did(monkeypatch):
+def test_a_load_restoring_the_warmups_that_follows_saves_trace_collects_before_the_loop_only(monkeypatch):
     # its capture loop makes SAVE's allocations again: garbage left uncollected would move them
     config = PluginConfig(mode="load", archive="/a", warmup="restore")
     state = plugin.SchedulerState(config, object(), 0, placed=[(4096, 512)], follows_trace=True)
     monkeypatch.setattr(plugin, "_state", state)
-    original = Collections()
+    original, seen = Collections(), []
+    monkeypatch.setattr(gc, "collect", lambda *a: seen.append("collect") or 0)
+    monkeypatch.setattr(gc, "freeze", lambda: seen.append("freeze"))
+    monkeypatch.setattr(gc, "unfreeze", lambda: seen.append("unfreeze"))
     with plugin._freeze_gc(original, False):
-        pass
-    assert original.calls == [False] and not plugin._state.skipped_collections
+        seen.append("capture loop")
+    assert seen == ["collect", "freeze", "capture loop", "unfreeze"] and original.calls == []
+    seen.clear()
+    with plugin._freeze_gc(original, True):  # SGLang's garbage collection on during capture: no freeze
+        seen.append("capture loop")
+    assert seen == ["collect", "capture loop"]

@@ -230,29 +230,35 @@ def _on_device_set(*args: Any, **kwargs: Any) -> None:
 @_says_refusals
 def _freeze_gc(original: Any, enable_cudagraph_gc: bool) -> Any:
     """SGLang collects garbage fully before and after its capture loop (about 0.9 s in a
-    server's scheduler). A LOAD that restores the warm-ups' bytes keeps only the freeze
-    where nothing of it follows SAVE's allocation trace, so garbage left uncollected moves
-    no allocation a graph reads; one whose capture loop makes SAVE's allocations again
-    collects as SAVE did. ``FOUNDRY_SGLANG_GC=keep`` keeps SGLang's collections."""
+    server's scheduler). A LOAD that restores the warm-ups' bytes leaves the collection
+    after the loop out: what it frees would only be free later. The one before stays
+    where the capture loop makes SAVE's allocations again (a tensor left uncollected
+    would move them); elsewhere nothing of the LOAD follows SAVE's allocation trace, so
+    only SGLang's freeze is kept. ``FOUNDRY_SGLANG_GC=keep`` keeps SGLang's collections."""
     if (
         _state is None
         or _state.config.mode != "load"
         or _state.config.warmup != "restore"
-        or _state.follows_trace
         or SGLANG_GC.read() == "keep"
     ):
         return original(enable_cudagraph_gc)
     _state.skipped_collections = True
-    return _frozen() if not enable_cudagraph_gc else contextlib.nullcontext()
+    return _fewer_collections(collect_first=_state.follows_trace, freeze=not enable_cudagraph_gc)
 
 
 @contextlib.contextmanager
-def _frozen() -> Any:
-    gc.freeze()
+def _fewer_collections(*, collect_first: bool, freeze: bool) -> Any:
+    """SGLang's ``freeze_gc`` without its collection after the loop, and without the one
+    before unless ``collect_first``."""
+    if collect_first:
+        gc.collect()
+    if freeze:
+        gc.freeze()
     try:
         yield
     finally:
-        gc.unfreeze()
+        if freeze:
+            gc.unfreeze()
 
 
 def check_warmup_skip(model: dict[str, str]) -> None:
