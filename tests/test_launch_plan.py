@@ -117,6 +117,29 @@ def test_load_uses_plans_only_when_nothing_needs_patching(tmp_path):
     assert not session._plans_apply()  # one graph without a plan: all build from the IR
 
 
+def test_a_native_load_reads_its_plans_on_a_thread_from_its_start_and_the_restore_takes_them(tmp_path):
+    from foundry.runtime.sessions.load_builders import read_plans
+
+    ir = Archive.open(SAVE_A).graph(0, "decode.bs8")
+    archive = write_archive(tmp_path / "a", [ir], like=SAVE_A, plan_of=make_plan)
+    session = LoadSession(archive, builder="native")
+    session._prefetch_plans()
+    assert session._plans_read is not None
+    [(name, data, plan)] = session._plans_read.result()
+    assert name == "decode.bs8" and data == make_plan(ir)[0] and plan == archive.entry(0, name).plan
+    python = LoadSession(archive, builder="python")
+    python._prefetch_plans()
+    assert python._plans_read is None  # the Python builder reads no plans
+    path = tmp_path / "a" / "rank0" / plan.file
+    path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # damaged on disk: the reader says so, when taken
+    ahead = LoadSession(Archive.open(tmp_path / "a"), builder="native")
+    ahead._prefetch_plans()
+    with pytest.raises(ArchiveError, match="launch plan does not match"):
+        ahead._plans_read.result()
+    with pytest.raises(ArchiveError, match="launch plan does not match"):
+        read_plans(Archive.open(tmp_path / "a"), 0, archive.session(0).graphs)
+
+
 def test_a_graph_changed_after_save_without_its_plan_is_refused_on_reading(tmp_path):
     """A LOAD from plans never decodes the graph, so a plan bound to another graph file than
     the entry's is refused by every reader, before any GPU work (it replayed the old bytes)."""

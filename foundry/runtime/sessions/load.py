@@ -34,6 +34,7 @@ from foundry.runtime.sessions.base import (
 from foundry.runtime.sessions.load_region import RegionRestore
 from foundry.runtime.sessions.load_relocation import Relocation
 from foundry.runtime.sessions.validate import check_claims, check_relocation, required_backends
+from foundry.runtime.threads import on_thread
 
 
 class LoadSession(Session):
@@ -77,6 +78,7 @@ class LoadSession(Session):
                                      self.archive.catalog.world_size)  # fmt: skip
         self.live_base: int | None = None  # the region's base in this process, once start() reserved it
         self.region_restore: RegionRestore | None = None  # once start() reserved the region
+        self._plans_read: Future[Any] | None = None  # the launch plans, read on a thread from start()
         self.module_check: Future[float] | None = None  # start()'s check of the images' bytes, on a thread
         self.graphs: dict[str, RestoredGraph] | None = None
         self.report: dict[str, Any] = {"mode": "load", "archive": str(self.archive.root), "warmup": warmup}
@@ -136,8 +138,19 @@ class LoadSession(Session):
         self.region_restore = RegionRestore(self.hook, self.archive, self.rank, self.device, region, self.warmup_mode,
                                             self.report)  # fmt: skip
         self.region_restore.prefetch()
+        self._prefetch_plans()
         self.region_restore.expect()
         laps.mark("region")
+
+    def _prefetch_plans(self) -> None:
+        """(``--builder native``) Read and check the launch plans on a thread from now on: an
+        engine loads its model before the graph phase that needs them. Whether they apply
+        is known at the first ``graph()``; unused, they are dropped."""
+        from foundry.runtime.sessions.load_builders import read_plans
+
+        graphs = self.record.graphs
+        if self.builder == "native" and graphs and all(entry.plan is not None for entry in graphs):
+            self._plans_read = on_thread("foundry-plans-read", read_plans, self.archive, self.rank, graphs)
 
     def _reserve(self) -> None:
         try:
@@ -273,7 +286,8 @@ class LoadSession(Session):
         assert self.region_restore is not None  # start() made it
         check_plans(self.archive, self.record, self.registry, self._recorded())
         background = self.instantiate == "background"
-        plans = PlanBuilder(self.hook, self.archive, self.rank, self.record, threads=self.build_threads,
+        ahead, self._plans_read = self._plans_read, None
+        plans = PlanBuilder(self.hook, self.archive, self.rank, self.record, threads=self.build_threads, plans=ahead,
                             background=background)  # fmt: skip
         graphs = plans.build(self.region_restore)
         if background:

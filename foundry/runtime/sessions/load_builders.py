@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import wait
+from concurrent.futures import Future, wait
 from functools import partial
 from typing import Any
 
@@ -105,17 +105,27 @@ def check_plans(archive: Archive, record: SessionRecord, registry: BackendRegist
             check_claim(identity, registry, recorded, graph=entry.name)
 
 
+PlanFiles = list[tuple[str, bytes, Any]]  # (graph name, the plan file's bytes, its LaunchPlan record)
+
+
+def read_plans(archive: Archive, rank: int, entries: tuple[GraphEntry, ...]) -> PlanFiles:
+    """Every graph's launch plan file, read and checked against its record."""
+    return [(e.name, archive.rank_blob(rank, e.plan.file, sha256=e.plan.sha256, size=e.plan.size, what="launch plan"),
+             e.plan) for e in entries if e.plan is not None]  # fmt: skip
+
+
 class PlanBuilder:
     """Graphs built from SAVE's launch plans by the hook's native builder, at SAVE's base
     and with nothing to patch: the archived images load on a thread while the plans
-    are read and the region mapped. ``background``: left for the caller to instantiate."""
+    are read (or taken from ``plans``, read on a thread from the session's start) and the
+    region mapped. ``background``: left for the caller to instantiate."""
 
     def __init__(self, hook: Hook, archive: Archive, rank: int, record: SessionRecord, *, threads: int,
-                 background: bool) -> None:  # fmt: skip
+                 background: bool, plans: Future[PlanFiles] | None = None) -> None:  # fmt: skip
         from foundry.runtime.code.binding import ArchiveFunctions
 
         self.hook, self.archive, self.rank, self.record = hook, archive, rank, record
-        self.threads, self.background = threads, background
+        self.threads, self.background, self.plans = threads, background, plans
         self.functions = ArchiveFunctions(hook, archive, {r.sha256: r for r in record.images})
         self._applied: set[int] = set()
         self.report: dict[str, Any] = {"functions_s": 0.0}  # seconds binding kernels (finding live images, loading)
@@ -160,12 +170,12 @@ class PlanBuilder:
             torch.cuda.synchronize()
             synced = time.perf_counter()
             prefetching = self.functions.prefetch_ahead({k.image for e in entries for k in e.plan.kernels})
-            plans = [(e.name, self.archive.rank_blob(self.rank, e.plan.file, sha256=e.plan.sha256, size=e.plan.size,
-                                                     what="launch plan"), e.plan) for e in entries]  # fmt: skip
+            ahead, self.plans = self.plans, None
+            plans = read_plans(self.archive, self.rank, entries) if ahead is None else ahead.result()
             read = time.perf_counter()
             region.map(overlap=True)
             self.mapped = time.perf_counter()
-            # where map_s goes: the GPU's queue drained, the plans read and checked, the region mapped
+            # where map_s goes: the GPU's queue drained, the plans read and checked (or waited for), the region mapped
             self.report.update(sync_s=synced - begun, plans_read_s=read - synced, region_map_s=self.mapped - read,
                                plans_bytes=sum(len(data) for _, data, _ in plans))  # fmt: skip
             prefetched, prefetch_s = prefetching.result()
