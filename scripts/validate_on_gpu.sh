@@ -225,11 +225,11 @@ step $SGP-save python3 -m foundry run --mode save "${REGION[@]}" --archive "$SS/
 step $SGP-inspect python3 -m foundry archive inspect "$SS/save" --json
 step $SGP-trace python3 scripts/region_trace.py "$SS/save" "$SS/trace.json"
 fi
-if wants scale-load; then
-step $SGP-baseline $SGS --out "$SS/baseline.json"
-step $SGP-load python3 -m foundry run --mode load --archive "$SS/save" -- $SGS --out "$SS/load.json"
+if wants scale-load; then  # the quickest first: a section cut short by the call's limit resumes (RESUME=1)
 step $SGP-load-fast python3 -m foundry run --mode load --warmup restore --builder native --instantiate background \
     --archive "$SS/save" -- $SGS --out "$SS/load-fast.json"
+step $SGP-load python3 -m foundry run --mode load --archive "$SS/save" -- $SGS --out "$SS/load.json"
+step $SGP-baseline $SGS --out "$SS/baseline.json"
 step $SGP-compare python3 recipes/sglang/compare.py "$SS"/baseline.json "$SS"/save.json "$SS"/load.json "$SS"/load-fast.json
 fi
 if wants scale-more; then
