@@ -55,17 +55,23 @@ def test_the_first_copy_leaves_out_the_holes_the_program_fills_later():
 
 
 def test_at_finish_saves_bytes_go_again_into_the_holes_and_the_named_ranges_within_the_warmup_bytes(tmp_path):
+    import types
+
     from foundry.archive.schema import AllocationRecord
+    from foundry.runtime.native.hook import Allocation
     from foundry.runtime.sessions.placement import restore_plan
 
     region, report = restore_of(saved_archive(tmp_path / "a"))
     warm = region.record.warmup_bytes
     start, end = warm.offset, warm.offset + warm.size
-    hole = AllocationRecord(7, start + 512, 256, 256, "between")
-    region.placement = restore_plan([hole], start, end, warmups_repeated=False)
+    hole = Allocation(7, start + 512, 256, 256, False, phase="late")  # as the live trace has it after the restore
+    freed = Allocation(8, start + 2048, 256, 256, True, phase="late")  # made again, then freed: not copied into
+    saved = [AllocationRecord(a.order, a.offset, a.size, a.request, "between") for a in (hole, freed)]
+    region.placement = restore_plan(saved, start, end, warmups_repeated=False)
     region.again = [(start - 64, 128), (start + 1024, 64), (end + 4096, 64)]  # below, inside, beyond the bytes
     copied: list[tuple[int, int]] = []
     region._copy_back = lambda data, offset, size: copied.append((offset, size))
+    region.hook = types.SimpleNamespace(trace=lambda: [hole, freed])
     region._kept = WARMUP
     region.restore_again()
     assert copied == [(start + 512, 256), (start, 64), (start + 1024, 64)] and report["restored_again"] == 4

@@ -190,11 +190,18 @@ class RegionRestore:
         warm = self.record.warmup_bytes
         assert warm is not None
         end = warm.offset + len(data)
-        for offset, size in [*((a.offset, a.size) for a in self.placement.late), *self.again]:
+        for offset, size in [*self._filled_holes(), *self.again]:
             first, last = max(offset, warm.offset), min(offset + size, end)
             if first < last:
                 self._copy_back(data, first, last - first)
-        self.report["restored_again"] = len(self.placement.late) + len(self.again)
+        self.report["restored_again"] = len(self._filled_holes()) + len(self.again)
+
+    def _filled_holes(self) -> list[tuple[int, int]]:
+        """``(offset, size)`` of SAVE's between allocations the program made again and still
+        holds (one it freed again is unmapped: nothing to copy into)."""
+        assert self.placement is not None
+        held = {a.offset for a in self.hook.trace()[self._restored_at :] if not a.freed}
+        return [(a.offset, a.size) for a in self.placement.late if a.offset in held]
 
 
 def outside(start: int, size: int, holes: list[tuple[int, int]]) -> list[tuple[int, int]]:
