@@ -68,17 +68,23 @@ class Collections:
         return contextlib.nullcontext()
 
 
-def _state(monkeypatch, mode: str, warmup: str) -> None:
+def _state(monkeypatch, mode: str, warmup: str, **fields) -> None:
     config = PluginConfig(mode=mode, archive="/a", warmup=warmup)
-    monkeypatch.setattr(plugin, "_state", plugin.SchedulerState(config, object(), 0))
+    monkeypatch.setattr(plugin, "_state", plugin.SchedulerState(config, object(), 0, **fields))
+
+
+def watched_gc(monkeypatch) -> list[str]:
+    """The garbage collector's collect, freeze and unfreeze, recorded in order instead of run."""
+    seen: list[str] = []
+    monkeypatch.setattr(gc, "collect", lambda *a: seen.append("collect") or 0)
+    monkeypatch.setattr(gc, "freeze", lambda: seen.append("freeze"))
+    monkeypatch.setattr(gc, "unfreeze", lambda: seen.append("unfreeze"))
+    return seen
 
 
 def test_a_load_restoring_the_warmups_freezes_without_collecting(monkeypatch):
     _state(monkeypatch, "load", "restore")
-    original, seen = Collections(), []
-    monkeypatch.setattr(gc, "collect", lambda *a: seen.append("collect") or 0)
-    monkeypatch.setattr(gc, "freeze", lambda: seen.append("freeze"))
-    monkeypatch.setattr(gc, "unfreeze", lambda: seen.append("unfreeze"))
+    original, seen = Collections(), watched_gc(monkeypatch)
     with plugin._freeze_gc(original, False):
         seen.append("capture loop")
     assert seen == ["freeze", "capture loop", "unfreeze"]  # SGLang's freeze kept, its two collections left out
@@ -99,13 +105,8 @@ def test_sglangs_collections_stay_everywhere_else(monkeypatch, mode, warmup, gc_
 
 def test_a_load_restoring_the_warmups_that_follows_saves_trace_collects_before_the_loop_only(monkeypatch):
     # its capture loop makes SAVE's allocations again: garbage left uncollected would move them
-    config = PluginConfig(mode="load", archive="/a", warmup="restore")
-    state = plugin.SchedulerState(config, object(), 0, placed=[(4096, 512)], follows_trace=True)
-    monkeypatch.setattr(plugin, "_state", state)
-    original, seen = Collections(), []
-    monkeypatch.setattr(gc, "collect", lambda *a: seen.append("collect") or 0)
-    monkeypatch.setattr(gc, "freeze", lambda: seen.append("freeze"))
-    monkeypatch.setattr(gc, "unfreeze", lambda: seen.append("unfreeze"))
+    _state(monkeypatch, "load", "restore", placed=[(4096, 512)], follows_trace=True)
+    original, seen = Collections(), watched_gc(monkeypatch)
     with plugin._freeze_gc(original, False):
         seen.append("capture loop")
     assert seen == ["collect", "freeze", "capture loop", "unfreeze"] and original.calls == []
