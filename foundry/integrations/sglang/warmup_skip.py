@@ -26,6 +26,7 @@ verdict is ``unknown``.
 from __future__ import annotations
 
 import bisect
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -114,7 +115,7 @@ def live_phase_blocks(snapshot: Mapping[str, Any], device: int, warmup_pool: tup
     pools, by pool (``warmup_pool``: the warm-ups' pool id); or why the history cannot tell."""
     try:
         traces = snapshot["device_traces"][device]
-        pools = {tuple(s.get("segment_pool_id", (0, 0))): [] for s in snapshot["segments"]}
+        pools: dict[tuple[int, ...], list[tuple[int, int]]] = defaultdict(list)
         for s in snapshot["segments"]:
             if s.get("device", device) == device:
                 pools[tuple(s.get("segment_pool_id", (0, 0)))].append((int(s["address"]), int(s["total_size"])))
@@ -128,8 +129,8 @@ def live_phase_blocks(snapshot: Mapping[str, Any], device: int, warmup_pool: tup
                 live.pop(int(entry["addr"]), None)
     except (KeyError, IndexError, TypeError, ValueError) as err:
         return f"torch's allocator snapshot has another shape ({type(err).__name__}: {err})"
-    default = AddressRanges.of_blocks(pools.get((0, 0), []))
-    warm = AddressRanges.of_blocks(pools.get(tuple(warmup_pool), []) if warmup_pool is not None else [])
+    default = AddressRanges.of_blocks(pools[(0, 0)])
+    warm = AddressRanges.of_blocks(pools[tuple(warmup_pool)] if warmup_pool is not None else [])
     kept = sorted(live.items())
     return PhaseBlocks([b for b in kept if b[0] in warm], [b for b in kept if b[0] in default])
 
@@ -138,11 +139,11 @@ def read_blocks(irs: Iterable[GraphIR], blocks: list[tuple[int, int]]) -> list[t
     """Those of ``blocks`` (sorted ``(address, size)``) that a graph operand points into."""
     hit: set[tuple[int, int]] = set()
     starts = [address for address, _ in blocks]
-    ranges = AddressRanges.of_blocks(blocks)
     for ir in irs:
         for operand in ir.operands:
-            if operand.value in ranges:  # the block starting at or below it (blocks are disjoint)
-                hit.add(blocks[bisect.bisect_right(starts, operand.value) - 1])
+            index = bisect.bisect_right(starts, operand.value) - 1  # the block starting at or below it
+            if index >= 0 and operand.value < blocks[index][0] + blocks[index][1]:  # blocks are disjoint
+                hit.add(blocks[index])
     return sorted(hit)
 
 

@@ -190,11 +190,12 @@ class RegionRestore:
         warm = self.record.warmup_bytes
         assert warm is not None
         end = warm.offset + len(data)
-        for offset, size in [*self._filled_holes(), *self.again]:
+        ranges = [*self._filled_holes(), *self.again]
+        for offset, size in ranges:
             first, last = max(offset, warm.offset), min(offset + size, end)
             if first < last:
                 self._copy_back(data, first, last - first)
-        self.report["restored_again"] = len(self._filled_holes()) + len(self.again)
+        self.report["restored_again"] = len(ranges)
 
     def _filled_holes(self) -> list[tuple[int, int]]:
         """``(offset, size)`` of SAVE's between allocations the program made again and still
