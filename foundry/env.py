@@ -202,7 +202,9 @@ SESSION_PID = Variable("FOUNDRY_SESSION_PID", Kind.COUNT, None, frozenset({_H}),
                        what="a process id")
 SGLANG_GC = Variable("FOUNDRY_SGLANG_GC", Kind.CHOICE, "skip", frozenset({_G}),
                      "a LOAD restoring the warm-ups' bytes: leave out SGLang's garbage collections around its "
-                     "capture loop (skip), or keep them (keep)", Written.GIVEN, ("skip", "keep"), "collection choice")
+                     "capture loop, keeping the one before it where the loop makes SAVE's allocations again "
+                     "(skip), leave out both there too (skip-all), or keep them (keep)", Written.GIVEN,
+                     ("skip", "skip-all", "keep"), "collection choice")
 VLLM_CONFIG = Variable("FOUNDRY_VLLM_CONFIG", Kind.PATH, None, frozenset({_V}),
                        "without `foundry run`: the vLLM plugin's TOML configuration")
 VLLM_REPORT = Variable("FOUNDRY_VLLM_REPORT", Kind.PATH, None, frozenset({_V}),

@@ -228,9 +228,13 @@ fi
 if wants scale-load; then  # the quickest first: a section cut short by the call's limit resumes (RESUME=1)
 step $SGP-load-fast python3 -m foundry run --mode load --warmup restore --builder native --instantiate background \
     --archive "$SS/save" -- $SGS --out "$SS/load-fast.json"
+# the same fast LOAD without SGLang's collection before its capture loop (the graph phase with and without it)
+FOUNDRY_SGLANG_GC=skip-all step $SGP-load-fast-nogc python3 -m foundry run --mode load --warmup restore --builder native \
+    --instantiate background --archive "$SS/save" -- $SGS --out "$SS/load-fast-nogc.json"
 step $SGP-load python3 -m foundry run --mode load --archive "$SS/save" -- $SGS --out "$SS/load.json"
 step $SGP-baseline $SGS --out "$SS/baseline.json"
-step $SGP-compare python3 recipes/sglang/compare.py "$SS"/baseline.json "$SS"/save.json "$SS"/load.json "$SS"/load-fast.json
+step $SGP-compare python3 recipes/sglang/compare.py "$SS"/baseline.json "$SS"/save.json "$SS"/load.json "$SS"/load-fast.json \
+    "$SS"/load-fast-nogc.json
 fi
 if wants scale-more; then
 rm -rf "$SS/save2"

@@ -114,3 +114,23 @@ def test_a_load_restoring_the_warmups_that_follows_saves_trace_collects_before_t
     with plugin._freeze_gc(original, True):  # SGLang's garbage collection on during capture: no freeze
         seen.append("capture loop")
     assert seen == ["collect", "capture loop"]
+
+
+def test_skip_all_leaves_out_the_collection_before_a_loop_that_follows_saves_trace(monkeypatch):
+    # the trace and the placed blocks are still checked: an allocation that garbage moved refuses
+    _state(monkeypatch, "load", "restore", placed=[(4096, 512)], follows_trace=True)
+    monkeypatch.setenv("FOUNDRY_SGLANG_GC", "skip-all")
+    original, seen = Collections(), watched_gc(monkeypatch)
+    with plugin._freeze_gc(original, False):
+        seen.append("capture loop")
+    assert seen == ["freeze", "capture loop", "unfreeze"] and original.calls == []
+    assert plugin._state.skipped_collections and not plugin._state.collected_before_loop
+
+
+def test_the_report_says_whether_the_collection_before_the_loop_ran(monkeypatch):
+    _state(monkeypatch, "load", "restore", placed=[(4096, 512)], follows_trace=True)
+    watched_gc(monkeypatch)
+    with plugin._freeze_gc(Collections(), False):
+        pass
+    report = plugin._startup_report()
+    assert report["skipped_collections"] and report["collected_before_loop"]

@@ -105,6 +105,7 @@ class SchedulerState:
     started: bool = False  # the session started (at the target model runner's init_torch_distributed)
     prefetch: Any = None  # LOAD: Triton's cache key computed on a thread (startup.Prefetch)
     skipped_collections: bool = False  # LOAD: SGLang's collections around the capture loop were left out
+    collected_before_loop: bool = False  # ... all but the one before the loop (the LOAD follows SAVE's trace)
     # LOAD restoring the warm-ups: the blocks SAVE's graphs read that the capture loop allocated
     # (warmup_skip), and whether it makes allocations of SAVE's trace again (then it collects as SAVE did)
     placed: list[tuple[int, int]] = field(default_factory=list)
@@ -233,17 +234,17 @@ def _freeze_gc(original: Any, enable_cudagraph_gc: bool) -> Any:
     server's scheduler). A LOAD that restores the warm-ups' bytes leaves the collection
     after the loop out: what it frees would only be free later. The one before stays
     where the capture loop makes SAVE's allocations again (a tensor left uncollected
-    would move them); elsewhere nothing of the LOAD follows SAVE's allocation trace, so
-    only SGLang's freeze is kept. ``FOUNDRY_SGLANG_GC=keep`` keeps SGLang's collections."""
-    if (
-        _state is None
-        or _state.config.mode != "load"
-        or _state.config.warmup != "restore"
-        or SGLANG_GC.read() == "keep"
-    ):
+    could move them); elsewhere nothing of the LOAD follows SAVE's allocation trace, so
+    only SGLang's freeze is kept. ``FOUNDRY_SGLANG_GC=keep`` keeps SGLang's collections;
+    ``skip-all`` leaves out the one before the loop too: the hook still compares every
+    allocation with SAVE's trace and the placed blocks are checked before any replay, so
+    an allocation that garbage moved refuses the LOAD by name instead of passing."""
+    choice = SGLANG_GC.read()
+    if _state is None or _state.config.mode != "load" or _state.config.warmup != "restore" or choice == "keep":
         return original(enable_cudagraph_gc)
     _state.skipped_collections = True
-    return _fewer_collections(collect_first=_state.follows_trace, freeze=not enable_cudagraph_gc)
+    _state.collected_before_loop = _state.follows_trace and choice != "skip-all"
+    return _fewer_collections(collect_first=_state.collected_before_loop, freeze=not enable_cudagraph_gc)
 
 
 @contextlib.contextmanager
@@ -487,7 +488,8 @@ def _startup_report() -> dict[str, Any]:
     assert _state is not None
     prefetch = _state.prefetch
     key = None if prefetch is None else {"seconds": prefetch.seconds(), "error": prefetch.error}
-    return {"skipped_collections": _state.skipped_collections, "triton_key": key}
+    return {"skipped_collections": _state.skipped_collections, "collected_before_loop": _state.collected_before_loop,
+            "triton_key": key}  # fmt: skip
 
 
 def _check_model_runners() -> None:
