@@ -212,7 +212,8 @@ fi
 # sections, each within ten minutes: scale-save, scale-load, scale-more, scale-tpot, scale-neg (in that order).
 # SG_EXTRA: more recipe arguments for every run of these sections, SG_TAG: the name of their
 # directory's variant (e.g. SG_EXTRA="--set attention_backend=flashinfer --set
-# cuda_graph_backend_prefill=full" SG_TAG=fi-prefill: decode and full prefill graphs with FlashInfer)
+# cuda_graph_backend_prefill=full --prefill-walk" SG_TAG=fi-prefill: decode and full prefill graphs
+# with FlashInfer, and one prompt per prefill graph's size so that each of them replays)
 PRESET=${PRESET:-qwen3-8b}
 SS=$RESULTS/scale-$PRESET${SG_TAG:+-$SG_TAG}
 SGS="$SG --preset $PRESET --wave ${SG_EXTRA:-}"

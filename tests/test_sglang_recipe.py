@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -134,3 +135,39 @@ def test_a_standalone_draft_is_the_targets_own_config_in_a_directory_of_its_own(
     assert set(module.DRAFTS) <= set(module.PRESETS)
     for name in ("standalone", "ngram", "qwen3-next-mtp"):
         assert module.PRESETS[name][1]["speculative_algorithm"] in ("STANDALONE", "NGRAM", "NEXTN")
+
+
+def test_compare_names_the_first_differing_prefill_walk_prompt(tmp_path):
+    walk = [{"output_ids": [4, 5], "logprobs": [-0.5, -1.5]}, {"output_ids": [6, 7], "logprobs": [-0.5, -1.0]}]
+    paths = []
+    for name, second in (("base", walk[1]), ("same", walk[1]), ("other", {**walk[1], "logprobs": [-0.5, -2.0]})):
+        path = tmp_path / f"{name}.json"
+        record = json.loads(Path(report(tmp_path, name, None)).read_text())
+        path.write_text(json.dumps({**record, "prefill_walk": [walk[0], second]}))
+        paths.append(str(path))
+    assert run("compare.py", paths[0], paths[1]).returncode == 0
+    out = run("compare.py", paths[0], paths[2], report(tmp_path, "without", None))
+    assert out.returncode == 1
+    assert "prefill walk prompt 1: logprobs differ from step 1" in out.stdout
+    assert "0 prefill walk prompt outputs, not 2" in out.stdout
+
+
+def test_the_prefill_walk_sends_one_prompt_per_resolved_size_with_no_shared_prefix():
+    module = recipe()
+    # stands in for sglang.Engine, whose resolved server arguments need a GPU machine
+    engine = SimpleNamespace(server_args=SimpleNamespace(cuda_graph_config=SimpleNamespace(
+        prefill=SimpleNamespace(bs=[8192, 4, 12, 256]))))  # fmt: skip
+    sizes = module.prefill_sizes(engine)
+    assert sizes == [4, 12, 256, 8192]
+    walk = module.walk_prompts(sizes)
+    assert [len(ids) for ids in walk] == sizes
+    assert len({ids[0] for ids in walk}) == len(walk)  # the radix cache finds no common prefix
+    assert all(3 <= token < 1003 for ids in walk for token in ids)
+    engine.server_args.cuda_graph_config.prefill.bs = None
+    with pytest.raises(SystemExit, match="resolved no prefill graph sizes"):
+        module.prefill_sizes(engine)
+
+
+def test_the_prefill_walk_needs_the_engine_entry(tmp_path):
+    out = run("run.py", "--out", str(tmp_path / "r.json"), "--entry", "http", "--prefill-walk")
+    assert out.returncode == 2 and "--prefill-walk needs --entry engine" in out.stderr

@@ -25,11 +25,12 @@ from pathlib import Path
 
 def differences(reference: dict, other: dict) -> list[str]:
     """Every prompt whose output ids or logprobs differ, naming the first differing step;
-    the 256-prompt wave too where either run sent it; and every prompt whose speculative
-    counts differ."""
+    the 256-prompt wave and the prefill walk too where either run sent them; and every
+    prompt whose speculative counts differ."""
     found = _list_differences(reference["outputs"], other["outputs"], "prompt")
-    if reference.get("wave") is not None or other.get("wave") is not None:
-        found += _list_differences(reference.get("wave") or [], other.get("wave") or [], "wave prompt")
+    for key, label in (("wave", "wave prompt"), ("prefill_walk", "prefill walk prompt")):
+        if reference.get(key) is not None or other.get(key) is not None:
+            found += _list_differences(reference.get(key) or [], other.get(key) or [], label)
     return found + _spec_differences(reference["outputs"], other["outputs"])
 
 

@@ -37,6 +37,10 @@ full ones). 16 prompts given as input ids (lengths 1-64) in batches of 1, 2, 4, 
 engine``) or an HTTP server (``--entry http``, ``python -m sglang.launch_server``).
 ``--wave`` then sends 256 prompts of 16 tokens at once, prompt i asking for i + 1 new
 tokens, so that the running batch walks down through every decode graph's size.
+``--prefill-walk`` then sends, one request at a time, a prompt as long as each prefill
+graph SGLang resolved (``server_args.cuda_graph_config.prefill.bs``; every prompt starts
+with another token, so the radix cache shares no prefix), each asking for 2 new tokens,
+so that every prefill graph's size runs once (``--entry engine`` only).
 ``--tpot 1,8,64,256`` then decodes, for each size, that many prompts of 16 tokens for
 128 new tokens at once, each size announced on stderr (``tpot batch N``) so that
 ``recipes/sglang/tpot.py`` can read SGLang's decode log lines of that batch (run it
@@ -132,6 +136,11 @@ def wave_prompts() -> list[list[int]]:
     return [[3 + (11 * i + 5 * j) % 1000 for j in range(16)] for i in range(WAVE)]
 
 
+def walk_prompts(lengths: list[int]) -> list[list[int]]:
+    """One prompt per length, each beginning with a token of its own (no shared prefix)."""
+    return [[3 + (i + 7 * j) % 1000 for j in range(n)] for i, n in enumerate(sorted(lengths))]
+
+
 # SGLang's own start-up line (sglang/srt/entrypoints/engine.py), logged by an HTTP server
 STARTUP_LINE = re.compile(
     r"Engine startup timings \(s\): load_weight=(?P<load_weight>[\d.]+), "
@@ -183,9 +192,10 @@ class Served(NamedTuple):
     startup: dict | None  # SGLang's own start-up timings
     ready_at: float  # time.time() when the server took requests
     batch_s: list[float]  # each batch's seconds, from its request to its answer
+    prefill_walk: list[dict] | None = None  # --prefill-walk: one output per prefill graph's size
 
 
-def run_engine(model: Path, server: dict, wave: bool, tpot: list[int]) -> Served:
+def run_engine(model: Path, server: dict, wave: bool, tpot: list[int], walk: bool = False) -> Served:
     import sglang as sgl
 
     engine = sgl.Engine(model_path=str(model), **server)
@@ -198,6 +208,8 @@ def run_engine(model: Path, server: dict, wave: bool, tpot: list[int]) -> Served
 
         outputs, batch_s = _batches(generate)
         served = Served(outputs, _wave(generate) if wave else None, startup, ready_at, batch_s)
+        if walk:
+            served = served._replace(prefill_walk=_prefill_walk(generate, prefill_sizes(engine)))
         if tpot:
             _tpot(generate, tpot)
         return served
@@ -304,6 +316,21 @@ def _wave(generate) -> list[dict]:
     return [_output(out) for out in answers]
 
 
+def prefill_sizes(engine) -> list[int]:
+    """The prefill graphs' token counts SGLang resolved for this server."""
+    config = getattr(getattr(engine, "server_args", None), "cuda_graph_config", None)
+    sizes = getattr(getattr(config, "prefill", None), "bs", None)
+    if not sizes:
+        raise SystemExit("--prefill-walk: this server resolved no prefill graph sizes "
+                         "(ask for them with --set cuda_graph_backend_prefill=full)")  # fmt: skip
+    return sorted(int(n) for n in sizes)
+
+
+def _prefill_walk(generate, sizes: list[int]) -> list[dict]:
+    """One request per prefill graph's size, in turn: each prefill is that many tokens alone."""
+    return [_output(generate([ids], sampling(2))[0]) for ids in walk_prompts(sizes)]
+
+
 def _output(out: dict) -> dict:
     meta = out["meta_info"]
     output = {"output_ids": out["output_ids"], "logprobs": [lp[0] for lp in meta.get("output_token_logprobs", [])]}
@@ -331,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="model shape and server (see above)")
     parser.add_argument("--wave", action="store_true", help="also send the 256-prompt wave (see above)")
+    parser.add_argument("--prefill-walk", action="store_true",
+                        help="also send one prompt per prefill graph's size, one at a time (see above)")  # fmt: skip
     parser.add_argument("--tpot", type=sizes, default=[], metavar="SIZES",
                         help="comma-separated batch sizes to decode alone, for recipes/sglang/tpot.py")  # fmt: skip
     parser.add_argument("--entry", choices=["engine", "http"], default="engine")
@@ -347,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="override an entry of a standalone draft's config.json (drift: another draft "
                         "model)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.prefill_walk and args.entry != "engine":
+        parser.error("--prefill-walk needs --entry engine")
     model_preset, server_preset = PRESETS[args.preset]
     server = {**SERVER, **server_preset, **overrides(args.set, "--set")}
     server = {key: value for key, value in server.items() if value is not None}  # None: SGLang's default
@@ -362,11 +393,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("FOUNDRY_SGLANG_REPORT", str(work / "foundry-report.json"))
     Path(os.environ["FOUNDRY_SGLANG_REPORT"] + ".replays").unlink(missing_ok=True)  # this run's alone
     started = time.time()
-    served = (run_engine(model, server, args.wave, args.tpot) if args.entry == "engine"
+    served = (run_engine(model, server, args.wave, args.tpot, args.prefill_walk) if args.entry == "engine"
               else run_http(model, args.port, server, args.wave, args.tpot))  # fmt: skip
     report_path = Path(os.environ["FOUNDRY_SGLANG_REPORT"])
     record = {"entry": args.entry, "preset": args.preset, "server": server, "outputs": served.outputs,
-              "wave": served.wave, "wall_s": time.time() - started,
+              "wave": served.wave, "prefill_walk": served.prefill_walk, "wall_s": time.time() - started,
               "ready_s": served.ready_at - started, "batch_s": served.batch_s, "startup": served.startup,
               "foundry": json.loads(report_path.read_text()) if report_path.is_file() else None}  # fmt: skip
     replays = Path(f"{report_path}.replays")
