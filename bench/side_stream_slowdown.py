@@ -31,8 +31,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "recipes" / "torch"))
 
+from timing import SLEEP_CYCLES, median_ms  # noqa: E402  (recipes/torch/timing.py: a 2 ms sleep)
+
 REPEATS = 30
-SLEEP_2MS, SLEEP_20MS = 4_000_000, 40_000_000  # cycles at the H200's ~1980 MHz
+SLEEP_20MS = 10 * SLEEP_CYCLES
 
 # variant: (what it does, extra environment)
 VARIANTS = {
@@ -62,19 +64,6 @@ def timings(replay, stream) -> dict[str, float]:
     """The four medians of one graph's replay on ``stream``, in milliseconds."""
     import torch
 
-    def events(sleep: int) -> float:
-        times = []
-        for _ in range(REPEATS):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            if sleep:
-                torch.cuda._sleep(sleep)
-            start.record()
-            replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return statistics.median(times)
-
     def host() -> float:
         times = []
         for _ in range(REPEATS):
@@ -86,7 +75,9 @@ def timings(replay, stream) -> dict[str, float]:
         return statistics.median(times)
 
     with torch.cuda.stream(stream):
-        return {"gpu_2ms": events(SLEEP_2MS), "gpu_20ms": events(SLEEP_20MS), "host": host(), "idle": events(0)}
+        return {"gpu_2ms": median_ms(replay, busy=True, repeats=REPEATS),
+                "gpu_20ms": median_ms(replay, busy=True, repeats=REPEATS, sleep_cycles=SLEEP_20MS),
+                "host": host(), "idle": median_ms(replay, busy=False, repeats=REPEATS)}  # fmt: skip
 
 
 def child(variant: str) -> dict:
@@ -178,10 +169,12 @@ def main() -> int:
     if args.child:
         print(json.dumps(child(args.child)))
         return 0
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:  # before any variant runs
+        parser.error(f"unknown variant {unknown[0]!r}; known: {', '.join(VARIANTS)}")
     rows = []
-    for variant in args.variants.split(","):
-        if variant not in VARIANTS:
-            parser.error(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
+    for variant in variants:
         env = {**os.environ, **VARIANTS[variant][1]}
         done = subprocess.run([sys.executable, __file__, "--child", variant], env=env, capture_output=True, text=True)
         if done.returncode != 0:
@@ -192,7 +185,7 @@ def main() -> int:
             with args.out.open("a") as out:
                 out.write(json.dumps(rows[-1]) + "\n")
     table(rows)
-    return 0 if len(rows) == len(args.variants.split(",")) else 1
+    return 0 if len(rows) == len(variants) else 1
 
 
 if __name__ == "__main__":

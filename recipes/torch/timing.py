@@ -9,19 +9,20 @@ from collections.abc import Callable
 SLEEP_CYCLES = 4_000_000
 
 
-def median_ms(launch: Callable[[], object], *, busy: bool, repeats: int) -> float:
+def median_ms(launch: Callable[[], object], *, busy: bool, repeats: int, sleep_cycles: int = SLEEP_CYCLES) -> float:
     """Median milliseconds between CUDA events around one ``launch()``.
 
     On an idle stream the start event fires at once, so the host's launch of the
-    graph is counted; ``busy`` queues a sleep kernel first, so that the launch is
-    queued while the GPU still sleeps and only the execution is timed."""
+    graph is counted; ``busy`` queues a sleep kernel of ``sleep_cycles`` first, so
+    that the launch is queued while the GPU still sleeps and only the execution is
+    timed."""
     import torch
 
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         if busy:
-            torch.cuda._sleep(SLEEP_CYCLES)
+            torch.cuda._sleep(sleep_cycles)
         start.record()
         launch()
         end.record()
