@@ -159,10 +159,14 @@ def test_the_prefill_walk_sends_one_prompt_per_resolved_size_with_no_shared_pref
         prefill=SimpleNamespace(bs=[8192, 4, 12, 256]))))  # fmt: skip
     sizes = module.prefill_sizes(engine)
     assert sizes == [4, 12, 256, 8192]
-    walk = module.walk_prompts(sizes)
+    walk = module.walk_prompts(sizes, 151936)
     assert [len(ids) for ids in walk] == sizes
-    assert len({ids[0] for ids in walk}) == len(walk)  # the radix cache finds no common prefix
-    assert all(3 <= token < 1003 for ids in walk for token in ids)
+    others = module.prompts() + module.wave_prompts()
+    firsts = {ids[0] for ids in walk}
+    assert len(firsts) == len(walk) and not firsts & {ids[0] for ids in others}  # no prefix to share
+    assert all(3 <= token < 151936 for ids in walk for token in ids)
+    with pytest.raises(SystemExit, match="24 prompts need a vocabulary of at least 1027 ids, not 1024"):
+        module.walk_prompts(list(range(1, 5)) * 6, 1024)
     engine.server_args.cuda_graph_config.prefill.bs = None
     with pytest.raises(SystemExit, match="resolved no prefill graph sizes"):
         module.prefill_sizes(engine)

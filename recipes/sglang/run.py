@@ -38,9 +38,10 @@ engine``) or an HTTP server (``--entry http``, ``python -m sglang.launch_server`
 ``--wave`` then sends 256 prompts of 16 tokens at once, prompt i asking for i + 1 new
 tokens, so that the running batch walks down through every decode graph's size.
 ``--prefill-walk`` then sends, one request at a time, a prompt as long as each prefill
-graph SGLang resolved (``server_args.cuda_graph_config.prefill.bs``; every prompt starts
-with another token, so the radix cache shares no prefix), each asking for 2 new tokens,
-so that every prefill graph's size runs once (``--entry engine`` only).
+graph SGLang resolved (``server_args.cuda_graph_config.prefill.bs``; each prompt begins
+with an id no other prompt of the run begins with, so the radix cache shares no
+prefix), each asking for 2 new tokens, so that every prefill graph's size runs once
+(``--entry engine`` only).
 ``--tpot 1,8,64,256`` then decodes, for each size, that many prompts of 16 tokens for
 128 new tokens at once, each size announced on stderr (``tpot batch N``) so that
 ``recipes/sglang/tpot.py`` can read SGLang's decode log lines of that batch (run it
@@ -136,9 +137,16 @@ def wave_prompts() -> list[list[int]]:
     return [[3 + (11 * i + 5 * j) % 1000 for j in range(16)] for i in range(WAVE)]
 
 
-def walk_prompts(lengths: list[int]) -> list[list[int]]:
-    """One prompt per length, each beginning with a token of its own (no shared prefix)."""
-    return [[3 + (i + 7 * j) % 1000 for j in range(n)] for i, n in enumerate(sorted(lengths))]
+WALK_FIRST = 1003  # the other prompts use ids 3-1002: each walk prompt begins with an id none of them has
+
+
+def walk_prompts(lengths: list[int], vocab: int) -> list[list[int]]:
+    """One prompt per length, each beginning with an id no other prompt of the run begins
+    with (the radix cache finds no prefix to share)."""
+    if WALK_FIRST + len(lengths) > vocab:
+        raise SystemExit(f"--prefill-walk: {len(lengths)} prompts need a vocabulary of at least "
+                         f"{WALK_FIRST + len(lengths)} ids, not {vocab}")  # fmt: skip
+    return [[WALK_FIRST + i] + [3 + (i + 7 * j) % 1000 for j in range(1, n)] for i, n in enumerate(sorted(lengths))]
 
 
 # SGLang's own start-up line (sglang/srt/entrypoints/engine.py), logged by an HTTP server
@@ -195,7 +203,7 @@ class Served(NamedTuple):
     prefill_walk: list[dict] | None = None  # --prefill-walk: one output per prefill graph's size
 
 
-def run_engine(model: Path, server: dict, wave: bool, tpot: list[int], walk: bool = False) -> Served:
+def run_engine(model: Path, server: dict, wave: bool, tpot: list[int], walk_vocab: int | None = None) -> Served:
     import sglang as sgl
 
     engine = sgl.Engine(model_path=str(model), **server)
@@ -208,8 +216,9 @@ def run_engine(model: Path, server: dict, wave: bool, tpot: list[int], walk: boo
 
         outputs, batch_s = _batches(generate)
         served = Served(outputs, _wave(generate) if wave else None, startup, ready_at, batch_s)
-        if walk:
-            served = served._replace(prefill_walk=_prefill_walk(generate, prefill_sizes(engine)))
+        if walk_vocab is not None:  # --prefill-walk
+            walk = walk_prompts(prefill_sizes(engine), walk_vocab)
+            served = served._replace(prefill_walk=[_output(generate([ids], sampling(2))[0]) for ids in walk])
         if tpot:
             _tpot(generate, tpot)
         return served
@@ -326,11 +335,6 @@ def prefill_sizes(engine) -> list[int]:
     return sorted(int(n) for n in sizes)
 
 
-def _prefill_walk(generate, sizes: list[int]) -> list[dict]:
-    """One request per prefill graph's size, in turn: each prefill is that many tokens alone."""
-    return [_output(generate([ids], sampling(2))[0]) for ids in walk_prompts(sizes)]
-
-
 def _output(out: dict) -> dict:
     meta = out["meta_info"]
     output = {"output_ids": out["output_ids"], "logprobs": [lp[0] for lp in meta.get("output_token_logprobs", [])]}
@@ -393,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("FOUNDRY_SGLANG_REPORT", str(work / "foundry-report.json"))
     Path(os.environ["FOUNDRY_SGLANG_REPORT"] + ".replays").unlink(missing_ok=True)  # this run's alone
     started = time.time()
-    served = (run_engine(model, server, args.wave, args.tpot, args.prefill_walk) if args.entry == "engine"
+    walk_vocab = config["vocab_size"] if args.prefill_walk else None
+    served = (run_engine(model, server, args.wave, args.tpot, walk_vocab) if args.entry == "engine"
               else run_http(model, args.port, server, args.wave, args.tpot))  # fmt: skip
     report_path = Path(os.environ["FOUNDRY_SGLANG_REPORT"])
     record = {"entry": args.entry, "preset": args.preset, "server": server, "outputs": served.outputs,
