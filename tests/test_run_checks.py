@@ -235,3 +235,20 @@ def test_a_save_that_opens_no_session_says_which(tmp_path, with_hook):
     opens = "from foundry.runtime import open_session\nopen_session()\n"
     again = subprocess.run([*args[:-2], "-c", opens], capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "opened a SAVE session but wrote no archive" in again.stderr, again.stderr
+
+
+def test_a_load_restoring_warmups_the_archive_did_not_keep_is_refused_quoting_why(complete, tmp_path, with_hook):
+    # as SGLang's SAVE leaves an archive whose graphs read what its warm-ups kept: no warm-up bytes, a verdict
+    witness = tmp_path / "ran"
+    verdict = "unsafe: prefill.t8192 node 9 points at 0x600697200200, in a block of torch's that a warm-up kept"
+
+    def unsafe(session: dict) -> None:
+        session["region"]["warmup_bytes"] = None
+
+    edit_json(complete / CATALOG_FILE, lambda c: c["model"].update({"sglang.warmup_skip": verdict}))
+    edit_json(complete / "rank0" / "session.json", unsafe, root=complete)
+    refused = "the archive kept no warm-up bytes to restore (LOAD with --warmup replay)"
+    line = _refused_before_start(_run(complete, RAN, witness, "--warmup", "restore"), witness, refused)
+    assert "region.warmup_bytes" in line and verdict in line
+    _run(complete, RAN, witness)  # repeating the warm-ups needs no bytes of theirs: the program starts
+    assert witness.read_text() == "ran"

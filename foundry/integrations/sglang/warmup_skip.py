@@ -37,8 +37,9 @@ from foundry.errors import ArchiveError, DriftError
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.regions import AddressRanges
 from foundry.runtime.sessions.placement import BETWEEN, between_phase
+from foundry.runtime.sessions.validate import WARMUP_VERDICT_SUFFIX
 
-VERDICT = "sglang.warmup_skip"
+VERDICT = "sglang" + WARMUP_VERDICT_SUFFIX  # "sglang.warmup_skip": `foundry run` quotes it in its refusal
 PLACED = "sglang.placed_blocks"
 SAFE = "safe"
 _PLACED_TEXT = 1 << 20  # characters of PLACED a LOAD reads: tens of thousands of blocks

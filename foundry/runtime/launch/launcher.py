@@ -215,7 +215,7 @@ def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Calla
         from foundry.runtime.launch.precheck import check_load
 
         laps = Laps({"start and imports": seconds_since_start()})  # where the launcher's time goes, by step
-        archive = check_load(config.archive, config.rank, command)
+        archive = check_load(config.archive, config.rank, command, config.warmup)
         laps.mark("archive checks")
         return _load(config, archive, command, log, replace_process, laps)
     if config.mode == "save" and config.jit_caches:

@@ -5,7 +5,8 @@ start-up (imports, weights) and as the program's own traceback. Whatever can be
 known without a GPU is checked here first, and refused in one line: the archive
 opens (catalog and the rank's session, their format versions and hashes), it is
 complete (module images recorded and present, every file the session lists
-present at its recorded size), it holds a region record, the backends it needs
+present at its recorded size), it holds a region record (and the warm-ups' bytes
+for a LOAD that restores them), the backends it needs
 are installed and able to restore it, and the environment agrees where it can
 be read without CUDA (the driver's version where the system shows it; torch's
 version when the program runs in the launcher's own Python environment). The
@@ -28,9 +29,9 @@ from foundry.runtime.sessions.presence import check_file_size, check_modules_pre
 ENV_FIELD = "environment.{}"
 
 
-def check_load(archive_path: Path, rank: int, command: list[str]) -> Archive:
-    """Refuse (:class:`ArchiveError`, :class:`DriftError`) a LOAD of ``rank`` that cannot work;
-    the opened archive otherwise."""
+def check_load(archive_path: Path, rank: int, command: list[str], warmup: str = "replay") -> Archive:
+    """Refuse (:class:`ArchiveError`, :class:`DriftError`) a LOAD of ``rank`` that cannot work
+    (``warmup``: the LOAD's warm-up mode); the opened archive otherwise."""
     archive = open_named(archive_path)
     if rank not in archive.ranks:
         raise ArchiveError(f"archive has no rank {rank} (--rank)", path=str(archive.root), field="ranks",
@@ -38,6 +39,10 @@ def check_load(archive_path: Path, rank: int, command: list[str]) -> Archive:
     session = archive.session(rank)
     if session.region is None:
         raise DriftError("the archive has no region record (it was not saved with the hook)", field="region")
+    if warmup == "restore":  # an engine would start, then refuse from inside its process
+        from foundry.runtime.sessions.validate import check_warmup_restorable
+
+        check_warmup_restorable(session.region, archive.catalog.model)
     check_modules_present(archive)
     _check_files(archive, rank)
     if session.backends:  # discovering them reads every installed distribution's entry points: only when needed

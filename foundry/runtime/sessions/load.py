@@ -33,7 +33,12 @@ from foundry.runtime.sessions.base import (
 )
 from foundry.runtime.sessions.load_region import RegionRestore
 from foundry.runtime.sessions.load_relocation import Relocation
-from foundry.runtime.sessions.validate import check_claims, check_relocation, required_backends
+from foundry.runtime.sessions.validate import (
+    check_claims,
+    check_relocation,
+    check_warmup_restorable,
+    required_backends,
+)
 from foundry.runtime.threads import on_thread
 
 
@@ -65,8 +70,8 @@ class LoadSession(Session):
         self.relocate = relocate  # a region at another base than SAVE's is rebased (not yet GPU-validated)
         if relocate:
             check_relocation(warmup)
-        if warmup == "restore" and (self.record.region is None or self.record.region.warmup_bytes is None):
-            raise DriftError("the archive kept no warm-up bytes to restore", field="region.warmup_bytes")
+        if warmup == "restore":
+            check_warmup_restorable(self.record.region, self.archive.catalog.model)
         self.progress = sys.stderr.isatty() if progress is None else progress
         self._check_builder(builder, build_threads, instantiate)
         self.builder, self.build_threads, self.instantiate = builder, build_threads, instantiate

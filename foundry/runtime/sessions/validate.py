@@ -8,7 +8,7 @@ on the CPU too (the tests edit real archives and compare the messages).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
@@ -111,6 +111,21 @@ def check_region(record: RegionRecord | None, base: int, size: int, *, relocate:
             found=size,
         )
     return record
+
+
+#: An engine integration's verdict on skipping its warm-ups, in the catalog's model record
+#: under ``<engine>.warmup_skip`` ("safe", or why not).
+WARMUP_VERDICT_SUFFIX = ".warmup_skip"
+
+
+def check_warmup_restorable(region: RegionRecord | None, model: Mapping[str, str]) -> None:
+    """A LOAD restoring the warm-ups' bytes needs SAVE to have kept them; the refusal
+    quotes the verdict an engine integration recorded on why it did not."""
+    if region is not None and region.warmup_bytes is not None:
+        return
+    verdicts = {key: value for key, value in sorted(model.items()) if key.endswith(WARMUP_VERDICT_SUFFIX)}
+    raise DriftError("the archive kept no warm-up bytes to restore (LOAD with --warmup replay)",
+                     field="region.warmup_bytes", found=verdicts or None)  # fmt: skip
 
 
 def check_relocation(warmup: str, *, saved_base: int | None = None, live_base: int | None = None) -> None:
