@@ -212,8 +212,8 @@ fi
 # sections, each within ten minutes: scale-save, scale-load, scale-more, scale-tpot, scale-neg (in that order).
 # SG_EXTRA: more recipe arguments for every run of these sections, SG_TAG: the name of their
 # directory's variant (e.g. SG_EXTRA="--set attention_backend=flashinfer --set
-# cuda_graph_backend_prefill=full --prefill-walk" SG_TAG=fi-prefill: decode and full prefill graphs
-# with FlashInfer, and one prompt per prefill graph's size so that each of them replays)
+# cuda_graph_backend_prefill=full --set context_length=8208 --prefill-walk" SG_TAG=fi-prefill: decode
+# and full prefill graphs with FlashInfer, and one prompt per prefill graph's size so that each replays)
 PRESET=${PRESET:-qwen3-8b}
 SS=$RESULTS/scale-$PRESET${SG_TAG:+-$SG_TAG}
 SGS="$SG --preset $PRESET --wave ${SG_EXTRA:-}"
@@ -230,8 +230,8 @@ if wants scale-load; then  # the quickest first: a section cut short by the call
 step $SGP-load-fast python3 -m foundry run --mode load --warmup restore --builder native --instantiate background \
     --archive "$SS/save" -- $SGS --out "$SS/load-fast.json"
 # the same fast LOAD without SGLang's collection before its capture loop (the graph phase with and without it)
-FOUNDRY_SGLANG_GC=skip-all step $SGP-load-fast-nogc python3 -m foundry run --mode load --warmup restore --builder native \
-    --instantiate background --archive "$SS/save" -- $SGS --out "$SS/load-fast-nogc.json"
+step $SGP-load-fast-nogc env FOUNDRY_SGLANG_GC=skip-all python3 -m foundry run --mode load --warmup restore \
+    --builder native --instantiate background --archive "$SS/save" -- $SGS --out "$SS/load-fast-nogc.json"
 step $SGP-load python3 -m foundry run --mode load --archive "$SS/save" -- $SGS --out "$SS/load.json"
 step $SGP-baseline $SGS --out "$SS/baseline.json"
 step $SGP-compare python3 recipes/sglang/compare.py "$SS"/baseline.json "$SS"/save.json "$SS"/load.json "$SS"/load-fast.json \

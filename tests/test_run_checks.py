@@ -252,3 +252,6 @@ def test_a_load_restoring_warmups_the_archive_did_not_keep_is_refused_quoting_wh
     assert "region.warmup_bytes" in line and verdict in line
     _run(complete, RAN, witness)  # repeating the warm-ups needs no bytes of theirs: the program starts
     assert witness.read_text() == "ran"
+    witness.unlink()
+    strip(Archive.open(complete))  # an incomplete archive is refused as such first, in either warm-up mode
+    _refused_before_start(_run(complete, RAN, witness, "--warmup", "restore"), witness, "module images were stripped")

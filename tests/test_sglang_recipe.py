@@ -152,10 +152,10 @@ def test_compare_names_the_first_differing_prefill_walk_prompt(tmp_path):
     assert "0 prefill walk prompt outputs, not 2" in out.stdout
 
 
-def test_the_prefill_walk_sends_one_prompt_per_resolved_size_with_no_shared_prefix():
+def test_the_prefill_walk_sends_one_prompt_per_resolved_size_with_no_shared_prefix(capsys):
     module = recipe()
     # stands in for sglang.Engine, whose resolved server arguments need a GPU machine
-    engine = SimpleNamespace(server_args=SimpleNamespace(cuda_graph_config=SimpleNamespace(
+    engine = SimpleNamespace(server_args=SimpleNamespace(context_length=8195, cuda_graph_config=SimpleNamespace(
         prefill=SimpleNamespace(bs=[8192, 4, 12, 256]))))  # fmt: skip
     sizes = module.prefill_sizes(engine)
     assert sizes == [4, 12, 256, 8192]
@@ -165,11 +165,27 @@ def test_the_prefill_walk_sends_one_prompt_per_resolved_size_with_no_shared_pref
     firsts = {ids[0] for ids in walk}
     assert len(firsts) == len(walk) and not firsts & {ids[0] for ids in others}  # no prefix to share
     assert all(3 <= token < 151936 for ids in walk for token in ids)
-    with pytest.raises(SystemExit, match="24 prompts need a vocabulary of at least 1027 ids, not 1024"):
-        module.walk_prompts(list(range(1, 5)) * 6, 1024)
+    refused(
+        capsys,
+        lambda: module.walk_prompts(list(range(1, 5)) * 6, 1024),
+        "24 prompts need a vocabulary of at least 1027 ids, not 1024",
+    )
+    engine.server_args.context_length = 8194  # SGLang refuses a prompt whose length and new tokens reach it
+    refused(
+        capsys,
+        lambda: module.prefill_sizes(engine),
+        "a prompt of 8192 tokens needs --set context_length=8195 or more, not 8194",
+    )
     engine.server_args.cuda_graph_config.prefill.bs = None
-    with pytest.raises(SystemExit, match="resolved no prefill graph sizes"):
-        module.prefill_sizes(engine)
+    refused(capsys, lambda: module.prefill_sizes(engine), "resolved no prefill graph sizes")
+
+
+def refused(capsys, call, said: str) -> None:
+    """``call`` exits 2 with one line on stderr that says ``said``."""
+    with pytest.raises(SystemExit) as exited:
+        call()
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1 and said in err, err
 
 
 def test_the_prefill_walk_needs_the_engine_entry(tmp_path):

@@ -101,6 +101,7 @@ def test_sglangs_collections_stay_everywhere_else(monkeypatch, mode, warmup, gc_
     with plugin._freeze_gc(original, False):
         pass
     assert original.calls == [False] and not plugin._state.skipped_collections
+    assert plugin._state.collected_before_loop  # SGLang's own collections ran
 
 
 def test_a_load_restoring_the_warmups_that_follows_saves_trace_collects_before_the_loop_only(monkeypatch):

@@ -41,7 +41,9 @@ tokens, so that the running batch walks down through every decode graph's size.
 graph SGLang resolved (``server_args.cuda_graph_config.prefill.bs``; each prompt begins
 with an id no other prompt of the run begins with, so the radix cache shares no
 prefix), each asking for 2 new tokens, so that every prefill graph's size runs once
-(``--entry engine`` only).
+(``--entry engine`` only; the server's ``context_length`` must exceed the largest size
+by 2: the presets' 2048 does not for SGLang's default sizes up to 8192, so pass
+``--set context_length=8208``, in every run of a comparison).
 ``--tpot 1,8,64,256`` then decodes, for each size, that many prompts of 16 tokens for
 128 new tokens at once, each size announced on stderr (``tpot batch N``) so that
 ``recipes/sglang/tpot.py`` can read SGLang's decode log lines of that batch (run it
@@ -67,7 +69,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 CONFIG = {
     "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 256, "intermediate_size": 512,
@@ -138,14 +140,21 @@ def wave_prompts() -> list[list[int]]:
 
 
 WALK_FIRST = 1003  # the other prompts use ids 3-1002: each walk prompt begins with an id none of them has
+WALK_NEW_TOKENS = 2
+
+
+def refuse(message: str) -> NoReturn:
+    """One line on stderr and exit 2: what the recipe was asked cannot run."""
+    print(f"run.py: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def walk_prompts(lengths: list[int], vocab: int) -> list[list[int]]:
     """One prompt per length, each beginning with an id no other prompt of the run begins
     with (the radix cache finds no prefix to share)."""
     if WALK_FIRST + len(lengths) > vocab:
-        raise SystemExit(f"--prefill-walk: {len(lengths)} prompts need a vocabulary of at least "
-                         f"{WALK_FIRST + len(lengths)} ids, not {vocab}")  # fmt: skip
+        refuse(f"--prefill-walk: {len(lengths)} prompts need a vocabulary of at least {WALK_FIRST + len(lengths)} "
+               f"ids, not {vocab}")  # fmt: skip
     return [[WALK_FIRST + i] + [3 + (i + 7 * j) % 1000 for j in range(1, n)] for i, n in enumerate(sorted(lengths))]
 
 
@@ -186,7 +195,7 @@ def overrides(pairs: list[str], option: str) -> dict:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise SystemExit(f"{option} takes KEY=VALUE, not {pair!r}")
+            refuse(f"{option} takes KEY=VALUE, not {pair!r}")
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -214,11 +223,12 @@ def run_engine(model: Path, server: dict, wave: bool, tpot: list[int], walk_voca
         def generate(ids: list[list[int]], params: list[dict] | dict | None = None) -> list[dict]:
             return engine.generate(input_ids=ids, sampling_params=params or sampling(), return_logprob=True)
 
+        walk = walk_prompts(prefill_sizes(engine), walk_vocab) if walk_vocab is not None else None  # before any
         outputs, batch_s = _batches(generate)
         served = Served(outputs, _wave(generate) if wave else None, startup, ready_at, batch_s)
-        if walk_vocab is not None:  # --prefill-walk
-            walk = walk_prompts(prefill_sizes(engine), walk_vocab)
-            served = served._replace(prefill_walk=[_output(generate([ids], sampling(2))[0]) for ids in walk])
+        if walk is not None:  # --prefill-walk
+            served = served._replace(prefill_walk=[_output(generate([ids], sampling(WALK_NEW_TOKENS))[0])
+                                                   for ids in walk])  # fmt: skip
         if tpot:
             _tpot(generate, tpot)
         return served
@@ -326,13 +336,20 @@ def _wave(generate) -> list[dict]:
 
 
 def prefill_sizes(engine) -> list[int]:
-    """The prefill graphs' token counts SGLang resolved for this server."""
-    config = getattr(getattr(engine, "server_args", None), "cuda_graph_config", None)
-    sizes = getattr(getattr(config, "prefill", None), "bs", None)
+    """The prefill graphs' token counts SGLang resolved for this server, each short enough
+    to be sent as one prompt with its 2 new tokens (SGLang refuses a request as long as
+    its context)."""
+    args = getattr(engine, "server_args", None)
+    sizes = getattr(getattr(getattr(args, "cuda_graph_config", None), "prefill", None), "bs", None)
     if not sizes:
-        raise SystemExit("--prefill-walk: this server resolved no prefill graph sizes "
-                         "(ask for them with --set cuda_graph_backend_prefill=full)")  # fmt: skip
-    return sorted(int(n) for n in sizes)
+        refuse("--prefill-walk: this server resolved no prefill graph sizes "
+               "(ask for them with --set cuda_graph_backend_prefill=full)")  # fmt: skip
+    sizes = sorted(int(n) for n in sizes)
+    context = getattr(args, "context_length", None)
+    if context is not None and sizes[-1] + WALK_NEW_TOKENS >= context:
+        refuse(f"--prefill-walk: a prompt of {sizes[-1]} tokens needs --set "
+               f"context_length={sizes[-1] + WALK_NEW_TOKENS + 1} or more, not {context}")  # fmt: skip
+    return sizes
 
 
 def _output(out: dict) -> dict:

@@ -105,7 +105,7 @@ class SchedulerState:
     started: bool = False  # the session started (at the target model runner's init_torch_distributed)
     prefetch: Any = None  # LOAD: Triton's cache key computed on a thread (startup.Prefetch)
     skipped_collections: bool = False  # LOAD: SGLang's collections around the capture loop were left out
-    collected_before_loop: bool = False  # ... all but the one before the loop (the LOAD follows SAVE's trace)
+    collected_before_loop: bool = False  # SGLang's collection before the capture loop ran (kept, or SGLang's own)
     # LOAD restoring the warm-ups: the blocks SAVE's graphs read that the capture loop allocated
     # (warmup_skip), and whether it makes allocations of SAVE's trace again (then it collects as SAVE did)
     placed: list[tuple[int, int]] = field(default_factory=list)
@@ -241,6 +241,8 @@ def _freeze_gc(original: Any, enable_cudagraph_gc: bool) -> Any:
     an allocation that garbage moved refuses the LOAD by name instead of passing."""
     choice = SGLANG_GC.read()
     if _state is None or _state.config.mode != "load" or _state.config.warmup != "restore" or choice == "keep":
+        if _state is not None:
+            _state.collected_before_loop = True  # SGLang's own, both collections
         return original(enable_cudagraph_gc)
     _state.skipped_collections = True
     _state.collected_before_loop = _state.follows_trace and choice != "skip-all"

@@ -39,12 +39,12 @@ def check_load(archive_path: Path, rank: int, command: list[str], warmup: str = 
     session = archive.session(rank)
     if session.region is None:
         raise DriftError("the archive has no region record (it was not saved with the hook)", field="region")
-    if warmup == "restore":  # an engine would start, then refuse from inside its process
+    check_modules_present(archive)
+    _check_files(archive, rank)
+    if warmup == "restore":  # after the archive's completeness: an engine would start, then refuse from inside it
         from foundry.runtime.sessions.validate import check_warmup_restorable
 
         check_warmup_restorable(session.region, archive.catalog.model)
-    check_modules_present(archive)
-    _check_files(archive, rank)
     if session.backends:  # discovering them reads every installed distribution's entry points: only when needed
         from foundry.backends.registry import BackendRegistry
         from foundry.runtime.sessions.validate import required_backends
