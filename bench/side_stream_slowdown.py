@@ -134,12 +134,10 @@ def act(variant: str, step):
             for _ in range(8):
                 matrix @ matrix
         return stream
-    elif variant.startswith("side-eager"):  # as foundry.runtime.graphs.capture.warm_up_on_side_stream
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            step(), step()
-        torch.cuda.current_stream().wait_stream(stream)
+    elif variant.startswith("side-eager"):
+        from foundry.runtime.graphs.capture import warm_up_on_side_stream
+
+        stream = warm_up_on_side_stream(step, 2)
         if variant == "side-eager-empty":
             torch.cuda.synchronize()
             torch.cuda.empty_cache()

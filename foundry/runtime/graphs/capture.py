@@ -9,8 +9,9 @@ from foundry.archive.outputs import OutputValue, TensorSpec, describe
 from foundry.graphir.lower import AddressResolver
 
 
-def warm_up_on_side_stream(fn: Callable[[], Any], times: int) -> None:
-    """Run ``fn`` ``times`` on a new stream, ordered after and before the current one's work."""
+def warm_up_on_side_stream(fn: Callable[[], Any], times: int) -> Any:
+    """Run ``fn`` ``times`` on a new stream, ordered after and before the current one's work;
+    return that stream."""
     import torch
 
     stream = torch.cuda.Stream()
@@ -19,6 +20,7 @@ def warm_up_on_side_stream(fn: Callable[[], Any], times: int) -> None:
         for _ in range(times):
             fn()
     torch.cuda.current_stream().wait_stream(stream)
+    return stream
 
 
 def capture(fn: Callable[[], Any], *, warmup: int = 2, pool: Any = None) -> tuple[Any, Any]:
