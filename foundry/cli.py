@@ -596,13 +596,34 @@ def _address(text: str) -> int:
         raise click.BadParameter(f"{text!r} is not an address (e.g. 0x600000000000)") from None
 
 
+_SIZE_UNITS = {"": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def _region_size(text: str) -> int:
+    """Bytes as a number in any base ``int(text, 0)`` reads (FOUNDRY_REGION_SIZE's form) or
+    with a binary unit (``104GiB``); at least 1 GiB, the smallest region the hook reserves."""
+    number = text.strip().lower()
+    unit = next((u for u in _SIZE_UNITS if u and number.endswith(u)), "")
+    digits = number.removesuffix(unit).strip()
+    try:
+        size = int(digits, 10 if unit else 0) * _SIZE_UNITS[unit]  # a unit takes a decimal count
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a size (e.g. 111669149696, 0x1a00000000 or 104GiB)") from None
+    if size < 1 << 30:
+        raise click.BadParameter(f"{text!r} is below 1 GiB, the smallest region")
+    if size > 1 << 47:
+        raise click.BadParameter(f"{text!r} is above 128 TiB, more address space than a GPU maps")
+    return size
+
+
 @main.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--mode", type=click.Choice(["save", "load"]), required=True, help="capture and write, or restore")
 @click.option("--archive", "archive_arg", required=True, metavar="ARCHIVE",
               help=f"the archive directory (LOAD: also {SAMPLE_NAME}, which it refuses as not loadable)")  # fmt: skip
 @click.option("--region-base", callback=lambda c, p, v: None if v is None else _address(v), default=None,
               help="base address of the region; LOAD takes SAVE's unless given (then it relocates)")  # fmt: skip
-@click.option("--region-size", type=click.IntRange(min=1 << 30), default=None, help="bytes to reserve (>= 1 GiB)")
+@click.option("--region-size", callback=lambda c, p, v: None if v is None else _region_size(v), default=None,
+              help="bytes to reserve, at least 1 GiB: 111669149696, 0x1a00000000 or 104GiB")  # fmt: skip
 @click.option("--warmup", type=click.Choice(["replay", "restore"]), default="replay",
               help="LOAD: repeat the program's warm-up, or skip it and restore the bytes it left")  # fmt: skip
 @click.option("--rank", type=click.IntRange(min=0), default=0, help="this process's rank")

@@ -125,6 +125,14 @@ def test_foundry_run_on_the_command_line(tmp_path, with_hook):
     assert Archive.open(existing).entries(0) == Archive.open(SAVE_A).entries(0)  # nothing already saved is lost
     bad = run("--mode", "save", "--archive", str(tmp_path / "a"), "--region-base", "nowhere", "--", "true")
     assert bad.returncode == 2 and "not an address" in bad.stderr
+    size = "import os; print(os.environ['FOUNDRY_REGION_SIZE'])"
+    for text in ("0x1a00000000", "104GiB", "111669149696"):  # one size, as the recipes' docs write it
+        sized = run("--mode", "save", "--no-jit-caches", "--region-size", text, "--archive", str(tmp_path / "a"),
+                    "--", sys.executable, "-c", size)  # fmt: skip
+        assert int(sized.stdout, 0) == 104 << 30, (text, sized.stderr)
+    for text, why in (("0.5GiB", "not a size"), ("100MiB", "below 1 GiB"), ("1" + "0" * 40, "above 128 TiB")):
+        refused = run("--mode", "save", "--region-size", text, "--archive", str(tmp_path / "a"), "--", "true")
+        assert refused.returncode == 2 and why in refused.stderr and "Traceback" not in refused.stderr, text
 
 
 def test_edits_that_break_the_region_record_are_caught(tmp_path, with_hook):
