@@ -398,7 +398,9 @@ def _lint_help() -> str:
         "Check graphs against built-in rules and --expect counts.\n\n"
         f"\b\nRules:\n{rules}\n\n"
         "KIND is a node kind (kernel, memcpy, memset, ...) or a backend kind (symm-allreduce, nccl-allreduce, "
-        "deepep-dispatch, ...: `foundry backends list`). Errors and failed expectations fail the run; "
+        "deepep-dispatch, ...: `foundry backends list`); kernel:GLOB counts the kernels whose name matches "
+        "GLOB, as `graph show` lists it or mangled (kernel:fused_moe_kernel=96, 'kernel:*RMSNorm*=4'). "
+        "Errors and failed expectations fail the run; "
         "warnings fail it only with --strict. Exits 0 clean, 1 findings, 2 usage or archive error."
     )
 
@@ -421,7 +423,7 @@ class _LintCommand(click.Command):
     "expects",
     multiple=True,
     metavar="KIND=N",
-    help="KIND occurs N times in every selected graph (repeatable)",
+    help="KIND (or kernel:GLOB) occurs N times in every selected graph (repeatable)",
 )
 @click.option("--total", is_flag=True, help="expectations count over the whole selection instead")
 @click.option("--disable", "disabled", multiple=True, metavar="RULE", help="turn a built-in rule off (repeatable)")

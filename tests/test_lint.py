@@ -59,6 +59,34 @@ def test_symmetric_memory_collectives_are_counted_through_the_backend(registry):
     assert all(e.ok for e in report.expectations)
 
 
+def test_kernels_are_counted_by_name(registry):
+    # the SGLang fixture's model has 2 layers: two fused add-norms and Triton's two decode-attention
+    # stages in each, one final norm (matched by its mangled name); no MoE kernel in a dense model
+    archive = Archive.open(FIXTURES / "sglang-decode")
+    wanted = ["kernel:*FusedAddRMSNorm*=4", "kernel:_fwd_*kernel_stage[12]=4",
+              "kernel:_ZN10flashinfer4norm13RMSNormKernel*=1", "kernel:fused_moe_kernel=0"]  # fmt: skip
+    report = lint(archive, registry, expectations=[Expectation.parse(e) for e in wanted])
+    assert len(report.expectations) == 4 * len(report.graphs) == 16
+    assert all(e.ok for e in report.expectations), [e for e in report.expectations if not e.ok]
+    moe = lint(archive, registry, pattern="decode.bs1", expectations=[Expectation.parse("kernel:fused_moe_kernel=96")])
+    (result,) = moe.expectations
+    assert (result.kind, result.found, result.ok) == ("kernel:fused_moe_kernel", 0, False) and moe.failed()
+    both = lint(archive, registry, expectations=[Expectation.parse("kernel:*FusedAddRMSNorm*=16")], total=True)
+    assert both.expectations[0].ok
+
+
+def test_kernel_expectations_on_the_command_line():
+    fixture = str(FIXTURES / "sglang-decode")
+    ok = run(fixture, "--expect", "kernel:*FusedAddRMSNorm*=4", "--json")
+    data = json.loads(ok.output)
+    assert ok.exit_code == 0 and {e["kind"] for e in data["expectations"]} == {"kernel:*FusedAddRMSNorm*"}
+    failed = run(fixture, "--graph", "decode.bs1", "--expect", "kernel:fused_moe_kernel=96")
+    assert failed.exit_code == 1 and "kernel:fused_moe_kernel=96" in failed.output and "found 0" in failed.output
+    for bad in ("kernel:=3", "kernel=3=4", "kernel: x=1", "kernel:\x1b[31mx=1"):
+        refused = run(fixture, "--expect", bad)
+        assert refused.exit_code == 2 and "kernel:GLOB=N" in refused.output, bad
+
+
 def test_unknown_kind_rule_or_selection_is_a_usage_error(registry):
     archive = Archive.open(FIXTURES / "tiny-qwen3")
     with pytest.raises(LintError, match="unknown kind 'symm-alreduce'"):

@@ -1,4 +1,5 @@
-"""``foundry graph lint``: built-in rules and ``--expect KIND=N`` counts over an archive.
+"""``foundry graph lint``: built-in rules and ``--expect KIND=N`` counts over an archive
+(``kernel:GLOB=N``: the kernels whose name matches GLOB).
 
 An expectation holds for every selected graph on every selected rank; with
 ``total`` it holds for the sum over the selection instead. Rules report
@@ -9,6 +10,7 @@ findings are listed, however large the archive; the rest are counted by severity
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -48,16 +50,25 @@ class Finding(msgspec.Struct, frozen=True):
     kernel: str | None = None
 
 
+KERNEL_NAMED = "kernel:"  # ``kernel:GLOB``: the kernels whose name matches GLOB
+
+
 class Expectation(msgspec.Struct, frozen=True):
-    kind: str
+    kind: str  # a node or backend kind, or kernel:GLOB
     count: int
 
     @classmethod
     def parse(cls, text: str) -> Expectation:
-        found = re.fullmatch(r"\s*([A-Za-z0-9_-]+)\s*=\s*(\d+)\s*", text)
+        found = re.fullmatch(r"\s*([A-Za-z0-9_-]+|kernel:[!-<>-~]+)\s*=\s*(\d+)\s*", text)
         if found is None:
-            raise LintError("an expectation is KIND=N, e.g. symm-allreduce=73", found=text)
-        return cls(found.group(1), int(found.group(2)))
+            raise LintError("an expectation is KIND=N or kernel:GLOB=N, e.g. symm-allreduce=73 or "
+                            "kernel:fused_moe_kernel=96", found=text)  # fmt: skip
+        return cls(found.group(1), int(found.group(2)))  # GLOB: printable ASCII, as kernel names are
+
+    @property
+    def kernel_glob(self) -> str | None:
+        """GLOB of a ``kernel:GLOB`` expectation; None for a kind."""
+        return self.kind.removeprefix(KERNEL_NAMED) if self.kind.startswith(KERNEL_NAMED) else None
 
 
 class ExpectationResult(msgspec.Struct, frozen=True):
@@ -290,13 +301,14 @@ def lint(
         raise unknown(unknown_rules[0], RULES, what="rule", option="--disable")
     kinds = known_kinds(registry)
     for exp in expectations:
-        if exp.kind not in kinds:
+        if exp.kernel_glob is None and exp.kind not in kinds:
             raise unknown_kind(exp.kind, registry)
+    globs = tuple(sorted({e.kernel_glob for e in expectations if e.kernel_glob}))
     selected = selection(archive, rank=rank, pattern=pattern)
     rules = [r for name, r in RULES.items() if name not in disabled]
     report = LintReport()
     for r, entry, counts, findings in map_graphs(
-        archive, selected, lint_graph, (registry, rules), workers=workers, meanwhile=meanwhile
+        archive, selected, lint_graph, (registry, rules, globs), workers=workers, meanwhile=meanwhile
     ):
         report.graphs.append(GraphCounts(r, entry.name, counts))
         for finding in findings:
@@ -314,11 +326,23 @@ def lint(
     return report
 
 
-def lint_graph(archive: Archive, context: tuple[BackendRegistry, list[Rule]], rank: int,
+def lint_graph(archive: Archive, context: tuple[BackendRegistry, list[Rule], tuple[str, ...]], rank: int,
                entry: GraphEntry) -> tuple[int, GraphEntry, Counter[str], list[Finding]]:  # fmt: skip
-    """Read one graph (its checks included), count its kinds and run ``context``'s rules on it."""
-    registry, rules = context
+    """Read one graph (its checks included), count its kinds and the kernels each of
+    ``context``'s globs names, and run its rules on it."""
+    registry, rules, globs = context
     ir = archive.graph(rank, entry, deep=False)
     ctx = GraphContext(archive, rank, entry, ir, registry)
     counts = ir.counts_by_kind() + Counter(match.kind for match in ctx.claims().values())
+    counts.update(_kernels_named(ctx.kernels(), globs))
     return rank, entry, counts, [finding for rule in rules for finding in rule.check(ctx)]
+
+
+def _kernels_named(kernels: list[KernelNode], globs: tuple[str, ...]) -> Counter[str]:
+    """``kernel:GLOB`` counts: a kernel counts where GLOB matches its name as ``graph show``
+    lists it (``at::native::reduce_kernel<...>``) or its mangled name."""
+    counts: Counter[str] = Counter({KERNEL_NAMED + g: 0 for g in globs})
+    for node in kernels if globs else ():
+        names = (node.kernel.short_name, node.kernel.name)
+        counts.update(KERNEL_NAMED + g for g in globs if any(fnmatch.fnmatchcase(n, g) for n in names))
+    return counts
