@@ -649,15 +649,20 @@ def _region_size(text: str) -> int:
 @click.option("--jit-caches/--no-jit-caches", default=True, show_default=True,
               help="SAVE: record what the program compiles (a priming run first) in the archive; LOAD: install "
               "the archive's caches, in a directory of their own, before the program starts")  # fmt: skip
+@click.option("--jit-caches-from", "jit_seed_arg", default=None, metavar="ARCHIVE",
+              help="SAVE: start the priming run from ARCHIVE's JIT caches, installed as a LOAD installs them, "
+              "so this SAVE reuses its builds (a second SAVE to compare with the first: builds differ each "
+              "time)")  # fmt: skip
 @click.option("--trust-cached-code", is_flag=True,
-              help="LOAD: also install the caches' host code (shared objects, Python, pickles, build files): "
-              "code taken from the archive then runs in the program. Off by default, like other tools' "
-              "'trust remote code' switches; only for archives you made or trust")  # fmt: skip
+              help="LOAD, and SAVE with --jit-caches-from: also install the caches' host code (shared objects, "
+              "Python, pickles, build files): code taken from the archive then runs in the program. Off by "
+              "default, like other tools' 'trust remote code' switches; only for archives you made or "
+              "trust")  # fmt: skip
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @guarded
 def run(mode: str, archive_arg: str, region_base: int | None, region_size: int | None, warmup: str, rank: int,
         world_size: int, builder: str, build_threads: int, instantiate: str, overwrite: bool, keep_aslr: bool,
-        save_runs: int, region_threads: str, jit_caches: bool, trust_cached_code: bool,
+        save_runs: int, region_threads: str, jit_caches: bool, jit_seed_arg: str | None, trust_cached_code: bool,
         command: tuple[str, ...]) -> int:  # fmt: skip
     """Run COMMAND (after --) with the native hook and a SAVE or LOAD session.
 
@@ -676,11 +681,16 @@ def run(mode: str, archive_arg: str, region_base: int | None, region_size: int |
         raise click.BadParameter(f"rank {rank} is not below the world size {world_size}", param_hint="--rank")
     if instantiate == "background" and builder != "native":
         raise click.BadParameter("background instantiation needs --builder native", param_hint="--instantiate")
+    if jit_seed_arg is not None and (mode != "save" or not jit_caches):
+        raise click.BadParameter("a SAVE that records JIT caches starts from another archive's; this is "
+                                 f"{'a LOAD' if mode != 'save' else 'a SAVE with --no-jit-caches'}",
+                                 param_hint="--jit-caches-from")  # fmt: skip
+    jit_seed = None if jit_seed_arg is None else archive_path(jit_seed_arg)
     config = launcher.RunConfig(mode, archive, region_base, region_size, warmup, rank, world_size,
                                 fixed_layout=not keep_aslr, instantiate=instantiate,
                                 builder=builder, build_threads=build_threads, overwrite=overwrite,
                                 region_threads=region_threads, jit_caches=jit_caches,
-                                trust_cached_code=trust_cached_code)  # fmt: skip
+                                trust_cached_code=trust_cached_code, jit_seed=jit_seed)  # fmt: skip
     try:
         return launcher.run(config, list(command), save_runs=save_runs, log=lambda line: click.echo(line, err=True),
                             replace_process=True)  # fmt: skip

@@ -247,7 +247,10 @@ fi
 if wants scale-more; then
 rm -rf "$SS/save2"
 mv "$SS/save" "$SS/save.kept" && mv "$SS/save.json" "$SS/save.json.kept"
-step $SGP-save2 python3 -m foundry run --mode save "${REGION[@]}" --archive "$SS/save" -- $SGS --out "$SS/save.json"
+# SAVE2 reuses SAVE's builds (its JIT caches, host code included): each build of SGLang's JIT
+# kernels differs (nvcc's anonymous-namespace ids) and Inductor's tuning picks by timing
+step $SGP-save2 python3 -m foundry run --mode save "${REGION[@]}" --jit-caches-from "$SS/save.kept" --trust-cached-code \
+    --archive "$SS/save" -- $SGS --out "$SS/save.json"
 mv "$SS/save" "$SS/save2" && mv "$SS/save.json" "$SS/save2.json"
 mv "$SS/save.kept" "$SS/save" && mv "$SS/save.json.kept" "$SS/save.json"
 step $SGP-compare2 python3 recipes/sglang/compare.py "$SS"/baseline.json "$SS"/save2.json

@@ -734,6 +734,62 @@ def test_a_save_primes_the_caches_then_saves_with_them_installed(tmp_path, with_
     assert not (tmp_path / "c").exists() and "foundry: the priming run failed (exit 3); nothing was saved" in lines
 
 
+# a JIT cache as the libraries keep one: what is missing is built, and each build differs
+# (nvcc's anonymous-namespace ids, Inductor's timed tuning); SAVE runs find everything built
+BUILDS = r"""
+import os, secrets, shutil, sys
+mode, triton = os.environ["FOUNDRY_MODE"], os.environ["TRITON_CACHE_DIR"]
+for name, head in (("add_kernel.cubin", sys.argv[2]), ("__triton_launcher.so", sys.argv[3])):
+    path = os.path.join(triton, "KEY1", name)
+    if not os.path.exists(path):
+        assert mode == "off", "a SAVE run built " + name
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        open(path, "wb").write(bytes.fromhex(head) + secrets.token_bytes(16))
+if mode != "off":
+    shutil.copytree(sys.argv[1], os.environ["FOUNDRY_ARCHIVE"])
+"""
+
+
+def test_a_save_from_a_seed_reuses_its_builds_host_code_only_when_trusted(tmp_path, with_hook, _jit_root):
+    lines: list[str] = []
+    command = [sys.executable, "-c", BUILDS, str(SAVE_A), CUBIN.hex(), HOST_SO.hex()]
+
+    def saved(name: str, **options) -> dict[str, str]:
+        config = launcher.RunConfig("save", tmp_path / name, jit_caches=True, **options)
+        assert launcher.run(config, command, save_runs=1, log=lines.append) == 0
+        _, manifest = opened(tmp_path / name)
+        return {e.path: e.sha256 for e in manifest.entries}
+
+    first = saved("a")
+    assert set(first) == {"KEY1/add_kernel.cubin", "KEY1/__triton_launcher.so"}
+    assert saved("plain").keys() == first.keys() and not set(saved("plain2").values()) & set(first.values())
+    assert saved("b", jit_seed=tmp_path / "a", trust_cached_code=True) == first  # the same builds, both kept
+    seeded = f"foundry: JIT caches: the priming run starts from the caches of {tmp_path / 'a'}: 2 files installed"
+    assert seeded in lines
+    data_only = saved("c", jit_seed=tmp_path / "a")  # host code left out: built again
+    assert data_only["KEY1/add_kernel.cubin"] == first["KEY1/add_kernel.cubin"]
+    assert data_only["KEY1/__triton_launcher.so"] != first["KEY1/__triton_launcher.so"]
+    assert any("1 files of host code left out, built again" in line for line in lines)
+    for seed, why in ((SAVE_A, "has no JIT caches"), (tmp_path / "none", "no such archive")):
+        config = launcher.RunConfig("save", tmp_path / "d", jit_caches=True, jit_seed=seed)
+        with pytest.raises(FoundryError, match=why):
+            launcher.run(config, [sys.executable, "-c", "raise SystemExit(9)"], log=lines.append)
+        assert not (tmp_path / "d").exists()  # refused before the priming run
+    rewrite_manifest(tmp_path / "a", lambda m: m["versions"].update(triton="0.0.0-other"))
+    config = launcher.RunConfig("save", tmp_path / "e", jit_caches=True, jit_seed=tmp_path / "a")
+    with pytest.raises(DriftError) as err:
+        launcher.run(config, command, save_runs=1, log=lines.append)
+    assert err.value.field == "jit.versions.triton"
+
+
+def test_a_seed_is_for_a_save_that_records_caches(tmp_path):
+    for options in (["--mode", "load"], ["--mode", "save", "--no-jit-caches"]):
+        result = CliRunner().invoke(main, ["run", *options, "--jit-caches-from", str(SAVE_A), "--archive",
+                                           str(tmp_path / "a"), "--", "true"])  # fmt: skip
+        assert result.exit_code == 2 and "--jit-caches-from" in result.output, options
+    assert not (tmp_path / "a").exists()
+
+
 def test_the_launcher_imports_little(tmp_path):
     code = ("import sys, foundry.cli, foundry.runtime.launch.launcher, foundry.runtime.launch.jit; "
             "print(' '.join(sorted(sys.modules)))")  # fmt: skip

@@ -9,7 +9,11 @@ staged files installed into it again, exactly as a LOAD that trusts the archive 
 them. Only then come the SAVE's usual runs, with the caches as they will be installed,
 so the allocation trace a LOAD is compared with is that of a run that compiled nothing.
 A SAVE run that still compiles something is refused, naming the file; otherwise the
-staged files are attached to the archive, the catalog last.
+staged files are attached to the archive, the catalog last. A SAVE from a seed
+(``--jit-caches-from``) installs another archive's caches before the priming run, as a
+LOAD installs them: the priming run then builds only what they lack. Builds are not
+reproducible (nvcc draws a new anonymous-namespace id each time, Inductor's tuning picks
+by timing), so a second SAVE that is to be compared with a first must reuse its builds.
 
 **LOAD** (:func:`load_caches`). The manifest's versions are compared with this
 environment's, the entries installed (host code only with ``--trust-cached-code``) into
@@ -31,7 +35,7 @@ from typing import Any
 
 from foundry.archive.jit_caches import SPECS, cache_environment, user_settings, xdg_cache_home
 from foundry.archive.jit_collect import attach, make_manifest, new_artefacts, stage
-from foundry.archive.jit_install import install, install_directory, reindex
+from foundry.archive.jit_install import INDEX_FILE, install, install_directory, reindex
 from foundry.archive.jit_manifest import encode_manifest, read_manifest
 from foundry.archive.jit_schema import JitState, JitVersions
 from foundry.archive.jit_versions import live_versions
@@ -135,6 +139,8 @@ def save_with_caches(config: Any, save: Callable[[Any], int], start_plain: Start
     variables = cache_environment(directory)
     attached = False
     try:
+        if config.jit_seed is not None:
+            seed_caches(config.jit_seed, directory, trust_host_code=config.trust_cached_code, log=log, environ=env)
         line = replaced_settings(env, directory)
         if line:
             log(line)
@@ -172,6 +178,27 @@ def save_with_caches(config: Any, save: Callable[[Any], int], start_plain: Start
         if not attached:
             shutil.rmtree(directory, ignore_errors=True)
             Path(f"{directory}.lock").unlink(missing_ok=True)
+
+
+def seed_caches(seed: Path, directory: Path, *, trust_host_code: bool, log: Log,
+                environ: Mapping[str, str]) -> None:  # fmt: skip
+    """Install the caches of the archive at ``seed`` into ``directory`` for a priming run to
+    start from (host code only when trusted); refuse one that carries none, or caches built
+    for another version, before anything runs."""
+    archive = Archive.open(seed)
+    jit = archive.catalog.jit
+    if jit is None or jit.state is JitState.STRIPPED:
+        state = "none" if jit is None else "stripped"
+        raise FoundryError("has no JIT caches for the priming run to start from", field="--jit-caches-from",
+                           path=str(seed), found=state)  # fmt: skip
+    manifest = read_manifest(archive.root, jit)
+    check_versions(manifest.versions, live_versions(environ))
+    report = install(archive.root, manifest, jit.sha256, directory, trust_host_code=trust_host_code)
+    left = (f"; {report.left_out} files of host code left out, built again (--trust-cached-code installs them)"
+            if report.left_out else "")  # fmt: skip
+    log(f"foundry: JIT caches: the priming run starts from the caches of {seed}: {report.installed} files "
+        f"installed{left}")  # fmt: skip
+    (directory / INDEX_FILE).unlink(missing_ok=True)  # the install's own record, not a cache file
 
 
 def _digest(manifest: Any) -> str:

@@ -77,7 +77,9 @@ class RunConfig:
     session_marker: Path | None = None  # the file the program's session writes when opened (the first run's)
     session_pid: int | None = None  # LOAD: the process that becomes the program; its hook checks the marker
     jit_caches: bool = False  # SAVE: record the JIT caches (a priming run first); LOAD: install the archive's
-    trust_cached_code: bool = False  # LOAD: install the caches' host code too (code from the archive runs)
+    trust_cached_code: bool = False  # LOAD, and SAVE from a seed: install the caches' host code too (code from
+    # the archive runs)
+    jit_seed: Path | None = None  # SAVE: the archive whose caches the priming run starts from (its builds reused)
     cache_env: tuple[tuple[str, str], ...] = ()  # SAVE runs: the cache variables of the SAVE's own caches
 
 
