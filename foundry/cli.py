@@ -399,7 +399,8 @@ def _lint_help() -> str:
         f"\b\nRules:\n{rules}\n\n"
         "KIND is a node kind (kernel, memcpy, memset, ...) or a backend kind (symm-allreduce, nccl-allreduce, "
         "deepep-dispatch, ...: `foundry backends list`); kernel:GLOB counts the kernels whose name matches "
-        "GLOB, as `graph show` lists it or mangled (kernel:fused_moe_kernel=96, 'kernel:*RMSNorm*=4'). "
+        "GLOB, as `graph show` lists it or mangled (kernel:fused_moe_kernel=96, 'kernel:*RMSNorm*=4'; GLOB is "
+        "printable ASCII without spaces or '=': match those with ? or *). "
         "Errors and failed expectations fail the run; "
         "warnings fail it only with --strict. Exits 0 clean, 1 findings, 2 usage or archive error."
     )
@@ -602,19 +603,19 @@ _SIZE_UNITS = {"": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 <
 
 
 def _region_size(text: str) -> int:
-    """Bytes as a number in any base ``int(text, 0)`` reads (FOUNDRY_REGION_SIZE's form) or
-    with a binary unit (``104GiB``); at least 1 GiB, the smallest region the hook reserves."""
+    """Bytes as a decimal or ``0x`` number, or a decimal count of a binary unit (``104GiB``);
+    at least 1 GiB, the smallest region the hook reserves, and below the GPU's 128 TiB."""
     number = text.strip().lower()
     unit = next((u for u in _SIZE_UNITS if u and number.endswith(u)), "")
     digits = number.removesuffix(unit).strip()
     try:
         size = int(digits, 10 if unit else 0) * _SIZE_UNITS[unit]  # a unit takes a decimal count
     except ValueError:
-        raise click.BadParameter(f"{text!r} is not a size (e.g. 111669149696, 0x1a00000000 or 104GiB)") from None
+        raise click.BadParameter(f"{text[:40]!r} is not a size (e.g. 111669149696, 0x1a00000000 or 104GiB)") from None
     if size < 1 << 30:
-        raise click.BadParameter(f"{text!r} is below 1 GiB, the smallest region")
-    if size > 1 << 47:
-        raise click.BadParameter(f"{text!r} is above 128 TiB, more address space than a GPU maps")
+        raise click.BadParameter(f"{text[:40]!r} is below 1 GiB, the smallest region")
+    if size >= 1 << 47:
+        raise click.BadParameter(f"{text[:40]!r} is 128 TiB or more, more address space than a GPU maps")
     return size
 
 
@@ -625,7 +626,8 @@ def _region_size(text: str) -> int:
 @click.option("--region-base", callback=lambda c, p, v: None if v is None else _address(v), default=None,
               help="base address of the region; LOAD takes SAVE's unless given (then it relocates)")  # fmt: skip
 @click.option("--region-size", callback=lambda c, p, v: None if v is None else _region_size(v), default=None,
-              help="bytes to reserve, at least 1 GiB: 111669149696, 0x1a00000000 or 104GiB")  # fmt: skip
+              metavar="SIZE", help="bytes to reserve, 1 GiB to below 128 TiB: 111669149696, 0x1a00000000, or with "
+              "a unit (KiB, MiB, GiB, TiB): 104GiB")  # fmt: skip
 @click.option("--warmup", type=click.Choice(["replay", "restore"]), default="replay",
               help="LOAD: repeat the program's warm-up, or skip it and restore the bytes it left")  # fmt: skip
 @click.option("--rank", type=click.IntRange(min=0), default=0, help="this process's rank")
@@ -652,7 +654,8 @@ def _region_size(text: str) -> int:
 @click.option("--jit-caches-from", "jit_seed_arg", default=None, metavar="ARCHIVE",
               help="SAVE: start the priming run from ARCHIVE's JIT caches, installed as a LOAD installs them, "
               "so this SAVE reuses its builds (a second SAVE to compare with the first: builds differ each "
-              "time)")  # fmt: skip
+              "time); with --trust-cached-code, or the host code among them (SGLang's JIT kernels, Inductor's "
+              "outputs) is built again")  # fmt: skip
 @click.option("--trust-cached-code", is_flag=True,
               help="LOAD, and SAVE with --jit-caches-from: also install the caches' host code (shared objects, "
               "Python, pickles, build files): code taken from the archive then runs in the program. Off by "
@@ -681,10 +684,10 @@ def run(mode: str, archive_arg: str, region_base: int | None, region_size: int |
         raise click.BadParameter(f"rank {rank} is not below the world size {world_size}", param_hint="--rank")
     if instantiate == "background" and builder != "native":
         raise click.BadParameter("background instantiation needs --builder native", param_hint="--instantiate")
-    if jit_seed_arg is not None and (mode != "save" or not jit_caches):
-        raise click.BadParameter("a SAVE that records JIT caches starts from another archive's; this is "
-                                 f"{'a LOAD' if mode != 'save' else 'a SAVE with --no-jit-caches'}",
-                                 param_hint="--jit-caches-from")  # fmt: skip
+    if jit_seed_arg is not None and (mode != "save" or not jit_caches or world_size > 1):
+        this = "a LOAD" if mode != "save" else "a SAVE with --no-jit-caches" if not jit_caches else "a SAVE of ranks"
+        raise click.BadParameter(f"a SAVE of one process that records JIT caches starts from another archive's; "
+                                 f"this is {this}", param_hint="--jit-caches-from")  # fmt: skip
     jit_seed = None if jit_seed_arg is None else archive_path(jit_seed_arg)
     config = launcher.RunConfig(mode, archive, region_base, region_size, warmup, rank, world_size,
                                 fixed_layout=not keep_aslr, instantiate=instantiate,

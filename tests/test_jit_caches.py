@@ -765,6 +765,7 @@ def test_a_save_from_a_seed_reuses_its_builds_host_code_only_when_trusted(tmp_pa
     assert saved("plain").keys() == first.keys() and not set(saved("plain2").values()) & set(first.values())
     assert saved("b", jit_seed=tmp_path / "a", trust_cached_code=True) == first  # the same builds, both kept
     seeded = f"foundry: JIT caches: the priming run starts from the caches of {tmp_path / 'a'}: 2 files installed"
+    assert Archive.open(tmp_path / "a").catalog.environment.compute_capability == "9.0"
     assert seeded in lines
     data_only = saved("c", jit_seed=tmp_path / "a")  # host code left out: built again
     assert data_only["KEY1/add_kernel.cubin"] == first["KEY1/add_kernel.cubin"]
@@ -775,19 +776,29 @@ def test_a_save_from_a_seed_reuses_its_builds_host_code_only_when_trusted(tmp_pa
         with pytest.raises(FoundryError, match=why):
             launcher.run(config, [sys.executable, "-c", "raise SystemExit(9)"], log=lines.append)
         assert not (tmp_path / "d").exists()  # refused before the priming run
+    before = set(_jit_root.iterdir())
+    edit_json(tmp_path / "a" / CATALOG_FILE, lambda c: c["environment"].update(compute_capability="8.0"))
+    config = launcher.RunConfig("save", tmp_path / "f", jit_caches=True, jit_seed=tmp_path / "a")
+    with pytest.raises(CaptureError, match="built on another GPU") as err:  # SAVE_A ran on compute 9.0
+        launcher.run(config, command, save_runs=1, log=lines.append)
+    assert err.value.field == "environment.compute_capability" and err.value.found == "8.0"
+    assert Archive.open(tmp_path / "f").catalog.jit is None and set(_jit_root.iterdir()) == before
     rewrite_manifest(tmp_path / "a", lambda m: m["versions"].update(triton="0.0.0-other"))
     config = launcher.RunConfig("save", tmp_path / "e", jit_caches=True, jit_seed=tmp_path / "a")
-    with pytest.raises(DriftError) as err:
+    with pytest.raises(DriftError, match="--jit-caches-from were built for another version") as err:
         launcher.run(config, command, save_runs=1, log=lines.append)
-    assert err.value.field == "jit.versions.triton"
+    assert err.value.field == "jit.versions.triton" and err.value.path == str(tmp_path / "a")
+    assert set(_jit_root.iterdir()) == before  # refused before any directory was made
 
 
-def test_a_seed_is_for_a_save_that_records_caches(tmp_path):
-    for options in (["--mode", "load"], ["--mode", "save", "--no-jit-caches"]):
-        result = CliRunner().invoke(main, ["run", *options, "--jit-caches-from", str(SAVE_A), "--archive",
+def test_a_seed_is_for_a_save_of_one_process_that_records_caches(tmp_path):
+    cases = ((["--mode", "load"], "a LOAD"), (["--mode", "save", "--no-jit-caches"], "a SAVE with --no-jit-caches"),
+             (["--mode", "save", "--world-size", "2"], "a SAVE of ranks"))  # fmt: skip
+    for options, this in cases:
+        result = CliRunner().invoke(main, ["run", *options, "--jit-caches-from", "/nonexistent", "--archive",
                                            str(tmp_path / "a"), "--", "true"])  # fmt: skip
-        assert result.exit_code == 2 and "--jit-caches-from" in result.output, options
-    assert not (tmp_path / "a").exists()
+        assert result.exit_code == 2 and "starts from another archive's" in result.output, options
+        assert f"this is {this}" in result.output and "Traceback" not in result.output
 
 
 def test_the_launcher_imports_little(tmp_path):

@@ -130,7 +130,12 @@ def test_foundry_run_on_the_command_line(tmp_path, with_hook):
         sized = run("--mode", "save", "--no-jit-caches", "--region-size", text, "--archive", str(tmp_path / "a"),
                     "--", sys.executable, "-c", size)  # fmt: skip
         assert int(sized.stdout, 0) == 104 << 30, (text, sized.stderr)
-    for text, why in (("0.5GiB", "not a size"), ("100MiB", "below 1 GiB"), ("1" + "0" * 40, "above 128 TiB")):
+    for text, why in (
+        ("0.5GiB", "not a size"),
+        ("100MiB", "below 1 GiB"),
+        ("1" + "0" * 40, "128 TiB or more"),
+        ("128TiB", "128 TiB or more"),
+    ):
         refused = run("--mode", "save", "--region-size", text, "--archive", str(tmp_path / "a"), "--", "true")
         assert refused.returncode == 2 and why in refused.stderr and "Traceback" not in refused.stderr, text
 

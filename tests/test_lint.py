@@ -61,7 +61,8 @@ def test_symmetric_memory_collectives_are_counted_through_the_backend(registry):
 
 def test_kernels_are_counted_by_name(registry):
     # the SGLang fixture's model has 2 layers: two fused add-norms and Triton's two decode-attention
-    # stages in each, one final norm (matched by its mangled name); no MoE kernel in a dense model
+    # stages in each, one plain norm (the first layer's input, matched by its mangled name); no MoE
+    # kernel in a dense model
     archive = Archive.open(FIXTURES / "sglang-decode")
     wanted = ["kernel:*FusedAddRMSNorm*=4", "kernel:_fwd_*kernel_stage[12]=4",
               "kernel:_ZN10flashinfer4norm13RMSNormKernel*=1", "kernel:fused_moe_kernel=0"]  # fmt: skip

@@ -63,7 +63,7 @@ class Expectation(msgspec.Struct, frozen=True):
         if found is None:
             raise LintError("an expectation is KIND=N or kernel:GLOB=N, e.g. symm-allreduce=73 or "
                             "kernel:fused_moe_kernel=96", found=text)  # fmt: skip
-        return cls(found.group(1), int(found.group(2)))  # GLOB: printable ASCII, as kernel names are
+        return cls(found.group(1), int(found.group(2)))  # GLOB: printable ASCII, no space or '=' (use ?)
 
     @property
     def kernel_glob(self) -> str | None:
@@ -341,7 +341,7 @@ def lint_graph(archive: Archive, context: tuple[BackendRegistry, list[Rule], tup
 def _kernels_named(kernels: list[KernelNode], globs: tuple[str, ...]) -> Counter[str]:
     """``kernel:GLOB`` counts: a kernel counts where GLOB matches its name as ``graph show``
     lists it (``at::native::reduce_kernel<...>``) or its mangled name."""
-    counts: Counter[str] = Counter({KERNEL_NAMED + g: 0 for g in globs})
+    counts: Counter[str] = Counter()  # as for kinds, a glob that matched nothing has no entry
     for node in kernels if globs else ():
         names = (node.kernel.short_name, node.kernel.name)
         counts.update(KERNEL_NAMED + g for g in globs if any(fnmatch.fnmatchcase(n, g) for n in names))

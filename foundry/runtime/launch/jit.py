@@ -35,9 +35,9 @@ from typing import Any
 
 from foundry.archive.jit_caches import SPECS, cache_environment, user_settings, xdg_cache_home
 from foundry.archive.jit_collect import attach, make_manifest, new_artefacts, stage
-from foundry.archive.jit_install import INDEX_FILE, install, install_directory, reindex
+from foundry.archive.jit_install import install, install_directory, reindex
 from foundry.archive.jit_manifest import encode_manifest, read_manifest
-from foundry.archive.jit_schema import JitState, JitVersions
+from foundry.archive.jit_schema import JitManifest, JitState, JitVersions
 from foundry.archive.jit_versions import live_versions
 from foundry.archive.reader import Archive
 from foundry.archive.schema import CATALOG_FILE
@@ -127,10 +127,14 @@ def save_with_caches(config: Any, save: Callable[[Any], int], start_plain: Start
     then the caches attached. ``config`` is the launcher's ``RunConfig``. Returns the exit code."""
     env = dict(os.environ if environ is None else environ)
     if config.world_size > 1:
+        if config.jit_seed is not None:
+            raise FoundryError("JIT caches are recorded for SAVEs of one process only; a SAVE of several ranks "
+                               "starts from no archive's", field="--jit-caches-from")  # fmt: skip
         log("foundry: JIT caches are recorded for SAVEs of one process only; this SAVE records none")
         return save(replace(config, jit_caches=False))
     if (config.archive / CATALOG_FILE).exists() and not config.overwrite:
         raise FoundryError("already holds an archive (pass --overwrite to replace it)", path=str(config.archive))
+    seed = None if config.jit_seed is None else open_seed(config.jit_seed, env)  # refused before anything is made
     cache_id = secrets.token_hex(16)
     directory = jit_root(env) / cache_id
     directory.mkdir(parents=True)
@@ -139,8 +143,8 @@ def save_with_caches(config: Any, save: Callable[[Any], int], start_plain: Start
     variables = cache_environment(directory)
     attached = False
     try:
-        if config.jit_seed is not None:
-            seed_caches(config.jit_seed, directory, trust_host_code=config.trust_cached_code, log=log, environ=env)
+        if seed is not None:
+            seed_caches(seed, directory, trust_host_code=config.trust_cached_code, log=log)
         line = replaced_settings(env, directory)
         if line:
             log(line)
@@ -161,6 +165,8 @@ def save_with_caches(config: Any, save: Callable[[Any], int], start_plain: Start
         code = save(replace(config, jit_caches=False, cache_env=tuple(sorted(variables.items()))))
         if code != 0:
             return code
+        if seed is not None:
+            check_seed_gpu(seed[0], config.archive)
         compiled = new_artefacts(directory, manifest)
         if compiled:
             raise CaptureError(f"the SAVE's runs compiled what the priming run had not ({len(compiled)} files); "
@@ -180,11 +186,9 @@ def save_with_caches(config: Any, save: Callable[[Any], int], start_plain: Start
             Path(f"{directory}.lock").unlink(missing_ok=True)
 
 
-def seed_caches(seed: Path, directory: Path, *, trust_host_code: bool, log: Log,
-                environ: Mapping[str, str]) -> None:  # fmt: skip
-    """Install the caches of the archive at ``seed`` into ``directory`` for a priming run to
-    start from (host code only when trusted); refuse one that carries none, or caches built
-    for another version, before anything runs."""
+def open_seed(seed: Path, environ: Mapping[str, str]) -> tuple[Archive, JitManifest]:
+    """The archive at ``seed`` and its caches' manifest, for a priming run to start from;
+    refused when it carries none, or caches built for another version."""
     archive = Archive.open(seed)
     jit = archive.catalog.jit
     if jit is None or jit.state is JitState.STRIPPED:
@@ -192,13 +196,35 @@ def seed_caches(seed: Path, directory: Path, *, trust_host_code: bool, log: Log,
         raise FoundryError("has no JIT caches for the priming run to start from", field="--jit-caches-from",
                            path=str(seed), found=state)  # fmt: skip
     manifest = read_manifest(archive.root, jit)
-    check_versions(manifest.versions, live_versions(environ))
+    try:
+        check_versions(manifest.versions, live_versions(environ))
+    except DriftError as err:
+        raise DriftError("the JIT caches of --jit-caches-from were built for another version (a SAVE without "
+                         "--jit-caches-from builds its own)", path=str(seed), field=err.field,
+                         expected=err.expected, found=err.found) from None  # fmt: skip
+    return archive, manifest
+
+
+def seed_caches(seed: tuple[Archive, JitManifest], directory: Path, *, trust_host_code: bool, log: Log) -> None:
+    """Install the seed's caches into ``directory`` (host code only when trusted)."""
+    archive, manifest = seed
+    jit = archive.catalog.jit
     report = install(archive.root, manifest, jit.sha256, directory, trust_host_code=trust_host_code)
     left = (f"; {report.left_out} files of host code left out, built again (--trust-cached-code installs them)"
             if report.left_out else "")  # fmt: skip
-    log(f"foundry: JIT caches: the priming run starts from the caches of {seed}: {report.installed} files "
-        f"installed{left}")  # fmt: skip
-    (directory / INDEX_FILE).unlink(missing_ok=True)  # the install's own record, not a cache file
+    log(f"foundry: JIT caches: the priming run starts from the caches of {archive.root}: {report.installed} "
+        f"files installed{left}")  # fmt: skip
+
+
+def check_seed_gpu(seed: Archive, saved: Path) -> None:
+    """Refuse caches built on another kind of GPU than the one the SAVE ran on: the
+    archive would carry builds its LOADs cannot use (the launcher sees no GPU; the
+    SAVE's own record says which it was)."""
+    built, ran = seed.catalog.environment, Archive.open(saved).catalog.environment
+    if built.compute_capability != ran.compute_capability:
+        raise CaptureError(f"the caches of --jit-caches-from were built on another GPU; {saved} is kept without "
+                           "JIT caches", field="environment.compute_capability", path=str(seed.root),
+                           expected=ran.compute_capability, found=built.compute_capability)  # fmt: skip
 
 
 def _digest(manifest: Any) -> str:
