@@ -334,7 +334,8 @@ def lint_graph(archive: Archive, context: tuple[BackendRegistry, list[Rule], tup
     ir = archive.graph(rank, entry, deep=False)
     ctx = GraphContext(archive, rank, entry, ir, registry)
     counts = ir.counts_by_kind() + Counter(match.kind for match in ctx.claims().values())
-    counts.update(_kernels_named(ctx.kernels(), globs))
+    if globs:
+        counts.update(_kernels_named(ctx.kernels(), globs))
     return rank, entry, counts, [finding for rule in rules for finding in rule.check(ctx)]
 
 
@@ -342,7 +343,7 @@ def _kernels_named(kernels: list[KernelNode], globs: tuple[str, ...]) -> Counter
     """``kernel:GLOB`` counts: a kernel counts where GLOB matches its name as ``graph show``
     lists it (``at::native::reduce_kernel<...>``) or its mangled name."""
     counts: Counter[str] = Counter()  # as for kinds, a glob that matched nothing has no entry
-    for node in kernels if globs else ():
+    for node in kernels:
         names = (node.kernel.short_name, node.kernel.name)
         counts.update(KERNEL_NAMED + g for g in globs if any(fnmatch.fnmatchcase(n, g) for n in names))
     return counts

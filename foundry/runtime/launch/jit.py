@@ -101,17 +101,22 @@ def load_caches(source: Path | Archive, *, trust_host_code: bool, log: Log,
     return cache_environment(directory)
 
 
-def check_versions(recorded: JitVersions, live: Mapping[str, str | None]) -> None:
-    """Refuse, naming the field, a version of this environment other than the one the
-    caches were built with (``gpu_arch``: compared by the session with the live GPU)."""
+LOAD_REFUSAL = "the archive's JIT caches were built for another version (--no-jit-caches LOADs without them)"
+SEED_REFUSAL = ("the JIT caches of --jit-caches-from were built for another version (a SAVE without "
+                "--jit-caches-from builds its own)")  # fmt: skip
+
+
+def check_versions(recorded: JitVersions, live: Mapping[str, str | None], *, refusal: str = LOAD_REFUSAL,
+                   path: Path | None = None) -> None:  # fmt: skip
+    """Refuse (``refusal``, at ``path``), naming the field, a version of this environment other
+    than the one the caches were built with (``gpu_arch``: compared by the session with the live GPU)."""
     for name in recorded.__struct_fields__:
         want = getattr(recorded, name)
         if want is None or name == "gpu_arch":
             continue
         if live.get(name) != want:
-            raise DriftError("the archive's JIT caches were built for another version (--no-jit-caches LOADs "
-                             "without them)", field=f"jit.versions.{name}", expected=want,
-                             found=live.get(name))  # fmt: skip
+            raise DriftError(refusal, path=None if path is None else str(path), field=f"jit.versions.{name}",
+                             expected=want, found=live.get(name))  # fmt: skip
 
 
 # -- SAVE -------------------------------------------------------------------------
@@ -196,12 +201,7 @@ def open_seed(seed: Path, environ: Mapping[str, str]) -> tuple[Archive, JitManif
         raise FoundryError("has no JIT caches for the priming run to start from", field="--jit-caches-from",
                            path=str(seed), found=state)  # fmt: skip
     manifest = read_manifest(archive.root, jit)
-    try:
-        check_versions(manifest.versions, live_versions(environ))
-    except DriftError as err:
-        raise DriftError("the JIT caches of --jit-caches-from were built for another version (a SAVE without "
-                         "--jit-caches-from builds its own)", path=str(seed), field=err.field,
-                         expected=err.expected, found=err.found) from None  # fmt: skip
+    check_versions(manifest.versions, live_versions(environ), refusal=SEED_REFUSAL, path=seed)
     return archive, manifest
 
 
