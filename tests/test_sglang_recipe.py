@@ -191,3 +191,16 @@ def refused(capsys, call, said: str) -> None:
 def test_the_prefill_walk_needs_the_engine_entry(tmp_path):
     out = run("run.py", "--out", str(tmp_path / "r.json"), "--entry", "http", "--prefill-walk")
     assert out.returncode == 2 and "--prefill-walk needs --entry engine" in out.stderr
+
+
+def test_the_wave_size_is_checked_and_each_prompt_begins_with_its_own_id(tmp_path):
+    module = recipe()
+    wave = module.wave_prompts(module.WAVE_MAX)
+    assert len(wave) == module.WAVE_MAX and all(len(ids) == 16 for ids in wave)
+    assert len({ids[0] for ids in wave}) == module.WAVE_MAX  # no two share a prefix
+    assert module.wave_prompts()[:3] == wave[:3] and len(module.wave_prompts()) == module.WAVE
+    for size in ("0", "1001", "many"):
+        out = run("run.py", "--out", str(tmp_path / "r.json"), "--wave", "--wave-size", size)
+        assert out.returncode == 2 and "--wave-size" in out.stderr, out.stderr
+    out = run("run.py", "--out", str(tmp_path / "r.json"), "--wave-size", "512")
+    assert out.returncode == 2 and "--wave-size needs --wave" in out.stderr

@@ -35,8 +35,9 @@ Prefill graphs are off in every preset (``--set cuda_graph_backend_prefill=full`
 full ones). 16 prompts given as input ids (lengths 1-64) in batches of 1, 2, 4, 8 and 1,
 32 greedy tokens each with their logprobs, through ``sglang.Engine`` (``--entry
 engine``) or an HTTP server (``--entry http``, ``python -m sglang.launch_server``).
-``--wave`` then sends 256 prompts of 16 tokens at once, prompt i asking for i + 1 new
-tokens, so that the running batch walks down through every decode graph's size.
+``--wave`` then sends 256 prompts of 16 tokens at once (``--wave-size N``: N of them, for
+decode sets above bs 256), prompt i asking for i + 1 new tokens, so that the running batch
+walks down through every decode graph's size.
 ``--prefill-walk`` then sends, one request at a time, a prompt as long as each prefill
 graph SGLang resolved (``server_args.cuda_graph_config.prefill.bs``; each prompt begins
 with an id no other prompt of the run begins with, so the radix cache shares no
@@ -131,12 +132,13 @@ def sampling(new_tokens: int = NEW_TOKENS) -> dict:
     return {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
 
 
-WAVE = 256  # prompts of the wave, prompt i asking for i + 1 tokens
+WAVE = 256  # prompts of the wave by default, prompt i asking for i + 1 tokens
+WAVE_MAX = 1000  # each wave prompt's first id is its own (11 * i % 1000 repeats from i = 1000)
 
 
-def wave_prompts() -> list[list[int]]:
-    """256 prompts of 16 distinct token ids each."""
-    return [[3 + (11 * i + 5 * j) % 1000 for j in range(16)] for i in range(WAVE)]
+def wave_prompts(size: int = WAVE) -> list[list[int]]:
+    """``size`` prompts of 16 token ids each, no two beginning with the same id."""
+    return [[3 + (11 * i + 5 * j) % 1000 for j in range(16)] for i in range(size)]
 
 
 WALK_FIRST = 1003  # the other prompts use ids 3-1002: each walk prompt begins with an id none of them has
@@ -189,6 +191,17 @@ def sizes(text: str) -> list[int]:
     return found
 
 
+def wave_size(text: str) -> int:
+    """The wave's prompt count: 1 to WAVE_MAX."""
+    try:
+        size = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a prompt count: {text!r}") from None
+    if not 1 <= size <= WAVE_MAX:
+        raise argparse.ArgumentTypeError(f"the wave holds 1 to {WAVE_MAX} prompts, not {size}")
+    return size
+
+
 def overrides(pairs: list[str], option: str) -> dict:
     """``KEY=VALUE`` pairs, each value read as JSON where it parses (``0.3``, ``[1, 2]``) and as text otherwise."""
     out = {}
@@ -205,14 +218,14 @@ def overrides(pairs: list[str], option: str) -> dict:
 
 class Served(NamedTuple):
     outputs: list[dict]
-    wave: list[dict] | None  # --wave: the 256 prompts' outputs
+    wave: list[dict] | None  # --wave: its prompts' outputs
     startup: dict | None  # SGLang's own start-up timings
     ready_at: float  # time.time() when the server took requests
     batch_s: list[float]  # each batch's seconds, from its request to its answer
     prefill_walk: list[dict] | None = None  # --prefill-walk: one output per prefill graph's size
 
 
-def run_engine(model: Path, server: dict, wave: bool, tpot: list[int], walk_vocab: int | None = None) -> Served:
+def run_engine(model: Path, server: dict, wave: int, tpot: list[int], walk_vocab: int | None = None) -> Served:
     import sglang as sgl
 
     engine = sgl.Engine(model_path=str(model), **server)
@@ -225,7 +238,7 @@ def run_engine(model: Path, server: dict, wave: bool, tpot: list[int], walk_voca
 
         walk = walk_prompts(prefill_sizes(engine), walk_vocab) if walk_vocab is not None else None  # before any
         outputs, batch_s = _batches(generate)
-        served = Served(outputs, _wave(generate) if wave else None, startup, ready_at, batch_s)
+        served = Served(outputs, _wave(generate, wave) if wave else None, startup, ready_at, batch_s)
         if walk is not None:  # --prefill-walk
             served = served._replace(prefill_walk=[_output(generate([ids], sampling(WALK_NEW_TOKENS))[0])
                                                    for ids in walk])  # fmt: skip
@@ -236,7 +249,7 @@ def run_engine(model: Path, server: dict, wave: bool, tpot: list[int], walk_voca
         engine.shutdown()
 
 
-def run_http(model: Path, port: int, server: dict, wave: bool, tpot: list[int]) -> Served:
+def run_http(model: Path, port: int, server: dict, wave: int, tpot: list[int]) -> Served:
     args = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--port", str(port)]
     for key, value in server.items():
         flag = "--" + key.replace("_", "-")
@@ -265,7 +278,9 @@ def run_http(model: Path, port: int, server: dict, wave: bool, tpot: list[int]) 
                 return json.loads(response.read())
 
         outputs, batch_s = _batches(post)
-        served = Served(outputs, _wave(post) if wave else None, startup[0] if startup else None, ready_at, batch_s)
+        served = Served(
+            outputs, _wave(post, wave) if wave else None, startup[0] if startup else None, ready_at, batch_s
+        )
         if tpot:
             _tpot(post, tpot)
         return served
@@ -328,10 +343,10 @@ def _tpot(generate, sizes: list[int]) -> None:
     print(f"{TPOT_MARK} end", file=sys.stderr, flush=True)
 
 
-def _wave(generate) -> list[dict]:
-    """The 256 prompts in one request: prompt i stops after i + 1 tokens, so the running
+def _wave(generate, size: int) -> list[dict]:
+    """The wave's prompts in one request: prompt i stops after i + 1 tokens, so the running
     batch shrinks by one every step and passes every decode graph's size."""
-    answers = generate(wave_prompts(), [sampling(i + 1) for i in range(WAVE)])
+    answers = generate(wave_prompts(size), [sampling(i + 1) for i in range(size)])
     return [_output(out) for out in answers]
 
 
@@ -379,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="model shape and server (see above)")
     parser.add_argument("--wave", action="store_true", help="also send the 256-prompt wave (see above)")
+    parser.add_argument("--wave-size", type=wave_size, default=None, metavar="N",
+                        help=f"the wave's prompts (default {WAVE}; at most {WAVE_MAX})")  # fmt: skip
     parser.add_argument("--prefill-walk", action="store_true",
                         help="also send one prompt per prefill graph's size, one at a time (see above)")  # fmt: skip
     parser.add_argument("--tpot", type=sizes, default=[], metavar="SIZES",
@@ -399,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.prefill_walk and args.entry != "engine":
         parser.error("--prefill-walk needs --entry engine")
+    if args.wave_size is not None and not args.wave:
+        parser.error("--wave-size needs --wave")
     model_preset, server_preset = PRESETS[args.preset]
     server = {**SERVER, **server_preset, **overrides(args.set, "--set")}
     server = {key: value for key, value in server.items() if value is not None}  # None: SGLang's default
@@ -415,8 +434,9 @@ def main(argv: list[str] | None = None) -> int:
     Path(os.environ["FOUNDRY_SGLANG_REPORT"] + ".replays").unlink(missing_ok=True)  # this run's alone
     started = time.time()
     walk_vocab = config["vocab_size"] if args.prefill_walk else None
-    served = (run_engine(model, server, args.wave, args.tpot, walk_vocab) if args.entry == "engine"
-              else run_http(model, args.port, server, args.wave, args.tpot))  # fmt: skip
+    wave = (args.wave_size or WAVE) if args.wave else 0
+    served = (run_engine(model, server, wave, args.tpot, walk_vocab) if args.entry == "engine"
+              else run_http(model, args.port, server, wave, args.tpot))  # fmt: skip
     report_path = Path(os.environ["FOUNDRY_SGLANG_REPORT"])
     record = {"entry": args.entry, "preset": args.preset, "server": server, "outputs": served.outputs,
               "wave": served.wave, "prefill_walk": served.prefill_walk, "wall_s": time.time() - started,
