@@ -213,10 +213,13 @@ fi
 # SG_EXTRA: more recipe arguments for every run of these sections, SG_TAG: the name of their
 # directory's variant (e.g. SG_EXTRA="--set attention_backend=flashinfer --set
 # cuda_graph_backend_prefill=full --set context_length=8208 --prefill-walk" SG_TAG=fi-prefill: decode
-# and full prefill graphs with FlashInfer, and one prompt per prefill graph's size so that each replays)
+# and full prefill graphs with FlashInfer, and one prompt per prefill graph's size so that each replays).
+# WAVE_SIZE: the wave's prompts where the decode set goes above bs 256 (SG_EXTRA="--set
+# max_running_requests=512 --set cuda_graph_bs_decode=[1,2,4,...,496,512] --set max_total_tokens=131072"
+# WAVE_SIZE=512 SG_TAG=bs512; the TPOT runs send no wave)
 PRESET=${PRESET:-qwen3-8b}
 SS=$RESULTS/scale-$PRESET${SG_TAG:+-$SG_TAG}
-SGS="$SG --preset $PRESET --wave ${SG_EXTRA:-}"
+SGS="$SG --preset $PRESET --wave ${WAVE_SIZE:+--wave-size $WAVE_SIZE} ${SG_EXTRA:-}"
 SGP=sgs${SG_TAG:+-$SG_TAG}  # the steps' names (logs, RESUME marks)
 REGION=()
 # lint's counts per decode graph, from the model's shape: two fused add-norms a layer (the final norm

@@ -78,6 +78,15 @@ def test_tpot_refuses_too_few_steps(tmp_path):
     assert out.returncode == 2 and "too few: 40" in out.stdout
 
 
+def test_tpot_refuses_a_reference_that_never_decoded(tmp_path):
+    failed = tmp_path / "failed.log"  # a run refused before its first batch
+    failed.write_text("run.py: error: --wave-size needs --wave\n")
+    other = tmp_path / "other.log"
+    other.write_text("tpot batch 1\n" + "\n".join(decode_line(1, 200.0) for _ in range(120)) + "\ntpot batch end\n")
+    out = run("tpot.py", str(failed), str(other))
+    assert out.returncode == 2 and "failed.log announces no batch size" in out.stderr, out.stderr
+
+
 def spec_report(tmp_path: Path, name: str, accepted: list[int], proposed: int = 30) -> str:
     """A run under speculative decoding: per prompt, SGLang's verify steps and drafts."""
     outputs = [{"output_ids": [5 + i, 6, 7], "logprobs": [-0.5, -0.25, -1.0],

@@ -9,7 +9,8 @@ and the recipe announces each batch with ``tpot batch N``. A step's time is N / 
 (the tokens that step made over its throughput). For each announced size, the
 median over the steps whose running batch equals the size and that replayed a CUDA
 graph; then each log's ratio to the first. Exit 2 when a log holds fewer than 100
-such steps for a size (too few to judge).
+such steps for a size (too few to judge), or the first announces no size (its run
+did not decode: nothing to compare).
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ def main(argv: list[str]) -> int:
         print(f"tpot.py: cannot read a log: {err}", file=sys.stderr)
         return 2
     reference = logs[argv[0]]
+    if not reference:
+        print(f"tpot.py: {argv[0]} announces no batch size (no 'tpot batch N' line): its run did not decode",
+              file=sys.stderr)  # fmt: skip
+        return 2
     status = 0
     print("batch  " + "  ".join(f"{Path(p).name:>24}" for p in argv) + "  (median ms per step, steps; ratio)")
     for size in sorted(reference):
