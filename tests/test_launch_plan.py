@@ -309,6 +309,57 @@ def test_images_loaded_ahead_are_bound_once_and_released_on_failure(tmp_path, ho
     assert calls.count("cuLibraryUnload") == 2 and not functions.loaded
 
 
+def test_images_the_module_check_read_are_loaded_from_its_bytes_not_read_again(tmp_path, hook_library, monkeypatch):
+    """A LOAD from launch plans keeps the bytes its module check read and hashed; the
+    prefetch loads from them (the files are gone from disk here), reads from the archive
+    only an image it was not given, and drops the rest. The driver is stood in for, as above."""
+    import itertools
+
+    from foundry.runtime.code import binding as functions_module
+    from foundry.runtime.code.binding import ArchiveFunctions
+    from foundry.runtime.native.hook import Hook
+    from foundry.runtime.sessions.validate import start_module_check
+
+    handles, loaded = itertools.count(0x1000), []
+
+    def driver_call(name, *args):
+        if name == "cuLibraryLoadData":
+            loaded.append(ctypes.string_at(args[0], 4))
+        return next(handles) if name == "cuLibraryLoadData" else "context" if name == "cuCtxGetCurrent" else None
+
+    monkeypatch.setattr(functions_module, "cu", driver_call)
+    monkeypatch.setattr(functions_module, "driver", lambda: SimpleNamespace(CUlibrary=lambda h: h))
+    blobs = (b"\x7fELF" + bytes(300), b"\x7fELF" + bytes(500), b"\x7fELF" + bytes(700))
+    archive = write_archive(tmp_path / "a", [Archive.open(SAVE_A).graph(0, "sample.bs8")], like=SAVE_A, modules=blobs)
+    checked = start_module_check(archive, keep=True).result().blobs
+    shas = sorted(checked)
+    for sha256 in shas[:2]:  # read again, these would be refused
+        (tmp_path / "a" / "modules" / f"{sha256}.bin").unlink()
+    given = {sha256: checked[sha256] for sha256 in shas[:2]}
+    functions = ArchiveFunctions(Hook.open_library(hook_library), archive, None, checked=given)
+    assert functions.prefetch(set(shas)) == 3 and loaded == [b"\x7fELF"] * 3
+    assert functions.from_check == 2 and given == {}  # the third read from the archive; nothing left held
+    unchecked = ArchiveFunctions(Hook.open_library(hook_library), Archive.open(tmp_path / "a"), None)
+    with pytest.raises(ArchiveError):  # without the check's bytes, the missing files are missed
+        unchecked.prefetch(set(shas))
+
+
+def test_a_load_from_plans_keeps_the_checked_images_until_its_restore(tmp_path):
+    from foundry.runtime.sessions.validate import start_module_check
+
+    ir = Archive.open(SAVE_A).graph(0, "decode.bs8")
+    archive = write_archive(tmp_path / "a", [ir], like=SAVE_A, plan_of=make_plan, modules=(b"\x7fELF" + bytes(60),))
+    session = LoadSession(archive, builder="native")
+    assert session._plans_possible() and not LoadSession(archive, builder="python")._plans_possible()
+    session.module_check = start_module_check(archive, keep=session._plans_possible())  # as start() does
+    session._wait_for_module_check()
+    assert list(session.checked_images) == [b.sha256 for b in archive.catalog.modules.blobs]
+    assert session.report["module_check_s"] >= 0
+    session._plans_apply = lambda: False
+    session._restore_from_ir = lambda: {}  # the GPU's part of a restore, which this machine cannot run
+    assert session._restore() == {} and session.checked_images == {}  # freed once the graphs are built
+
+
 def test_images_loaded_ahead_on_a_thread_use_the_callers_context(tmp_path, hook_library, monkeypatch):
     """LOAD starts loading the archived images while it reads the plans and maps the
     region: every load runs off the calling thread, in the context the caller had

@@ -115,7 +115,7 @@ def test_a_load_hashes_the_images_on_a_thread_and_waits_for_it_before_restoring(
 
     blob = b"\x7fELF" + bytes(60)
     archive = _archive_with_module(tmp_path / "a", blob)
-    assert start_module_check(archive).result() >= 0
+    assert start_module_check(archive).result().seconds >= 0
     path = next((tmp_path / "a" / "modules").iterdir())
     path.write_bytes(blob[:-1] + b"\x01")
     altered = Archive.open(tmp_path / "a")
@@ -128,3 +128,16 @@ def test_a_load_hashes_the_images_on_a_thread_and_waits_for_it_before_restoring(
     path.unlink()
     with pytest.raises(DriftError, match="missing"):  # presence is checked at once, not on the thread
         start_module_check(Archive.open(tmp_path / "a"))
+
+
+def test_the_module_check_keeps_the_bytes_it_checked_only_when_asked(tmp_path):
+    blobs = (b"\x7fELF" + bytes(60), b"\x7fELF" + bytes(90))
+    archive = write_archive(tmp_path / "a", [Archive.open(SAVE_A).graph(0, "sample.bs8")], like=SAVE_A, modules=blobs)
+    kept = start_module_check(archive, keep=True).result().blobs
+    assert sorted(kept.values()) == sorted(blobs)
+    assert all(archive.module(sha256) == data for sha256, data in kept.items())  # by their own names
+    assert start_module_check(archive).result().blobs == {}
+    path = tmp_path / "a" / "modules" / f"{sorted(kept)[0]}.bin"
+    path.write_bytes(path.read_bytes()[:-1] + b"\x01")
+    with pytest.raises(DriftError, match="altered"):  # nothing kept of an altered archive
+        start_module_check(Archive.open(tmp_path / "a"), keep=True).result()

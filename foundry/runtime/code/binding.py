@@ -30,9 +30,13 @@ class ArchiveFunctions:
     """A :class:`foundry.graphir.build.FunctionResolver` over live and archived images."""
 
     def __init__(self, hook: Hook, archive: Archive, records: dict[str, ImageRecord] | None = None, *,
-                 moved_from: tuple[int, int] | None = None) -> None:  # fmt: skip
+                 moved_from: tuple[int, int] | None = None,
+                 checked: dict[str, bytes] | None = None) -> None:  # fmt: skip
         self.hook = hook
         self.archive = archive
+        # images' bytes already read and hashed (the session's module check), by sha256: taken, not read again
+        self._checked = checked if checked is not None else {}
+        self.from_check = 0  # images loaded from those bytes
         self.records = records  # None: an archive without image records; globals are not checked
         self.moved_from = moved_from  # SAVE's region range when LOAD relocates: restored globals must not point there
         self._images: dict[str, tuple[str, int]] = {}  # sha256 -> (kind, CUmodule/CUlibrary)
@@ -71,17 +75,18 @@ class ArchiveFunctions:
         return on_thread("foundry-images", run)
 
     def prefetch(self, images: set[str], *, threads: int = 8, context: Any = None) -> int:
-        """Read and check, then load, the archived images that have no live copy, several
-        at a time: reading and hashing release the interpreter lock, and the driver loads
-        libraries on several threads at once. Every image is checked before the driver
-        sees any; device globals are checked when a kernel binds (:meth:`_image`).
+        """Read and check (or take the module check's bytes), then load, the archived
+        images that have no live copy, several at a time: reading and hashing release the
+        interpreter lock, and the driver loads libraries on several threads at once. Every
+        image is checked before the driver sees any; device globals are checked when a kernel binds (:meth:`_image`).
         ``context``: where to load them (default: the calling thread's current context).
         Returns how many were loaded."""
         wanted = sorted(s for s in images if s not in self._images and self._live_copy(s) is None)
         if not wanted:
             return 0
         with ThreadPoolExecutor(max_workers=max(1, min(threads, len(wanted)))) as pool:
-            blobs = list(pool.map(self.archive.module, wanted))  # each checked against its sha256
+            blobs = list(pool.map(self._module, wanted))  # each checked against its sha256
+            self._checked.clear()  # the rest have live copies (or are loaded): their bytes are not needed
             context = cu("cuCtxGetCurrent") if context is None else context
             futures = [pool.submit(self._load, blob, context) for blob in blobs]
         errors = [f.exception() for f in futures if f.exception() is not None]
@@ -104,6 +109,15 @@ class ArchiveFunctions:
         self._functions = {k: v for k, v in self._functions.items() if k[0] in self._images}
         for library in libraries:
             cu("cuLibraryUnload", driver().CUlibrary(library))
+
+    def _module(self, sha256: str) -> bytes:
+        """An image's bytes: as the module check read and hashed them, else read and checked now."""
+        data = self._checked.pop(sha256, None)  # one thread per image: each is taken once
+        if data is None:
+            return self.archive.module(sha256)
+        with self._seconds_lock:
+            self.from_check += 1
+        return data
 
     def _load(self, blob: bytes, context: Any = None) -> int:
         begun = time.perf_counter()
@@ -132,7 +146,7 @@ class ArchiveFunctions:
             else:
                 library = self._loaded_ahead.pop(sha256, None)
                 if library is None:
-                    library = self._load(self.archive.module(sha256))  # checked against its sha256
+                    library = self._load(self._module(sha256))  # checked against its sha256
                 loaded = time.perf_counter()
                 try:
                     if self.records is not None:

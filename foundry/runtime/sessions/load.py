@@ -34,6 +34,7 @@ from foundry.runtime.sessions.base import (
 from foundry.runtime.sessions.load_region import RegionRestore
 from foundry.runtime.sessions.load_relocation import Relocation
 from foundry.runtime.sessions.validate import (
+    CheckedImages,
     check_claims,
     check_relocation,
     check_warmup_restorable,
@@ -84,7 +85,8 @@ class LoadSession(Session):
         self.live_base: int | None = None  # the region's base in this process, once start() reserved it
         self.region_restore: RegionRestore | None = None  # once start() reserved the region
         self._plans_read: Future[Any] | None = None  # the launch plans, read on a thread from start()
-        self.module_check: Future[float] | None = None  # start()'s check of the images' bytes, on a thread
+        self.module_check: Future[CheckedImages] | None = None  # start()'s check of the images' bytes, on a thread
+        self.checked_images: dict[str, bytes] = {}  # its bytes by sha256, kept for a LOAD from launch plans
         self.graphs: dict[str, RestoredGraph] | None = None
         self.report: dict[str, Any] = {"mode": "load", "archive": str(self.archive.root), "warmup": warmup}
 
@@ -126,7 +128,8 @@ class LoadSession(Session):
         self.hook = Hook.attach()
         if self.hook.region().mode != "load":
             raise HookError("the hook is not in load mode (start the program with `foundry run --mode load`)")
-        self.module_check = start_module_check(self.archive)  # the images' bytes: waited for before a restore
+        # the images' bytes: waited for before a restore, and kept where launch plans load them
+        self.module_check = start_module_check(self.archive, keep=self._plans_possible())
         laps.mark("hook_and_modules")
         init_cuda(self.device)
         check_active(self.hook)
@@ -153,9 +156,15 @@ class LoadSession(Session):
         is known at the first ``graph()``; unused, they are dropped."""
         from foundry.runtime.sessions.load_builders import read_plans
 
+        if self._plans_possible():
+            self._plans_read = on_thread("foundry-plans-read", read_plans, self.archive, self.rank, self.record.graphs)
+
+    def _plans_possible(self) -> bool:
+        """What :meth:`_plans_apply` knows before the region is reserved: the native builder
+        asked for, no backend state, a plan for every graph."""
         graphs = self.record.graphs
-        if self.builder == "native" and graphs and all(entry.plan is not None for entry in graphs):
-            self._plans_read = on_thread("foundry-plans-read", read_plans, self.archive, self.rank, graphs)
+        return (self.builder == "native" and not self.backends and bool(graphs)
+                and all(entry.plan is not None for entry in graphs))  # fmt: skip
 
     def _reserve(self) -> None:
         try:
@@ -235,13 +244,18 @@ class LoadSession(Session):
 
     def _wait_for_module_check(self) -> None:
         if self.module_check is not None:
-            self.report["module_check_s"] = self.module_check.result()  # or its refusal
+            checked = self.module_check.result()  # or its refusal
+            self.report["module_check_s"] = checked.seconds
+            self.checked_images = checked.blobs
             self.module_check = None
 
     # -- restoring --------------------------------------------------------------
 
     def _restore(self) -> dict[str, RestoredGraph]:
-        return self._restore_from_plans() if self._plans_apply() else self._restore_from_ir()
+        try:
+            return self._restore_from_plans() if self._plans_apply() else self._restore_from_ir()
+        finally:
+            self.checked_images = {}  # the images are loaded, or never will be from these bytes
 
     def _restore_from_ir(self) -> dict[str, RestoredGraph]:
         import torch
@@ -272,14 +286,7 @@ class LoadSession(Session):
         nothing needs patching: the region at SAVE's base, no backend state, a plan for
         every graph."""
         region = self.record.region
-        return (
-            self.builder == "native"
-            and not self.backends
-            and region is not None
-            and self.live_base == region.base
-            and bool(self.record.graphs)
-            and all(entry.plan is not None for entry in self.record.graphs)
-        )
+        return self._plans_possible() and region is not None and self.live_base == region.base
 
     def _restore_from_plans(self) -> dict[str, RestoredGraph]:
         import torch
@@ -293,7 +300,7 @@ class LoadSession(Session):
         background = self.instantiate == "background"
         ahead, self._plans_read = self._plans_read, None
         plans = PlanBuilder(self.hook, self.archive, self.rank, self.record, threads=self.build_threads, plans=ahead,
-                            background=background)  # fmt: skip
+                            background=background, images=self.checked_images)  # fmt: skip
         graphs = plans.build(self.region_restore)
         if background:
             self.instantiation = BackgroundInstantiation([g.pending for g in graphs.values() if g.pending])

@@ -45,6 +45,7 @@ def binding_report(functions: Any) -> dict[str, Any]:
     """How LOAD bound its kernels: images found live, images loaded from the archive,
     device globals restored."""
     return {"bound_live": len(functions.bound_live), "loaded_images": len(functions.loaded),
+            "images_from_check": functions.from_check,
             "restored_globals": functions.restored_globals,
             "binding_s": {k: round(v, 4) for k, v in functions.seconds.items()}}  # fmt: skip
 
@@ -118,15 +119,17 @@ class PlanBuilder:
     """Graphs built from SAVE's launch plans by the hook's native builder, at SAVE's base
     and with nothing to patch: the archived images load on a thread while the plans
     are read (or taken from ``plans``, read on a thread from the session's start) and the
-    region mapped. ``background``: left for the caller to instantiate."""
+    region mapped, from ``images`` (the session's module check kept their checked bytes)
+    where it holds them. ``background``: left for the caller to instantiate."""
 
     def __init__(self, hook: Hook, archive: Archive, rank: int, record: SessionRecord, *, threads: int,
-                 background: bool, plans: Future[PlanFiles] | None = None) -> None:  # fmt: skip
+                 background: bool, plans: Future[PlanFiles] | None = None,
+                 images: dict[str, bytes] | None = None) -> None:  # fmt: skip
         from foundry.runtime.code.binding import ArchiveFunctions
 
         self.hook, self.archive, self.rank, self.record = hook, archive, rank, record
         self.threads, self.background, self.plans = threads, background, plans
-        self.functions = ArchiveFunctions(hook, archive, {r.sha256: r for r in record.images})
+        self.functions = ArchiveFunctions(hook, archive, {r.sha256: r for r in record.images}, checked=images)
         self._applied: set[int] = set()
         self.report: dict[str, Any] = {"functions_s": 0.0}  # seconds binding kernels (finding live images, loading)
         self.mapped = 0.0  # when the region was mapped (time.perf_counter)

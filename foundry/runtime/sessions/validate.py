@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from foundry.archive.reader import Archive
 from foundry.archive.schema import Environment, RegionRecord
@@ -41,30 +41,44 @@ def check_environment(recorded: Environment, live: Environment) -> None:
             )
 
 
-def start_module_check(archive: Archive) -> Future[float]:
+class CheckedImages(NamedTuple):
+    """What the module check found: its seconds, and the images' bytes it read and hashed
+    where the LOAD asked to keep them (by sha256; else none)."""
+
+    seconds: float
+    blobs: dict[str, bytes]
+
+
+def start_module_check(archive: Archive, *, keep: bool = False) -> Future[CheckedImages]:
     """Every image a graph names is in the archive, whole and unaltered: the images'
     presence is checked now, their reading and hashing (released from the interpreter
-    lock) on a thread beside the program. The future gives the thread's seconds or raises the refusal: a LOAD waits
-    for it before it restores a graph."""
+    lock) on a thread beside the program. The future gives the thread's seconds or raises
+    the refusal: a LOAD waits for it before it restores a graph. ``keep``: the checked
+    bytes stay in memory for the LOAD that loads the images (read and hashed once, not
+    again at the graph phase)."""
     check_modules_present(archive)
 
-    def timed() -> float:
+    def timed() -> CheckedImages:
         begun = time.perf_counter()
-        check_module_bytes(archive)
-        return time.perf_counter() - begun
+        blobs = check_module_bytes(archive, keep=keep)
+        return CheckedImages(time.perf_counter() - begun, blobs)
 
     return on_thread("foundry-module-check", timed)
 
 
-def check_module_bytes(archive: Archive) -> None:
-    """Each module image's bytes hash to its name."""
+def check_module_bytes(archive: Archive, *, keep: bool = False) -> dict[str, bytes]:
+    """Each module image's bytes hash to its name; ``keep``: those bytes, by sha256."""
+    kept: dict[str, bytes] = {}
     for blob in archive.catalog.modules.blobs:
         try:
-            archive.module(blob.sha256)
+            data = archive.module(blob.sha256)
         except ArchiveError as err:
             raise DriftError(
                 "a module image was altered", field=f"modules/{blob.sha256}.bin", expected=blob.sha256, found=err.found
             ) from None
+        if keep:
+            kept[blob.sha256] = data
+    return kept
 
 
 def check_image(kernel: KernelIdentity, known: set[str], *, path: str, node: int | None = None) -> None:
