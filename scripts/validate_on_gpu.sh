@@ -208,7 +208,7 @@ fi
 
 # 6d. SGLang at production shape (PRESET, default qwen3-8b) at SGLang's default decode graph
 # set: SAVE, plain SGLang, LOAD repeating the warm-ups, LOAD restoring their bytes from launch
-# plans, each with the 256-prompt wave; then SAVE2, diff, lint, TPOT and the negative control. Five
+# plans, each with the wave (256 prompts, WAVE_SIZE); then SAVE2, diff, lint, TPOT and the negative control. Five
 # sections, each within ten minutes: scale-save, scale-load, scale-more, scale-tpot, scale-neg (in that order).
 # SG_EXTRA: more recipe arguments for every run of these sections, SG_TAG: the name of their
 # directory's variant (e.g. SG_EXTRA="--set attention_backend=flashinfer --set

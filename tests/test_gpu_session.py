@@ -139,6 +139,15 @@ def test_a_fresh_copy_of_the_image_gets_the_global_restored(saved, cubin):
     assert result["scale_seen"] == 3.0  # never the image's initial 0
 
 
+def test_a_load_from_plans_loads_a_fresh_image_from_the_module_checks_bytes(saved, cubin):
+    """The image the program did not load itself comes from the bytes the session's
+    module check read and hashed, not from a second read; its global is still restored."""
+    result = foundry_run("load", saved, cubin, "--skip-module", extra=("--builder", "native"))
+    report = result["report"]
+    assert report["builder"] == "native-plans" and report["loaded_images"] == report["images_from_check"] == 1, report
+    assert report["restored_globals"] == ["scale"] and result["scale_seen"] == 3.0
+
+
 def test_a_live_module_whose_global_differs_is_refused_by_name(saved, cubin):
     result = foundry_run("load", saved, cubin, "--scale", "7")
     assert result["error"]["field"] == "scale"

@@ -311,8 +311,9 @@ def test_images_loaded_ahead_are_bound_once_and_released_on_failure(tmp_path, ho
 
 def test_images_the_module_check_read_are_loaded_from_its_bytes_not_read_again(tmp_path, hook_library, monkeypatch):
     """A LOAD from launch plans keeps the bytes its module check read and hashed; the
-    prefetch loads from them (the files are gone from disk here), reads from the archive
-    only an image it was not given, and drops the rest. The driver is stood in for, as above."""
+    prefetch loads from them (their files are gone from disk here), reads from the
+    archive only an image it was not given, and drops what it was given but does not
+    load. The driver is stood in for, as above."""
     import itertools
 
     from foundry.runtime.code import binding as functions_module
@@ -324,40 +325,77 @@ def test_images_the_module_check_read_are_loaded_from_its_bytes_not_read_again(t
 
     def driver_call(name, *args):
         if name == "cuLibraryLoadData":
-            loaded.append(ctypes.string_at(args[0], 4))
+            loaded.append(ctypes.string_at(args[0], 5)[4])  # which image: its fifth byte
         return next(handles) if name == "cuLibraryLoadData" else "context" if name == "cuCtxGetCurrent" else None
 
     monkeypatch.setattr(functions_module, "cu", driver_call)
     monkeypatch.setattr(functions_module, "driver", lambda: SimpleNamespace(CUlibrary=lambda h: h))
-    blobs = (b"\x7fELF" + bytes(300), b"\x7fELF" + bytes(500), b"\x7fELF" + bytes(700))
+    blobs = tuple(b"\x7fELF" + bytes([i + 1]) * 300 for i in range(4))
     archive = write_archive(tmp_path / "a", [Archive.open(SAVE_A).graph(0, "sample.bs8")], like=SAVE_A, modules=blobs)
-    checked = start_module_check(archive, keep=True).result().blobs
-    shas = sorted(checked)
-    for sha256 in shas[:2]:  # read again, these would be refused
+    shas = sorted(b.sha256 for b in archive.catalog.modules.blobs)
+    checked = start_module_check(archive, keep=frozenset(shas)).result().data
+    given = {sha256: checked[sha256] for sha256 in (shas[0], shas[1], shas[3])}
+    for sha256 in given:  # read again, these would be refused
         (tmp_path / "a" / "modules" / f"{sha256}.bin").unlink()
-    given = {sha256: checked[sha256] for sha256 in shas[:2]}
     functions = ArchiveFunctions(Hook.open_library(hook_library), archive, None, checked=given)
-    assert functions.prefetch(set(shas)) == 3 and loaded == [b"\x7fELF"] * 3
-    assert functions.from_check == 2 and given == {}  # the third read from the archive; nothing left held
+    assert functions.prefetch(set(shas[:3])) == 3
+    assert sorted(loaded) == sorted(checked[sha256][4] for sha256 in shas[:3])  # the right bytes, each once
+    assert functions.from_check == 2 and given == {}  # the third read from disk; the unloaded fourth dropped
     unchecked = ArchiveFunctions(Hook.open_library(hook_library), Archive.open(tmp_path / "a"), None)
     with pytest.raises(ArchiveError):  # without the check's bytes, the missing files are missed
-        unchecked.prefetch(set(shas))
+        unchecked.prefetch(set(shas[:3]))
 
 
-def test_a_load_from_plans_keeps_the_checked_images_until_its_restore(tmp_path):
+def test_a_load_from_plans_keeps_the_plans_images_until_its_restore_or_finish(tmp_path, hook_library):
+    from foundry.archive.schema import PlanKernel
+    from foundry.runtime.native.hook import Hook
     from foundry.runtime.sessions.validate import start_module_check
 
-    ir = Archive.open(SAVE_A).graph(0, "decode.bs8")
-    archive = write_archive(tmp_path / "a", [ir], like=SAVE_A, plan_of=make_plan, modules=(b"\x7fELF" + bytes(60),))
-    session = LoadSession(archive, builder="native")
-    assert session._plans_possible() and not LoadSession(archive, builder="python")._plans_possible()
-    session.module_check = start_module_check(archive, keep=session._plans_possible())  # as start() does
-    session._wait_for_module_check()
-    assert list(session.checked_images) == [b.sha256 for b in archive.catalog.modules.blobs]
-    assert session.report["module_check_s"] >= 0
-    session._plans_apply = lambda: False
-    session._restore_from_ir = lambda: {}  # the GPU's part of a restore, which this machine cannot run
-    assert session._restore() == {} and session.checked_images == {}  # freed once the graphs are built
+    blobs = (b"\x7fELF" + bytes(60), b"\x7fELF" + bytes(90))
+    archive = write_archive(tmp_path / "a", [Archive.open(SAVE_A).graph(0, "sample.bs8")], like=SAVE_A, modules=blobs)
+    shas = sorted(b.sha256 for b in archive.catalog.modules.blobs)
+    plan = LaunchPlan(file="plans/g.fgb", sha256="0" * 64, size=0, kernels=(PlanKernel(shas[1], "k"),))
+
+    def session_with_plans(builder: str = "native") -> LoadSession:
+        session = LoadSession(archive, builder=builder)
+        graphs = tuple(msgspec.structs.replace(e, plan=plan) for e in session.record.graphs)
+        session.record = msgspec.structs.replace(session.record, graphs=graphs)
+        return session
+
+    session = session_with_plans()
+    assert session._plan_images() == {shas[1]}  # the plans' images only
+    assert session_with_plans("python")._plan_images() == frozenset()
+    with_backend = session_with_plans()
+    with_backend.backends = [object()]  # backend state: the IR path, no plan read or image kept ahead
+    with_backend._prefetch_plans()
+    assert with_backend._plan_images() == frozenset() and with_backend._plans_read is None
+
+    def opened() -> LoadSession:
+        opened = session_with_plans()
+        opened.module_check = start_module_check(archive, keep=opened._plan_images())  # what start() leaves running
+        opened._wait_for_module_check()
+        assert list(opened.checked_images) == [shas[1]] and opened.report["module_check_s"] >= 0
+        assert opened.report["images_kept_bytes"] == len(archive.module(shas[1]))
+        return opened
+
+    restored = opened()
+    restored._plans_apply = lambda: False
+    restored._restore_from_ir = lambda: {}  # the GPU's part of a restore, which this machine cannot run
+    assert restored._restore() == {} and restored.checked_images == {}  # freed once the graphs are built
+    failed = opened()
+    failed._plans_apply = lambda: False
+
+    def refused() -> dict:
+        raise ArchiveError("stands in for a refused restore")
+
+    failed._restore_from_ir = refused
+    with pytest.raises(ArchiveError):
+        failed._restore()
+    assert failed.checked_images == {}  # freed by a refused restore too
+    unused = opened()  # a LOAD whose program never asked for a graph
+    unused.hook = Hook.open_library(hook_library)  # not started: no CUDA here
+    unused.finish()
+    assert unused.checked_images == {}
 
 
 def test_images_loaded_ahead_on_a_thread_use_the_callers_context(tmp_path, hook_library, monkeypatch):

@@ -208,8 +208,8 @@ def test_the_wave_size_is_checked_and_each_prompt_begins_with_its_own_id(tmp_pat
     assert len(wave) == module.WAVE_MAX and all(len(ids) == 16 for ids in wave)
     assert len({ids[0] for ids in wave}) == module.WAVE_MAX  # no two share a prefix
     assert module.wave_prompts()[:3] == wave[:3] and len(module.wave_prompts()) == module.WAVE
-    for size in ("0", "1001", "many"):
+    for size, said in (("0", "1 to 1000 prompts, not 0"), ("1001", "not 1001"), ("many", "not a prompt count")):
         out = run("run.py", "--out", str(tmp_path / "r.json"), "--wave", "--wave-size", size)
-        assert out.returncode == 2 and "--wave-size" in out.stderr, out.stderr
+        assert out.returncode == 2 and "--wave-size" in out.stderr and said in out.stderr, out.stderr
     out = run("run.py", "--out", str(tmp_path / "r.json"), "--wave-size", "512")
     assert out.returncode == 2 and "--wave-size needs --wave" in out.stderr

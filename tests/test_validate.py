@@ -130,14 +130,18 @@ def test_a_load_hashes_the_images_on_a_thread_and_waits_for_it_before_restoring(
         start_module_check(Archive.open(tmp_path / "a"))
 
 
-def test_the_module_check_keeps_the_bytes_it_checked_only_when_asked(tmp_path):
+def test_the_module_check_keeps_the_bytes_of_the_images_asked_for_only(tmp_path):
     blobs = (b"\x7fELF" + bytes(60), b"\x7fELF" + bytes(90))
     archive = write_archive(tmp_path / "a", [Archive.open(SAVE_A).graph(0, "sample.bs8")], like=SAVE_A, modules=blobs)
-    kept = start_module_check(archive, keep=True).result().blobs
-    assert sorted(kept.values()) == sorted(blobs)
-    assert all(archive.module(sha256) == data for sha256, data in kept.items())  # by their own names
-    assert start_module_check(archive).result().blobs == {}
-    path = tmp_path / "a" / "modules" / f"{sorted(kept)[0]}.bin"
-    path.write_bytes(path.read_bytes()[:-1] + b"\x01")
-    with pytest.raises(DriftError, match="altered"):  # nothing kept of an altered archive
-        start_module_check(Archive.open(tmp_path / "a"), keep=True).result()
+    shas = sorted(b.sha256 for b in archive.catalog.modules.blobs)
+    kept = start_module_check(archive, keep=frozenset(shas[:1])).result().data
+    assert list(kept) == shas[:1] and kept[shas[0]] == archive.module(shas[0])
+    assert start_module_check(archive).result().data == {}
+    for victim in shas:  # one kept, one only hashed: either altered is refused
+        path = tmp_path / "a" / "modules" / f"{victim}.bin"
+        original = path.read_bytes()
+        path.write_bytes(original[:-1] + b"\x01")
+        with pytest.raises(DriftError, match="altered") as err:
+            start_module_check(Archive.open(tmp_path / "a"), keep=frozenset(shas[:1])).result()
+        assert err.value.field == f"modules/{victim}.bin"
+        path.write_bytes(original)

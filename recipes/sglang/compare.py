@@ -25,7 +25,7 @@ from pathlib import Path
 
 def differences(reference: dict, other: dict) -> list[str]:
     """Every prompt whose output ids or logprobs differ, naming the first differing step;
-    the 256-prompt wave and the prefill walk too where either run sent them; and every
+    the wave and the prefill walk too where either run sent them; and every
     prompt whose speculative counts differ."""
     found = _list_differences(reference["outputs"], other["outputs"], "prompt")
     for key, label in (("wave", "wave prompt"), ("prefill_walk", "prefill walk prompt")):

@@ -393,7 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="model shape and server (see above)")
-    parser.add_argument("--wave", action="store_true", help="also send the 256-prompt wave (see above)")
+    parser.add_argument(
+        "--wave", action="store_true", help="also send the wave, 256 prompts unless --wave-size (see above)"
+    )
     parser.add_argument("--wave-size", type=wave_size, default=None, metavar="N",
                         help=f"the wave's prompts (default {WAVE}; at most {WAVE_MAX})")  # fmt: skip
     parser.add_argument("--prefill-walk", action="store_true",

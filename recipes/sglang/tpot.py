@@ -9,8 +9,8 @@ and the recipe announces each batch with ``tpot batch N``. A step's time is N / 
 (the tokens that step made over its throughput). For each announced size, the
 median over the steps whose running batch equals the size and that replayed a CUDA
 graph; then each log's ratio to the first. Exit 2 when a log holds fewer than 100
-such steps for a size (too few to judge), or the first announces no size (its run
-did not decode: nothing to compare).
+such steps for a size (too few to judge), or the first announces no size (nothing
+to compare it with).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def main(argv: list[str]) -> int:
         return 2
     reference = logs[argv[0]]
     if not reference:
-        print(f"tpot.py: {argv[0]} announces no batch size (no 'tpot batch N' line): its run did not decode",
+        print(f"tpot.py: {argv[0]} announces no batch size (no 'tpot batch N' line; was it run with --tpot?)",
               file=sys.stderr)  # fmt: skip
         return 2
     status = 0

@@ -49,7 +49,7 @@ class ArchiveFunctions:
         self.loaded: set[str] = set()
         self.restored_globals: list[str] = []
         self.seconds = {"find_live": 0.0, "load": 0.0, "globals": 0.0}  # where binding's time goes
-        self._seconds_lock = threading.Lock()  # "load" is added to by the prefetch threads
+        self._lock = threading.Lock()  # the prefetch threads add to "load" and to from_check
 
     def function(self, kernel: KernelIdentity) -> int:
         if kernel.image is None:
@@ -78,17 +78,19 @@ class ArchiveFunctions:
         """Read and check (or take the module check's bytes), then load, the archived
         images that have no live copy, several at a time: reading and hashing release the
         interpreter lock, and the driver loads libraries on several threads at once. Every
-        image is checked before the driver sees any; device globals are checked when a kernel binds (:meth:`_image`).
-        ``context``: where to load them (default: the calling thread's current context).
-        Returns how many were loaded."""
-        wanted = sorted(s for s in images if s not in self._images and self._live_copy(s) is None)
-        if not wanted:
-            return 0
-        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(wanted)))) as pool:
-            blobs = list(pool.map(self._module, wanted))  # each checked against its sha256
+        image is checked before the driver sees any; device globals are checked when a
+        kernel binds (:meth:`_image`). ``context``: where to load them (default: the
+        calling thread's current context). Returns how many were loaded."""
+        try:
+            wanted = sorted(s for s in images if s not in self._images and self._live_copy(s) is None)
+            if not wanted:
+                return 0
+            with ThreadPoolExecutor(max_workers=max(1, min(threads, len(wanted)))) as pool:
+                blobs = list(pool.map(self._image_bytes, wanted))  # each checked against its sha256
+                context = cu("cuCtxGetCurrent") if context is None else context
+                futures = [pool.submit(self._load, blob, context) for blob in blobs]
+        finally:
             self._checked.clear()  # the rest have live copies (or are loaded): their bytes are not needed
-            context = cu("cuCtxGetCurrent") if context is None else context
-            futures = [pool.submit(self._load, blob, context) for blob in blobs]
         errors = [f.exception() for f in futures if f.exception() is not None]
         if errors:  # nothing half-loaded stays behind a refusal
             for future in futures:
@@ -110,12 +112,12 @@ class ArchiveFunctions:
         for library in libraries:
             cu("cuLibraryUnload", driver().CUlibrary(library))
 
-    def _module(self, sha256: str) -> bytes:
+    def _image_bytes(self, sha256: str) -> bytes:
         """An image's bytes: as the module check read and hashed them, else read and checked now."""
         data = self._checked.pop(sha256, None)  # one thread per image: each is taken once
         if data is None:
             return self.archive.module(sha256)
-        with self._seconds_lock:
+        with self._lock:
             self.from_check += 1
         return data
 
@@ -127,7 +129,7 @@ class ArchiveFunctions:
         # its own copy of the image (no CU_LIBRARY_BINARY_IS_PRESERVED)
         address = ctypes.cast(ctypes.c_char_p(blob), ctypes.c_void_p).value
         library = handle_value(cu("cuLibraryLoadData", address, None, None, 0, None, None, 0))
-        with self._seconds_lock:  # summed over the prefetch threads
+        with self._lock:  # summed over the prefetch threads
             self.seconds["load"] += time.perf_counter() - begun
         return library
 
@@ -146,7 +148,7 @@ class ArchiveFunctions:
             else:
                 library = self._loaded_ahead.pop(sha256, None)
                 if library is None:
-                    library = self._load(self._module(sha256))  # checked against its sha256
+                    library = self._load(self._image_bytes(sha256))  # checked against its sha256
                 loaded = time.perf_counter()
                 try:
                     if self.records is not None:

@@ -86,7 +86,7 @@ class LoadSession(Session):
         self.region_restore: RegionRestore | None = None  # once start() reserved the region
         self._plans_read: Future[Any] | None = None  # the launch plans, read on a thread from start()
         self.module_check: Future[CheckedImages] | None = None  # start()'s check of the images' bytes, on a thread
-        self.checked_images: dict[str, bytes] = {}  # its bytes by sha256, kept for a LOAD from launch plans
+        self.checked_images: dict[str, bytes] = {}  # its bytes of the plans' images, by sha256, until the restore
         self.graphs: dict[str, RestoredGraph] | None = None
         self.report: dict[str, Any] = {"mode": "load", "archive": str(self.archive.root), "warmup": warmup}
 
@@ -129,7 +129,7 @@ class LoadSession(Session):
         if self.hook.region().mode != "load":
             raise HookError("the hook is not in load mode (start the program with `foundry run --mode load`)")
         # the images' bytes: waited for before a restore, and kept where launch plans load them
-        self.module_check = start_module_check(self.archive, keep=self._plans_possible())
+        self.module_check = start_module_check(self.archive, keep=self._plan_images())
         laps.mark("hook_and_modules")
         init_cuda(self.device)
         check_active(self.hook)
@@ -158,6 +158,13 @@ class LoadSession(Session):
 
         if self._plans_possible():
             self._plans_read = on_thread("foundry-plans-read", read_plans, self.archive, self.rank, self.record.graphs)
+
+    def _plan_images(self) -> frozenset[str]:
+        """The images the launch plans bind, where LOAD may build from them (their bytes are
+        kept from the module check); none otherwise."""
+        if not self._plans_possible():
+            return frozenset()
+        return frozenset(kernel.image for entry in self.record.graphs for kernel in entry.plan.kernels)
 
     def _plans_possible(self) -> bool:
         """What :meth:`_plans_apply` knows before the region is reserved: the native builder
@@ -230,6 +237,7 @@ class LoadSession(Session):
             raise FoundryError("finish() before start(): call session.start() before the first CUDA allocation")
         laps = Laps(self.report.setdefault("finish_s", {}))
         self._wait_for_module_check()  # a session that restored nothing still refuses a damaged archive
+        self.checked_images.clear()  # kept for a restore that did not come
         if self.instantiation is not None:  # every instantiation counted, or its error raised
             self.report["instantiated_s"] = self.instantiation.wait() - self._restore_started
         laps.mark("instantiation_wait")
@@ -246,7 +254,8 @@ class LoadSession(Session):
         if self.module_check is not None:
             checked = self.module_check.result()  # or its refusal
             self.report["module_check_s"] = checked.seconds
-            self.checked_images = checked.blobs
+            self.checked_images = checked.data
+            self.report["images_kept_bytes"] = sum(len(data) for data in checked.data.values())
             self.module_check = None
 
     # -- restoring --------------------------------------------------------------
@@ -255,7 +264,7 @@ class LoadSession(Session):
         try:
             return self._restore_from_plans() if self._plans_apply() else self._restore_from_ir()
         finally:
-            self.checked_images = {}  # the images are loaded, or never will be from these bytes
+            self.checked_images.clear()  # the images are loaded, or never will be from these bytes
 
     def _restore_from_ir(self) -> dict[str, RestoredGraph]:
         import torch
@@ -325,7 +334,7 @@ class LoadSession(Session):
         begun = time.perf_counter()
         moved_from = None if self.live_base == region.base else (region.base, region.base + region.final_offset)
         builder = IrBuilder(self.hook, self.archive, self.record, native=self.builder == "native",
-                            moved_from=moved_from)  # fmt: skip
+                            moved_from=moved_from, images=self.checked_images)  # fmt: skip
         owned = [backend for backend, _ in self.backends]
         bound = time.perf_counter()
         for ir in irs:

@@ -55,12 +55,14 @@ class IrBuilder:
     from their topology's template, else node by node."""
 
     def __init__(self, hook: Hook, archive: Archive, record: SessionRecord, *, native: bool,
-                 moved_from: tuple[int, int] | None) -> None:  # fmt: skip
+                 moved_from: tuple[int, int] | None, images: dict[str, bytes] | None = None) -> None:  # fmt: skip
         from foundry.runtime.code.binding import ArchiveFunctions
 
         self.hook, self.native = hook, native
-        # SAVE's region range when LOAD relocates: restored globals must not point there
-        self.functions = ArchiveFunctions(hook, archive, {r.sha256: r for r in record.images}, moved_from=moved_from)
+        # SAVE's region range when LOAD relocates: restored globals must not point there; ``images``: checked
+        # bytes the module check kept (a LOAD that expected launch plans, relocated after all)
+        self.functions = ArchiveFunctions(hook, archive, {r.sha256: r for r in record.images}, moved_from=moved_from,
+                                          checked=images)  # fmt: skip
         self.templates: dict[str, Any] = {}
         self.applied: set[int] = set()  # functions whose attributes the native builder set
         self.native_timing: dict[str, float] = {}

@@ -42,42 +42,43 @@ def check_environment(recorded: Environment, live: Environment) -> None:
 
 
 class CheckedImages(NamedTuple):
-    """What the module check found: its seconds, and the images' bytes it read and hashed
-    where the LOAD asked to keep them (by sha256; else none)."""
+    """What the module check found: its seconds, and the bytes it read and hashed of the
+    images the LOAD asked it to keep (by sha256; else none)."""
 
     seconds: float
-    blobs: dict[str, bytes]
+    data: dict[str, bytes]
 
 
-def start_module_check(archive: Archive, *, keep: bool = False) -> Future[CheckedImages]:
+def start_module_check(archive: Archive, *, keep: frozenset[str] = frozenset()) -> Future[CheckedImages]:
     """Every image a graph names is in the archive, whole and unaltered: the images'
     presence is checked now, their reading and hashing (released from the interpreter
     lock) on a thread beside the program. The future gives the thread's seconds or raises
-    the refusal: a LOAD waits for it before it restores a graph. ``keep``: the checked
-    bytes stay in memory for the LOAD that loads the images (read and hashed once, not
+    the refusal: a LOAD waits for it before it restores a graph. ``keep``: images whose
+    checked bytes stay in memory for the LOAD that loads them (read and hashed once, not
     again at the graph phase)."""
     check_modules_present(archive)
 
     def timed() -> CheckedImages:
         begun = time.perf_counter()
-        blobs = check_module_bytes(archive, keep=keep)
-        return CheckedImages(time.perf_counter() - begun, blobs)
+        data = check_module_bytes(archive, keep=keep)
+        return CheckedImages(time.perf_counter() - begun, data)
 
     return on_thread("foundry-module-check", timed)
 
 
-def check_module_bytes(archive: Archive, *, keep: bool = False) -> dict[str, bytes]:
-    """Each module image's bytes hash to its name; ``keep``: those bytes, by sha256."""
+def check_module_bytes(archive: Archive, *, keep: frozenset[str] = frozenset()) -> dict[str, bytes]:
+    """Each module image's bytes hash to its name; returns the bytes of those in ``keep``."""
     kept: dict[str, bytes] = {}
     for blob in archive.catalog.modules.blobs:
         try:
-            data = archive.module(blob.sha256)
+            if blob.sha256 in keep:
+                kept[blob.sha256] = archive.module(blob.sha256)
+            else:  # hashed as it is read, not held
+                archive.check_module(blob.sha256, blob.size)
         except ArchiveError as err:
             raise DriftError(
                 "a module image was altered", field=f"modules/{blob.sha256}.bin", expected=blob.sha256, found=err.found
             ) from None
-        if keep:
-            kept[blob.sha256] = data
     return kept
 
 
