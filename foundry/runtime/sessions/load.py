@@ -13,7 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from foundry.archive.reader import Archive
 from foundry.archive.schema import RegionRecord
@@ -41,6 +41,9 @@ from foundry.runtime.sessions.validate import (
     required_backends,
 )
 from foundry.runtime.threads import on_thread
+
+if TYPE_CHECKING:
+    from foundry.backends.registry import BackendRegistry
 
 
 class LoadSession(Session):
@@ -78,6 +81,8 @@ class LoadSession(Session):
         self.builder, self.build_threads, self.instantiate = builder, build_threads, instantiate
         self.instantiation: Any = None  # a BackgroundInstantiation while graphs instantiate behind the program
         self._restore_started = 0.0
+        self._registry: BackendRegistry | None = None
+        self._discovering: Future[BackendRegistry] | None = None
         self.backends = self._require_backends()
         self.attached: dict[str, dict[str, Any]] = {}  # backend name -> live facts
         self.relocation = Relocation([backend for backend, _ in self.backends], self.attached, rank,
@@ -113,11 +118,31 @@ class LoadSession(Session):
 
     def _require_backends(self) -> list[tuple[Backend, Any]]:
         """Every backend whose state the archive records must be installed and able to
-        validate and relocate; refused by name otherwise (before any GPU work)."""
+        validate and relocate; refused by name otherwise (before any GPU work). Where it
+        records none, the installed backends are discovered on a thread (reading every
+        installed package's entry points, on the program's path at its start otherwise):
+        the restore's claim checks wait for them."""
         from foundry.backends.registry import BackendRegistry
 
-        self.registry = BackendRegistry.discover()
-        return required_backends(self.record, self.registry)
+        if not self.record.backends:
+            self._discovering = on_thread("foundry-backends", BackendRegistry.discover)
+            return []
+        self._registry = BackendRegistry.discover()
+        return required_backends(self.record, self._registry)
+
+    @property
+    def registry(self) -> BackendRegistry:
+        """The installed backends (waited for where they are discovered on a thread). A
+        backend found broken there is looked for again here: an import racing the
+        program's own imports could fail where it would not alone, and a backend that
+        failed to load would recognise none of its kernels in the claim checks."""
+        if self._registry is None:
+            from foundry.backends.registry import BackendRegistry
+
+            assert self._discovering is not None  # _require_backends() started it
+            found = self._discovering.result()
+            self._registry = BackendRegistry.discover() if found.broken else found
+        return self._registry
 
     def start(self) -> None:
         from foundry.runtime.sessions.environment import current_environment
