@@ -262,13 +262,17 @@ step $SGP-lint python3 -m foundry graph lint "$SS/save" --expect nccl-allreduce=
 step $SGP-lint-decode python3 -m foundry graph lint "$SS/save" --graph 'decode.*' "${LINT[@]}"
 fi
 # TPOT: decode step times at bs 1, 8, 64, 256 from SGLang's decode log lines, plain vs the
-# fast LOAD (the start-up figure's builder)
+# fast LOAD (the start-up figure's builder) vs the same builder with SGLang's warm-ups repeated
+# (they run on a second stream, as plain SGLang's do: docs/sglang.md, "Decode speed after LOAD")
 if wants scale-tpot; then
 TP=(--tpot 1,8,64,256 --set decode_log_interval=1 --set log_level=info)
 step $SGP-tpot-plain $SG --preset $PRESET ${SG_EXTRA:-} "${TP[@]}" --out "$SS/tpot-plain.json"
 step $SGP-tpot-load python3 -m foundry run --mode load --warmup restore --builder native --instantiate background \
     --archive "$SS/save" -- $SG --preset $PRESET ${SG_EXTRA:-} "${TP[@]}" --out "$SS/tpot-load.json"
-step $SGP-tpot python3 recipes/sglang/tpot.py "$RESULTS/$SGP-tpot-plain.log" "$RESULTS/$SGP-tpot-load.log"
+step $SGP-tpot-load-replay python3 -m foundry run --mode load --warmup replay --builder native --instantiate background \
+    --archive "$SS/save" -- $SG --preset $PRESET ${SG_EXTRA:-} "${TP[@]}" --out "$SS/tpot-load-replay.json"
+step $SGP-tpot python3 recipes/sglang/tpot.py "$RESULTS/$SGP-tpot-plain.log" "$RESULTS/$SGP-tpot-load.log" \
+    "$RESULTS/$SGP-tpot-load-replay.log"
 fi
 # negative control: decode.bs1 with its final norm's epsilon altered (on the logits path; with
 # dummy weights a layer's norm is not, see recipes/torch/negative_control.py); compare must exit 1
