@@ -213,3 +213,20 @@ def test_the_wave_size_is_checked_and_each_prompt_begins_with_its_own_id(tmp_pat
         assert out.returncode == 2 and "--wave-size" in out.stderr and said in out.stderr, out.stderr
     out = run("run.py", "--out", str(tmp_path / "r.json"), "--wave-size", "512")
     assert out.returncode == 2 and "--wave-size needs --wave" in out.stderr
+
+
+def test_compare_splits_a_loads_graph_phase_into_warmups_graphs_and_capture_loops(tmp_path):
+    def timed(name: str, phase: float, foundry: dict | None) -> str:
+        path = Path(report(tmp_path, name, None, foundry))
+        record = json.loads(path.read_text())
+        record["startup"] = {"scheduler_e2e": phase + 3.0, "cuda_graph": {"decode": phase}}
+        path.write_text(json.dumps(record))
+        return str(path)
+
+    split = {"warmup_forwards_s": 0.0, "graphs_s": 0.37, "capture_loop_s": 0.52}
+    out = run("compare.py", timed("plain", 5.5, None), timed("load", 1.38, {"sglang_seconds": split}))
+    assert out.returncode == 0, out.stdout
+    lines = out.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.endswith("load.json") and "graphs" in line)
+    assert "graphs   1.38 (decode 1.38); 4.0x less" in lines[at]
+    assert "warm-up forwards 0.00, Foundry's graphs 0.37, capture loops 0.52" in lines[at + 1]

@@ -9,6 +9,7 @@ import contextlib
 import gc
 import sys
 import threading
+import time
 import types
 
 import pytest
@@ -135,3 +136,19 @@ def test_the_report_says_whether_the_collection_before_the_loop_ran(monkeypatch)
         pass
     report = plugin._startup_report()
     assert report["skipped_collections"] and report["collected_before_loop"]
+
+
+@pytest.mark.parametrize("warmup", ["restore", "replay"])
+def test_the_capture_loops_seconds_are_reported_even_when_the_loop_fails(monkeypatch, warmup):
+    """What of SGLang's graph phase its capture loops took, the rest being its set-up
+    around them; a loop that raises still counts."""
+    _state(monkeypatch, "load", warmup)
+    watched_gc(monkeypatch)
+    with plugin._freeze_gc(Collections(), False):
+        time.sleep(0.02)
+    first = plugin._state.seconds["capture_loop_s"]
+    assert first >= 0.02
+    with pytest.raises(RuntimeError), plugin._freeze_gc(Collections(), False):
+        time.sleep(0.01)
+        raise RuntimeError("a capture failed")
+    assert plugin._state.seconds["capture_loop_s"] >= first + 0.01

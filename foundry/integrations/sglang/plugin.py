@@ -100,8 +100,9 @@ class SchedulerState:
     # seconds in SGLang's eager warm-up forwards, in capturing (SAVE) or restoring (LOAD), and in
     # every Foundry call on the scheduler's path (session opening and start, graphs, finish with its
     # waits); the session's opening, start and finish alone as session_open_s, session_start_s and
-    # session_finish_s
-    seconds: dict[str, float] = field(default_factory=lambda: {**_phase_seconds(), "foundry_s": 0.0})
+    # session_finish_s; capture_loop_s, inside SGLang's capture loops (their collections included)
+    seconds: dict[str, float] = field(default_factory=lambda: {**_phase_seconds(), "foundry_s": 0.0,
+                                                               "capture_loop_s": 0.0})  # fmt: skip
     started: bool = False  # the session started (at the target model runner's init_torch_distributed)
     prefetch: Any = None  # LOAD: Triton's cache key computed on a thread (startup.Prefetch)
     skipped_collections: bool = False  # LOAD: SGLang's collections around the capture loop were left out
@@ -243,10 +244,25 @@ def _freeze_gc(original: Any, enable_cudagraph_gc: bool) -> Any:
     if _state is None or _state.config.mode != "load" or _state.config.warmup != "restore" or choice == "keep":
         if _state is not None:
             _state.collected_before_loop = True  # SGLang's own, both collections
+            return _timed_loop(original(enable_cudagraph_gc))
         return original(enable_cudagraph_gc)
     _state.skipped_collections = True
     _state.collected_before_loop = _state.follows_trace and choice != "skip-all"
-    return _fewer_collections(collect_first=_state.collected_before_loop, freeze=not enable_cudagraph_gc)
+    return _timed_loop(_fewer_collections(collect_first=_state.collected_before_loop, freeze=not enable_cudagraph_gc))
+
+
+@contextlib.contextmanager
+def _timed_loop(loop: Any) -> Any:
+    """``loop`` (the context around a capture loop), its seconds added to ``capture_loop_s``:
+    what of SGLang's graph phase the loop took, its collections included; the rest of the
+    phase is SGLang's set-up around it."""
+    assert _state is not None
+    begun = time.perf_counter()
+    try:
+        with loop:
+            yield
+    finally:
+        _state.seconds["capture_loop_s"] += time.perf_counter() - begun
 
 
 @contextlib.contextmanager
