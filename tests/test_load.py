@@ -61,30 +61,19 @@ def test_laps_name_where_a_step_s_time_went():
     assert list(steps) == ["slow", "quick"] and steps["slow"] >= 0.05 > steps["quick"] >= 0
 
 
-def test_an_archive_without_backend_state_has_the_backends_discovered_on_a_thread():
-    """Off the program's path at the session's opening; the claim checks get the same
-    registry as a discovery made there and then."""
+def test_an_archive_without_backend_state_has_the_backends_entry_points_read_on_a_thread():
+    """Off the program's path at the session's opening, and importing nothing there (a
+    backend's imports could race the program's); the claim checks get the registry a
+    discovery made there and then would give."""
+    from importlib.metadata import EntryPoint
+
     from foundry.backends.registry import BackendRegistry
 
     session = LoadSession(SAVE_A)
     assert not session.record.backends and session.backends == [] and session._discovering is not None
-    found = session.registry
-    assert sorted(found.backends) == sorted(BackendRegistry.discover().backends) and found.backends
-    assert session.registry is found  # waited for once
-
-
-def test_a_backend_found_broken_on_the_thread_is_looked_for_again():
-    """An import on the thread can race the program's own: a registry found with a broken
-    backend is not the one the claim checks get."""
-    from concurrent.futures import Future
-
-    from foundry.backends.registry import BackendRegistry
-
-    raced = BackendRegistry()
-    raced._broken("nccl-ipc", "foundry.backends.nccl_ipc", "import failed: ImportError: partially initialized module")
-    session = LoadSession(SAVE_A)
-    session._discovering.result()  # its own thread's, finished
-    session._discovering = Future()
-    session._discovering.set_result(raced)
-    found = session.registry
-    assert found is not raced and not found.broken and "nccl-ipc" in found.backends
+    read = session._discovering.result()
+    assert read and all(isinstance(ep, EntryPoint) for ep in read)
+    assert [ep.name for ep in read] == sorted(ep.name for ep in read)
+    found = session.registry  # loaded here, on the thread that asks
+    assert sorted(found.backends) == sorted(BackendRegistry.discover().backends) and not found.broken
+    assert session.registry is found  # loaded once

@@ -229,4 +229,4 @@ def test_compare_splits_a_loads_graph_phase_into_warmups_graphs_and_capture_loop
     lines = out.stdout.splitlines()
     at = next(i for i, line in enumerate(lines) if line.endswith("load.json") and "graphs" in line)
     assert "graphs   1.38 (decode 1.38); 4.0x less" in lines[at]
-    assert "warm-up forwards 0.00, Foundry's graphs 0.37, capture loops 0.52" in lines[at + 1]
+    assert "forwards 0.00, Foundry's graphs 0.37; capture loops 0.52, the phase outside them 0.86" in lines[at + 1]

@@ -45,6 +45,15 @@ class BrokenBackend:
     reason: str
 
 
+def registered(group: str = ENTRY_POINT_GROUP) -> list[EntryPoint]:
+    """The entry points registered under ``group``, in a stable order, none loaded: reading
+    every installed package's metadata imports nothing of theirs, so it can run on a
+    thread beside a program's own imports, which loading a backend could race."""
+    from importlib.metadata import entry_points
+
+    return sorted(entry_points(group=group), key=lambda e: (e.name, e.value))
+
+
 class BackendRegistry:
     """The backends of one process. Built explicitly; nothing global."""
 
@@ -59,10 +68,13 @@ class BackendRegistry:
     @classmethod
     def discover(cls, group: str = ENTRY_POINT_GROUP) -> BackendRegistry:
         """Load every backend registered under ``group``."""
-        from importlib.metadata import entry_points
+        return cls.load(registered(group))
 
+    @classmethod
+    def load(cls, eps: list[EntryPoint]) -> BackendRegistry:
+        """The backends of ``eps`` (as :func:`registered` lists them), each imported here."""
         registry = cls()
-        for ep in sorted(entry_points(group=group), key=lambda e: (e.name, e.value)):
+        for ep in eps:
             registry._load(ep)
         return registry
 

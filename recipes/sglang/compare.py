@@ -105,7 +105,8 @@ def startup_table(paths: list[str], runs: list[dict]) -> list[str]:
                      f"{path}")  # fmt: skip
         split = (run.get("foundry") or {}).get("sglang_seconds")
         if split:  # under the plugin: SGLang's eager warm-ups apart from capturing or restoring
-            loops = f", capture loops {split['capture_loop_s']:.2f}" if "capture_loop_s" in split else ""
+            loops = split.get("capture_loop_s")  # both of the above happen inside the loops
+            loops = "" if loops is None else f"; capture loops {loops:.2f}, the phase outside them {graphs - loops:.2f}"
             lines.append(f"           of which SGLang's warm-up forwards {split.get('warmup_forwards_s', 0):.2f}, "
                          f"Foundry's graphs {split.get('graphs_s', 0):.2f}{loops}")  # fmt: skip
     return lines

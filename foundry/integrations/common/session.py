@@ -122,7 +122,7 @@ def open_session(
         if check_archive is not None:  # before the session, which would refuse less clearly
             check_archive(archive, options)
         session = LoadSession(archive, device=device, rank=rank, **options)
-        laps.mark("session")  # its options checked, the backends it needs discovered
+        laps.mark("session")  # its options checked, the backends it needs discovered (else read on a thread)
         check_fields(session.archive.catalog.model, live)
         laps.mark("engine_record")
         session.report["open_s"] = opened

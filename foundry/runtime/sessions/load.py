@@ -82,7 +82,7 @@ class LoadSession(Session):
         self.instantiation: Any = None  # a BackgroundInstantiation while graphs instantiate behind the program
         self._restore_started = 0.0
         self._registry: BackendRegistry | None = None
-        self._discovering: Future[BackendRegistry] | None = None
+        self._discovering: Future[list[Any]] | None = None  # the backends' entry points, read on a thread
         self.backends = self._require_backends()
         self.attached: dict[str, dict[str, Any]] = {}  # backend name -> live facts
         self.relocation = Relocation([backend for backend, _ in self.backends], self.attached, rank,
@@ -119,29 +119,27 @@ class LoadSession(Session):
     def _require_backends(self) -> list[tuple[Backend, Any]]:
         """Every backend whose state the archive records must be installed and able to
         validate and relocate; refused by name otherwise (before any GPU work). Where it
-        records none, the installed backends are discovered on a thread (reading every
-        installed package's entry points, on the program's path at its start otherwise):
-        the restore's claim checks wait for them."""
-        from foundry.backends.registry import BackendRegistry
+        records none, the installed packages' entry points are read on a thread (every
+        package's metadata, on the program's path at its start otherwise), and the
+        backends they name are loaded at the restore's claim checks, on its thread (a
+        backend's imports would race the program's on another)."""
+        from foundry.backends.registry import BackendRegistry, registered
 
         if not self.record.backends:
-            self._discovering = on_thread("foundry-backends", BackendRegistry.discover)
+            self._discovering = on_thread("foundry-backends", registered)
             return []
         self._registry = BackendRegistry.discover()
         return required_backends(self.record, self._registry)
 
     @property
     def registry(self) -> BackendRegistry:
-        """The installed backends (waited for where they are discovered on a thread). A
-        backend found broken there is looked for again here: an import racing the
-        program's own imports could fail where it would not alone, and a backend that
-        failed to load would recognise none of its kernels in the claim checks."""
+        """The installed backends, loaded from the entry points read on a thread where the
+        archive records no backend state."""
         if self._registry is None:
             from foundry.backends.registry import BackendRegistry
 
             assert self._discovering is not None  # _require_backends() started it
-            found = self._discovering.result()
-            self._registry = BackendRegistry.discover() if found.broken else found
+            self._registry = BackendRegistry.load(self._discovering.result())
         return self._registry
 
     def start(self) -> None:
