@@ -241,11 +241,11 @@ def _freeze_gc(original: Any, enable_cudagraph_gc: bool) -> Any:
     allocation with SAVE's trace and the placed blocks are checked before any replay, so
     an allocation that garbage moved refuses the LOAD by name instead of passing."""
     choice = SGLANG_GC.read()
-    if _state is None or _state.config.mode != "load" or _state.config.warmup != "restore" or choice == "keep":
-        if _state is not None:
-            _state.collected_before_loop = True  # SGLang's own, both collections
-            return _timed_loop(original(enable_cudagraph_gc))
+    if _state is None:
         return original(enable_cudagraph_gc)
+    if _state.config.mode != "load" or _state.config.warmup != "restore" or choice == "keep":
+        _state.collected_before_loop = True  # SGLang's own, both collections
+        return _timed_loop(original(enable_cudagraph_gc))
     _state.skipped_collections = True
     _state.collected_before_loop = _state.follows_trace and choice != "skip-all"
     return _timed_loop(_fewer_collections(collect_first=_state.collected_before_loop, freeze=not enable_cudagraph_gc))

@@ -185,9 +185,9 @@ class LoadSession(Session):
     def _plan_images(self) -> frozenset[str]:
         """The images the launch plans bind, where LOAD may build from them (their bytes are
         kept from the module check); none otherwise."""
-        if not self._plans_possible():
-            return frozenset()
-        return frozenset(kernel.image for entry in self.record.graphs for kernel in entry.plan.kernels)
+        from foundry.runtime.sessions.load_builders import plan_images
+
+        return plan_images(self.record.graphs) if self._plans_possible() else frozenset()
 
     def _plans_possible(self) -> bool:
         """What :meth:`_plans_apply` knows before the region is reserved: the native builder

@@ -111,6 +111,11 @@ def check_plans(archive: Archive, record: SessionRecord, registry: BackendRegist
 PlanFiles = list[tuple[str, bytes, Any]]  # (graph name, the plan file's bytes, its LaunchPlan record)
 
 
+def plan_images(entries: tuple[GraphEntry, ...]) -> frozenset[str]:
+    """The images the launch plans of ``entries`` bind (each entry has a plan)."""
+    return frozenset(kernel.image for entry in entries for kernel in entry.plan.kernels)
+
+
 def read_plans(archive: Archive, rank: int, entries: tuple[GraphEntry, ...]) -> PlanFiles:
     """Every graph's launch plan file, read and checked against its record."""
     return [(e.name, archive.rank_blob(rank, e.plan.file, sha256=e.plan.sha256, size=e.plan.size, what="launch plan"),
@@ -174,7 +179,7 @@ class PlanBuilder:
             begun = time.perf_counter()
             torch.cuda.synchronize()
             synced = time.perf_counter()
-            prefetching = self.functions.prefetch_ahead({k.image for e in entries for k in e.plan.kernels})
+            prefetching = self.functions.prefetch_ahead(set(plan_images(entries)))
             ahead, self.plans = self.plans, None
             plans = read_plans(self.archive, self.rank, entries) if ahead is None else ahead.result()
             read = time.perf_counter()
