@@ -44,6 +44,7 @@ def test_the_comparison_tells_runs_apart_and_tabulates_graph_time(tmp_path):
     same = run("compare.py", base, load)
     assert same.returncode == 0, same.stdout
     assert "25.0x less" in same.stdout and "plugin 1.640" in same.stdout  # the plugin's figure where it ran
+    assert "Foundry in the worker 1.100 (its start included; the graphs 0.900)" in same.stdout
     assert "replayed 1 of 2 restored graphs; never: piecewise.t1.p0" in same.stdout
     differs = run("compare.py", base, token, wave)
     assert differs.returncode == 1 and "prompt 1: output ids differ from step 1" in differs.stdout

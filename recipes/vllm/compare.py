@@ -57,8 +57,9 @@ def startup_table(paths: list[str], runs: list[dict]) -> list[str]:
             f"ready {run.get('ready_s', 0):.1f}, first batch {(run.get('batch_s') or [0])[0]:.2f}  {path}"
         )
         if split:
-            lines.append(f"           of which Foundry {split.get('foundry_s', 0):.3f} "
-                         f"(graphs {split.get('graphs_s', 0):.3f})")  # fmt: skip
+            # foundry_s counts the session's start in Worker.init_device too, outside the graph phase
+            lines.append(f"           Foundry in the worker {split.get('foundry_s', 0):.3f} (its start included; "
+                         f"the graphs {split.get('graphs_s', 0):.3f})")  # fmt: skip
     return lines
 
 
