@@ -183,6 +183,22 @@ def test_kernel_layout_must_match_parameter_bytes():
         ir.check()
 
 
+def test_a_kernel_is_refused_however_many_alike_passed_before_it():
+    ir = tiny_graph()
+    kernel = ir.node(0)
+    ir.add_nodes(msgspec.structs.replace(kernel, id=i) for i in range(2, 6))  # the same launch, again and again
+    ir.check_structure()
+    ir.replace_node(msgspec.structs.replace(kernel, id=4, undefined=((8, 8),)))  # past the 12 parameter bytes
+    ir.replace_node(msgspec.structs.replace(kernel, id=5, undefined=((8, 8),)))
+    with pytest.raises(IRError, match="undefined bytes must be ordered runs") as err:
+        ir.check_structure()
+    assert err.value.node == 4
+    ir.replace_node(msgspec.structs.replace(kernel, id=3, params=kernel.params + b"\x00"))
+    with pytest.raises(IRError, match="parameter bytes do not match the layout") as err:
+        ir.check_structure()
+    assert err.value.node == 3
+
+
 def test_demangled_and_short_names():
     one_shot = Archive.open(FIXTURES / "symm-mem-ws1").graph(0, "symm.allreduce").kernels()[1].kernel
     assert one_shot.demangled.startswith(
