@@ -295,6 +295,11 @@ class Archive:
         return contained_path(session_path.parent, entry.file, field="file", source=session_path)
 
     def graph_bytes(self, rank: int, entry: GraphEntry) -> bytes:
+        return self._graph_file(rank, entry)[1]
+
+    def _graph_file(self, rank: int, entry: GraphEntry) -> tuple[Path, bytes]:
+        """The graph file's path and its bytes, of the entry's size and sha256: :meth:`graph` names
+        the path in its errors without resolving it again (each resolution walks the directories)."""
         path = self.graph_path(rank, entry)
         try:
             data = read_bounded(path, self.limits.graph, what=f"graph {entry.name!r}", size=entry.size)
@@ -312,7 +317,7 @@ class Archive:
                 expected=entry.sha256,
                 found=found,
             )
-        return data
+        return path, data
 
     def graph(self, rank: int, name: str | GraphEntry, *, deep: bool = True) -> GraphIR:
         """Read, check and decode one graph.
@@ -325,8 +330,7 @@ class Archive:
         from foundry.graphir.codec import decode_graph  # here: opening an archive imports no IR
 
         entry = name if isinstance(name, GraphEntry) else self.entry(rank, name)
-        data = self.graph_bytes(rank, entry)
-        path = self.graph_path(rank, entry)
+        path, data = self._graph_file(rank, entry)
         try:
             ir = decode_graph(data, deep=deep)
         except _DECODE_ERRORS as err:
