@@ -196,6 +196,14 @@ def _undefined(runs: list) -> Callable[[dict], None]:
     return lambda d: first_kernel(d).update(undefined=runs)
 
 
+def _last_kernel(d: dict) -> dict:
+    return next(n for n in reversed(d["nodes"]) if n["type"] == "kernel")
+
+
+def _operands_reversed(d: dict) -> None:
+    d["operands"] = {name: column[::-1] for name, column in d["operands"].items()}  # rows whole, order broken
+
+
 def _first_memset_or_memcpy(d: dict, kind: str) -> dict:
     return next(n for n in d["nodes"] if n["type"] == kind)
 
@@ -215,6 +223,12 @@ STRUCTURE = {
     "undefined run past the buffer": (_undefined([[660, 16]]), r"undefined bytes must be ordered runs inside"),
     "undefined runs out of order": (_undefined([[16, 4], [8, 4]]), r"undefined bytes must be ordered runs inside"),
     "empty undefined run": (_undefined([[8, 0]]), r"undefined bytes must be ordered runs inside"),
+    "undefined run past a later kernel's buffer": (  # after kernels of the same layout passed
+        lambda d: _last_kernel(d).update(undefined=[[0, 1 << 20]]),
+        r"undefined bytes must be ordered runs inside",
+    ),
+    "edge of an unknown type": (lambda d: d["edges"][0].__setitem__(2, [0, 0, 2]), r"has unknown type 2"),
+    "operands out of node order": (_operands_reversed, r"operands are not ordered by node"),
     "self-loop": (lambda d: d["edges"].append([5, 5, [0, 0, 0]]), r"depend on itself"),
     "cycle": (lambda d: d["edges"].append([3, 1, [0, 0, 0]]), r"form a cycle"),
     "region of size 0": (lambda d: d["regions"][0].update(size=0), r"regions\[0\]\.size"),

@@ -36,6 +36,7 @@ _KIND, _KERNEL = attrgetter("kind"), attrgetter("kernel")  # counted over thousa
 #: ``CUgraphDependencyType``: a full dependency, or a programmatic (PDL) one.
 EDGE_DEFAULT = 0
 EDGE_PROGRAMMATIC = 1
+_EDGE_TYPES = frozenset({EDGE_DEFAULT, EDGE_PROGRAMMATIC})
 
 
 class EdgeData(msgspec.Struct, frozen=True, gc=False, array_like=True, forbid_unknown_fields=True):
@@ -197,9 +198,10 @@ class GraphIR:
             raise IRError("node record holds another id", node=node_id, found=node.id)
         check_nodes(self._nodes.values())
         check_regions(self.regions.values())
-        for (src, dst), data in self._edges.items():
-            if data.type not in (EDGE_DEFAULT, EDGE_PROGRAMMATIC):
-                raise IRError(f"edge {src} -> {dst} has unknown type {data.type}", node=dst)
+        if not {data.type for data in self._edges.values()} <= _EDGE_TYPES:  # the types in use; the edge named after
+            for (src, dst), data in self._edges.items():
+                if data.type not in _EDGE_TYPES:
+                    raise IRError(f"edge {src} -> {dst} has unknown type {data.type}", node=dst)
         check_acyclic(self._edges, count)
         problem = self.operands.check_structure(count, self.regions)
         if problem:
