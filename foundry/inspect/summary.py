@@ -159,7 +159,7 @@ def summarize_graph(ir: GraphIR, *, rank: int, entry: GraphEntry, listed: int = 
         operands=len(ir.operands),
         unresolved=unresolved,
         unresolved_count=len(found),
-        undefined_bytes=sum(length for node in nodes for _, length in node.undefined),
+        undefined_bytes=sum(length for node in nodes if node.undefined for _, length in node.undefined),
         rng=entry.rng is not None,
         plan=entry.plan is not None,
     )
