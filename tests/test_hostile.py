@@ -229,6 +229,10 @@ STRUCTURE = {
     ),
     "edge of an unknown type": (lambda d: d["edges"][0].__setitem__(2, [0, 0, 2]), r"has unknown type 2"),
     "operands out of node order": (_operands_reversed, r"operands are not ordered by node"),
+    "operand in a region past the list": (
+        lambda d: d["operands"]["region"].__setitem__(-1, len(d["regions"])),
+        r"operand region index out of range",
+    ),
     "self-loop": (lambda d: d["edges"].append([5, 5, [0, 0, 0]]), r"depend on itself"),
     "cycle": (lambda d: d["edges"].append([3, 1, [0, 0, 0]]), r"form a cycle"),
     "region of size 0": (lambda d: d["regions"][0].update(size=0), r"regions\[0\]\.size"),

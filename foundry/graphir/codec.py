@@ -155,7 +155,8 @@ def _check_columns(columns: OperandColumns, regions: int) -> None:
     lengths = {len(getattr(columns, f)) for f in columns.__struct_fields__}
     if len(lengths) > 1:
         raise IRError("operand columns differ in length", field="operands")
-    if columns.region and not -1 <= min(columns.region) <= max(columns.region) < regions:
+    used = set(columns.region)  # a few distinct indices among thousands of operands
+    if used and not -1 <= min(used) <= max(used) < regions:
         raise IRError("operand region index out of range", field="operands.region")
 
 
