@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 NODE_KEY = "ir"
 EDGE_KEY = "edge"
 
-_KIND, _KERNEL = attrgetter("kind"), attrgetter("kernel")  # counted over thousands of nodes
+_KIND = attrgetter("kind")  # counted over thousands of nodes
 
 #: ``CUgraphDependencyType``: a full dependency, or a programmatic (PDL) one.
 EDGE_DEFAULT = 0
@@ -166,13 +166,17 @@ class GraphIR:
 
     def kernel_table(self, kernels: list[KernelNode] | None = None) -> dict[str, tuple[KernelIdentity, int]]:
         """Each distinct kernel (by name, the first identity of it) with its launch count
-        (``kernels``: the graph's kernel nodes, if the caller has them). Counted over identities
-        first: a graph launches a few dozen kernels thousands of times."""
-        table: dict[str, tuple[KernelIdentity, int]] = {}
-        for kernel, count in Counter(map(_KERNEL, self.kernels() if kernels is None else kernels)).items():
-            first, counted = table.get(kernel.name, (kernel, 0))
-            table[kernel.name] = (first, counted + count)
-        return table
+        (``kernels``: the graph's kernel nodes, if the caller has them). Counted over names: a
+        graph launches a few dozen kernels thousands of times, all of them among its first nodes."""
+        kernels = self.kernels() if kernels is None else kernels
+        counts = Counter([node.kernel.name for node in kernels])
+        first: dict[str, KernelIdentity] = {}
+        for node in kernels:
+            if node.kernel.name not in first:
+                first[node.kernel.name] = node.kernel
+                if len(first) == len(counts):
+                    break
+        return {name: (first[name], count) for name, count in counts.items()}
 
     # -- invariants -------------------------------------------------------------
 
