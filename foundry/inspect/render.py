@@ -15,14 +15,14 @@ from rich.text import Text
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.nodes import KernelNode, MemcpyNode, MemsetNode
 from foundry.graphir.regions import RegionKind
-from foundry.inspect.summary import ArchiveSummary
 from foundry.inspect.text_table import Cell, Column, print_table
 from foundry.text import printable as p
 
-if TYPE_CHECKING:  # the diff's and lint's types: inspect imports neither
+if TYPE_CHECKING:  # the reports' types: each command imports only its own
     from foundry.graphir.passes.diff import GraphDiff
     from foundry.inspect.archive_diff import ArchiveDiff
     from foundry.inspect.lint import LintReport
+    from foundry.inspect.summary import ArchiveSummary
 
 
 def human_bytes(n: int) -> str:
