@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 
 import msgspec
 import networkx as nx
@@ -18,7 +19,7 @@ from foundry.graphir.graph import EDGE_KEY, NODE_KEY, Edge, EdgeData, GraphIR
 from foundry.graphir.kernel import KernelIdentity, LaunchConfig, ParamLayout, ParamSlot, template_args
 from foundry.graphir.kinds import NodeKind
 from foundry.graphir.nodes import EmptyNode, KernelNode, MemsetNode, merged_ranges, ranges_minus, ranges_size
-from foundry.graphir.operands import Operand, OperandSite
+from foundry.graphir.operands import Operand, OperandManifest, OperandSite
 from foundry.graphir.regions import UNRESOLVED, Region, RegionKind
 
 from .conftest import ARCHIVES, FIXTURES
@@ -62,6 +63,26 @@ def test_archive_ir_archive_is_byte_stable(archive, rank, entry):
     ir = decode_graph(data)
     assert encode_graph(ir) == data
     assert fingerprint(ir) == entry.fingerprint
+
+
+@pytest.mark.parametrize(("archive", "rank", "entry"), list(all_fixture_graphs()))
+def test_a_manifest_read_by_region_index_counts_as_one_built_from_operands(archive, rank, entry):
+    read = archive.graph(rank, entry, deep=False).operands  # regions kept as the file's indices
+    uses, unresolved = read.region_uses(), read.count_unresolved()
+    built = OperandManifest(read)  # regions by name
+    assert uses == built.region_uses() == dict(Counter(o.region for o in built))
+    assert unresolved == built.count_unresolved() == uses.get(UNRESOLVED, 0)
+    assert read.region_names() == built.region_names() and list(read.rows()) == list(built.rows())
+
+
+def test_unresolved_operands_read_by_region_index_are_counted():
+    archive = Archive.open(FIXTURES / "tiny-qwen3")
+    document = msgspec.msgpack.decode(archive.graph_bytes(0, archive.entries(0)[0]))
+    document["operands"]["region"][:5] = [-1] * 5
+    read = decode_graph(msgspec.msgpack.encode(document), deep=False).operands
+    assert read.count_unresolved() == 5 and read.region_uses()[UNRESOLVED] == 5
+    assert read.region_uses() == OperandManifest(read).region_uses()
+    assert [o.region for o in read.unresolved()] == [UNRESOLVED] * 5
 
 
 @pytest.mark.parametrize(("archive", "rank", "entry"), list(all_fixture_graphs()))

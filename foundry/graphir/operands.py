@@ -13,6 +13,7 @@ columns (one list per field, sorted by node, site, offset) and
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from enum import StrEnum
 from typing import Annotated
@@ -87,7 +88,11 @@ class OperandColumns(msgspec.Struct, gc=False, forbid_unknown_fields=True):
 
 
 class OperandManifest:
-    """Operands of one graph, ordered by node then site then offset."""
+    """Operands of one graph, ordered by node then site then offset.
+
+    A manifest read from a graph file keeps each operand's region as the file has it, an index
+    into the graph's regions, and lists their names when first asked: inspect and lint only count
+    them, and a graph holds thousands of operands in a few dozen regions."""
 
     def __init__(self, operands: Iterable[Operand] = ()) -> None:
         ordered = sorted(operands, key=lambda o: (o.node, o.site, o.offset))
@@ -96,8 +101,10 @@ class OperandManifest:
         self._param = [o.param for o in ordered]
         self._offset = [o.offset for o in ordered]
         self._value = [o.value for o in ordered]
-        self._region = [o.region for o in ordered]
+        self._region: list[str] | None = [o.region for o in ordered]  # None until listed from _index
         self._region_offset = [o.region_offset for o in ordered]
+        self._index: list[int] = []  # read from columns: each operand's region, an index into _names
+        self._names: list[str] = []
 
     @classmethod
     def from_columns(cls, columns: OperandColumns, region_names: list[str]) -> OperandManifest:
@@ -107,9 +114,15 @@ class OperandManifest:
         names = [*region_names, UNRESOLVED]  # index -1 reads the last entry
         manifest._node, manifest._site, manifest._param = columns.node, columns.site, columns.param
         manifest._offset, manifest._value = columns.offset, columns.value
-        manifest._region = [names[i] for i in columns.region]
+        manifest._region, manifest._index, manifest._names = None, columns.region, names
         manifest._region_offset = columns.region_offset
         return manifest
+
+    def _regions(self) -> list[str]:
+        """Each operand's region name, listed from the indices read on first use."""
+        if self._region is None:
+            self._region = [self._names[i] for i in self._index]
+        return self._region
 
     def to_columns(self, region_names: list[str]) -> OperandColumns:
         index = {name: i for i, name in enumerate(region_names)}
@@ -120,7 +133,7 @@ class OperandManifest:
             param=list(self._param),
             offset=list(self._offset),
             value=list(self._value),
-            region=[index[r] for r in self._region],
+            region=[index[r] for r in self._regions()],
             region_offset=list(self._region_offset),
         )
 
@@ -132,36 +145,48 @@ class OperandManifest:
             return "operand names a node the graph does not have"
         if nodes != sorted(nodes):  # sorting a list already in order is one pass at C speed
             return "operands are not ordered by node"
-        unknown = set(self._region) - set(regions) - {UNRESOLVED}
+        named = {self._names[i] for i in set(self._index)} if self._region is None else set(self._region)
+        unknown = named - set(regions) - {UNRESOLVED}
         if unknown:
             return f"operand points into unknown region {sorted(unknown)[0]!r}"
         return None
 
-    def _make(self, i: int) -> Operand:
+    def _make(self, i: int, regions: list[str]) -> Operand:
         return Operand(
             self._node[i],
             self._site[i],
             self._param[i],
             self._offset[i],
             self._value[i],
-            self._region[i],
+            regions[i],
             self._region_offset[i],
         )
 
     def of(self, node: int) -> tuple[Operand, ...]:
         lo = bisect.bisect_left(self._node, node)
         hi = bisect.bisect_right(self._node, node, lo)
-        return tuple(self._make(i) for i in range(lo, hi))
+        regions = self._regions()
+        return tuple(self._make(i, regions) for i in range(lo, hi))
 
     def unresolved(self) -> list[Operand]:
-        return [self._make(i) for i, region in enumerate(self._region) if region == UNRESOLVED]
+        regions = self._regions()
+        return [self._make(i, regions) for i, region in enumerate(regions) if region == UNRESOLVED]
 
     def count_unresolved(self) -> int:
-        return self._region.count(UNRESOLVED)
+        return self._index.count(-1) if self._region is None else self._region.count(UNRESOLVED)
 
     def region_names(self) -> list[str]:
-        """The region of every operand, in manifest order (for counting)."""
-        return self._region
+        """The region of every operand, in manifest order."""
+        return self._regions()
+
+    def region_uses(self) -> dict[str, int]:
+        """How many operands point into each region that any points into (unresolved ones too)."""
+        if self._region is not None:
+            return dict(Counter(self._region))
+        ordered = sorted(self._index)  # each index's operands in one run, its ends found by bisection
+        uses = {self._names[i]: bisect.bisect_right(ordered, i) - bisect.bisect_left(ordered, i)
+                for i in range(-1, len(self._names) - 1)}  # fmt: skip
+        return {name: count for name, count in uses.items() if count}
 
     def rows(self) -> Iterator[tuple[int, OperandSite, int, int, int, str, int]]:
         """Every operand as a plain tuple (fast path for checks)."""
@@ -171,16 +196,17 @@ class OperandManifest:
             self._param,
             self._offset,
             self._value,
-            self._region,
+            self._regions(),
             self._region_offset,
             strict=True,
         )
 
     def as_tuple(self) -> tuple[Operand, ...]:
-        return tuple(self._make(i) for i in range(len(self._node)))
+        return tuple(self)
 
     def __iter__(self) -> Iterator[Operand]:
-        return (self._make(i) for i in range(len(self._node)))
+        regions = self._regions()
+        return (self._make(i, regions) for i in range(len(self._node)))
 
     def __len__(self) -> int:
         return len(self._node)

@@ -180,8 +180,8 @@ def graph_facts(archive: Archive, _context: None, rank: int, entry: GraphEntry) 
     ir = archive.graph(rank, entry, deep=False)
     nodes = ir.kernels()
     table = ir.kernel_table(nodes)
-    used = Counter(ir.operands.region_names())
-    regions = [(r.name, r.kind.value, r.size, used[r.name]) for r in ir.regions.values()]
+    used = ir.operands.region_uses()
+    regions = [(r.name, r.kind.value, r.size, used.get(r.name, 0)) for r in ir.regions.values()]
     row = summarize_graph(ir, rank=rank, entry=entry, nodes=nodes)
     return GraphFacts(row, list(table.values()), regions)
 
