@@ -13,7 +13,6 @@ columns (one list per field, sorted by node, site, offset) and
 from __future__ import annotations
 
 import bisect
-from collections import Counter
 from collections.abc import Iterable, Iterator
 from enum import StrEnum
 from typing import Annotated
@@ -90,9 +89,9 @@ class OperandColumns(msgspec.Struct, gc=False, forbid_unknown_fields=True):
 class OperandManifest:
     """Operands of one graph, ordered by node then site then offset.
 
-    A manifest read from a graph file keeps each operand's region as the file has it, an index
-    into the graph's regions, and lists their names when first asked: inspect and lint only count
-    them, and a graph holds thousands of operands in a few dozen regions."""
+    Each operand's region is held as the file stores it, an index into the graph's regions (-1:
+    unresolved), and the names are listed when first asked: inspect and lint only count them, and
+    a graph holds thousands of operands in a few dozen regions."""
 
     def __init__(self, operands: Iterable[Operand] = ()) -> None:
         ordered = sorted(operands, key=lambda o: (o.node, o.site, o.offset))
@@ -101,39 +100,40 @@ class OperandManifest:
         self._param = [o.param for o in ordered]
         self._offset = [o.offset for o in ordered]
         self._value = [o.value for o in ordered]
-        self._region: list[str] | None = [o.region for o in ordered]  # None until listed from _index
         self._region_offset = [o.region_offset for o in ordered]
-        self._index: list[int] = []  # read from columns: each operand's region, an index into _names
-        self._names: list[str] = []
+        named = sorted({o.region for o in ordered} - {UNRESOLVED})
+        position = {name: i for i, name in enumerate(named)} | {UNRESOLVED: -1}
+        self._index = [position[o.region] for o in ordered]  # each operand's region, into _names
+        self._names = [*named, UNRESOLVED]  # index -1 reads the last entry
+        self._region: list[str] | None = None  # the names per operand, once listed
 
     @classmethod
     def from_columns(cls, columns: OperandColumns, region_names: list[str]) -> OperandManifest:
         """Rebuild from stored columns; the caller has checked lengths and indices
         (:func:`check_columns`)."""
         manifest = cls()
-        names = [*region_names, UNRESOLVED]  # index -1 reads the last entry
         manifest._node, manifest._site, manifest._param = columns.node, columns.site, columns.param
         manifest._offset, manifest._value = columns.offset, columns.value
-        manifest._region, manifest._index, manifest._names = None, columns.region, names
+        manifest._index, manifest._names = columns.region, [*region_names, UNRESOLVED]
         manifest._region_offset = columns.region_offset
         return manifest
 
     def _regions(self) -> list[str]:
-        """Each operand's region name, listed from the indices read on first use."""
+        """Each operand's region name, listed from the indices on first use."""
         if self._region is None:
             self._region = [self._names[i] for i in self._index]
         return self._region
 
     def to_columns(self, region_names: list[str]) -> OperandColumns:
-        index = {name: i for i, name in enumerate(region_names)}
-        index[UNRESOLVED] = -1
+        index = {name: i for i, name in enumerate(region_names)} | {UNRESOLVED: -1}
+        remap = {i: index[self._names[i]] for i in set(self._index)}  # this manifest's indices to the file's
         return OperandColumns(
             node=list(self._node),
             site=list(self._site),
             param=list(self._param),
             offset=list(self._offset),
             value=list(self._value),
-            region=[index[r] for r in self._regions()],
+            region=[remap[i] for i in self._index],
             region_offset=list(self._region_offset),
         )
 
@@ -145,8 +145,7 @@ class OperandManifest:
             return "operand names a node the graph does not have"
         if nodes != sorted(nodes):  # sorting a list already in order is one pass at C speed
             return "operands are not ordered by node"
-        named = {self._names[i] for i in set(self._index)} if self._region is None else set(self._region)
-        unknown = named - set(regions) - {UNRESOLVED}
+        unknown = {self._names[i] for i in set(self._index)} - set(regions) - {UNRESOLVED}
         if unknown:
             return f"operand points into unknown region {sorted(unknown)[0]!r}"
         return None
@@ -173,7 +172,7 @@ class OperandManifest:
         return [self._make(i, regions) for i, region in enumerate(regions) if region == UNRESOLVED]
 
     def count_unresolved(self) -> int:
-        return self._index.count(-1) if self._region is None else self._region.count(UNRESOLVED)
+        return self._index.count(-1)
 
     def region_names(self) -> list[str]:
         """The region of every operand, in manifest order."""
@@ -181,8 +180,6 @@ class OperandManifest:
 
     def region_uses(self) -> dict[str, int]:
         """How many operands point into each region that any points into (unresolved ones too)."""
-        if self._region is not None:
-            return dict(Counter(self._region))
         ordered = sorted(self._index)  # each index's operands in one run, its ends found by bisection
         uses = {self._names[i]: bisect.bisect_right(ordered, i) - bisect.bisect_left(ordered, i)
                 for i in range(-1, len(self._names) - 1)}  # fmt: skip
