@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+from collections.abc import Set
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -60,7 +61,7 @@ class ArchiveFunctions:
             self._functions[key] = self._lookup(kind, handle, kernel)
         return self._functions[key]
 
-    def prefetch_ahead(self, images: set[str]) -> Future[tuple[int, float]]:
+    def prefetch_ahead(self, images: Set[str]) -> Future[tuple[int, float]]:
         """:meth:`prefetch` on a thread of its own, in the calling thread's context, while
         that thread goes on; the future gives how many images were loaded, and the seconds
         it took. Wait for it before anything binds or :meth:`release` runs."""
@@ -74,7 +75,7 @@ class ArchiveFunctions:
 
         return on_thread("foundry-images", run)
 
-    def prefetch(self, images: set[str], *, threads: int = 8, context: Any = None) -> int:
+    def prefetch(self, images: Set[str], *, threads: int = 8, context: Any = None) -> int:
         """Read and check (or take the module check's bytes), then load, the archived
         images that have no live copy, several at a time: reading and hashing release the
         interpreter lock, and the driver loads libraries on several threads at once. Every

@@ -179,7 +179,7 @@ class PlanBuilder:
             begun = time.perf_counter()
             torch.cuda.synchronize()
             synced = time.perf_counter()
-            prefetching = self.functions.prefetch_ahead(set(plan_images(entries)))
+            prefetching = self.functions.prefetch_ahead(plan_images(entries))
             ahead, self.plans = self.plans, None
             plans = read_plans(self.archive, self.rank, entries) if ahead is None else ahead.result()
             read = time.perf_counter()
