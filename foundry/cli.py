@@ -199,7 +199,7 @@ def main() -> None:
 
 @main.group()
 def archive() -> None:
-    """Whole-archive commands: inspect, diff, verify, strip."""
+    """Whole-archive commands: inspect, diff, verify, strip, jit-caches."""
 
 
 @archive.command(
@@ -294,6 +294,38 @@ def archive_strip(path: str, keep_warmup: bool, caches_only: bool, as_json: bool
         _emit_json({"ok": True, **removed})
     else:
         click.echo(f"stripped {path}: {removed['files']} files, {removed['bytes'] / 2**20:.1f} MiB removed")
+    return EXIT_OK
+
+
+@archive.command("jit-caches")
+@click.argument("path", metavar="ARCHIVE")
+@click.option("--into", "directory", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="a directory of your own to install them in (made if missing; engines may write there)")  # fmt: skip
+@click.option("--trust-cached-code", is_flag=True, help="install the host code among them too, as a LOAD with "
+              "--trust-cached-code does (SGLang's JIT kernels, Inductor's wrappers, Triton's launchers)")  # fmt: skip
+@json_option
+@guarded
+def archive_jit_caches(path: str, directory: Path, trust_cached_code: bool, as_json: bool) -> int:
+    """Install the JIT caches ARCHIVE carries into a directory and print the variables that point the
+    compilers at them, as shell lines (eval "$(foundry archive jit-caches A --into D)"): an engine started
+    without Foundry then runs the archive's builds, as a LOAD does (to compare decode speed at equal
+    kernels, or to warm a node's caches). Refused like a LOAD where this environment's versions differ."""
+    import shlex
+
+    from foundry.runtime.launch.jit import load_caches
+
+    arch = open_archive(path)
+    if arch.catalog.jit is None:
+        raise FoundryError("the archive carries no JIT caches (saved with --no-jit-caches)", path=path)
+    variables = load_caches(arch, trust_host_code=trust_cached_code, directory=directory.absolute(),
+                            log=lambda line: click.echo(printable(line), err=True))  # fmt: skip
+    if not variables:
+        raise FoundryError("the archive's JIT caches were stripped", path=path)
+    if as_json:
+        _emit_json({"ok": True, "directory": str(directory.absolute()), "environment": variables})
+    else:
+        for name, value in variables.items():
+            click.echo(f"export {name}={shlex.quote(value)}")
     return EXIT_OK
 
 

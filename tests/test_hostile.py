@@ -517,6 +517,8 @@ def _command_argv(words: tuple[str, ...], command: click.Command, archive: Path)
             value = "decode.bs1"
         elif param.name == "mode":
             value = "load"  # a SAVE runs its program: not a reader of archives
+        elif param.name == "directory":  # archive jit-caches --into: where a good archive's caches would go
+            value = str(archive.parent / "jit-caches-into")
         elif isinstance(param.type, click.Choice):
             value = str(param.type.choices[0])
         else:
