@@ -1,12 +1,20 @@
-"""The shell scripts that drive GPU runs parse, and refuse a call without arguments
-(they run only on the GPU machine, so a syntax error would show there first)."""
+"""The shell scripts that drive GPU runs parse, refuse a call without arguments, and every
+command line the GPU script runs, in every section and variant, is one its programs take
+(they run only on the GPU machine, so a syntax error or a mistyped flag would show there first)."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import re
+import shlex
 import subprocess
 from pathlib import Path
 
+import click
 import pytest
+
+from foundry.cli import main as foundry_main
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted([*ROOT.glob("scripts/*.sh"), *ROOT.glob("recipes/*/*.sh"), ROOT / ".ci" / "run"])
@@ -22,3 +30,106 @@ def test_script_parses(script):
 def test_script_without_arguments_says_its_usage(script):
     proc = subprocess.run(["bash", str(ROOT / script)], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode != 0 and "usage:" in proc.stderr
+
+
+# -- every command line the GPU script would run parses -------------------------------------------
+
+SHIM = """#!/bin/bash
+line=$(printf '%q ' "$@")
+printf '%s\\n' "$line" >> "$SHIM_LOG"
+"""  # one write a call: the script starts two ranks at once
+#: The script's variants its comments name (PRESET, VPRESET, SG_EXTRA with SG_TAG, WAVE_SIZE).
+VARIANTS = {
+    "defaults": {},
+    "moe": {"PRESET": "qwen3-30b-a3b", "VPRESET": "qwen3-30b-a3b"},
+    "fi-prefill": {"SG_EXTRA": "--set attention_backend=flashinfer --set cuda_graph_backend_prefill=full "
+                   "--set context_length=8208 --prefill-walk", "SG_TAG": "fi-prefill"},
+    "bs512": {"SG_EXTRA": "--set max_running_requests=512 --set cuda_graph_bs_decode=[1,2,4,8,512] "
+              "--set max_total_tokens=131072", "WAVE_SIZE": "512", "SG_TAG": "bs512"},
+}  # fmt: skip
+
+
+def _sections() -> list[str]:
+    """Every section the script's usage line names."""
+    usage = re.search(r"usage: scripts/validate_on_gpu.sh RESULTS_DIR \[([^\]]+) \.\.\.\]",
+                      (ROOT / "scripts" / "validate_on_gpu.sh").read_text())  # fmt: skip
+    assert usage is not None
+    return usage.group(1).split("|")
+
+
+def _python_calls(tmp_path: Path, variant: dict[str, str]) -> list[list[str]]:
+    """Every ``python3`` command line of every section, as the script would run it: ``python3``
+    is a stand-in that records its arguments (no GPU, engine or archive here), so steps that
+    need an earlier step's output run anyway, and their command lines are checked too."""
+    shim = tmp_path / "bin" / "python3"
+    shim.parent.mkdir(exist_ok=True)
+    shim.write_text(SHIM)
+    shim.chmod(0o755)
+    log = tmp_path / "calls.log"
+    log.unlink(missing_ok=True)
+    env = {**os.environ, **variant, "SHIM_LOG": str(log), "PATH": f"{shim.parent}:{os.environ['PATH']}"}
+    subprocess.run(["bash", str(ROOT / "scripts" / "validate_on_gpu.sh"), str(tmp_path / "r"), *_sections()],
+                   env=env, capture_output=True, text=True, timeout=300, cwd=ROOT, check=True)  # fmt: skip
+    return [shlex.split(line) for line in log.read_text().splitlines()]
+
+
+def _recipe(path: str):
+    spec = importlib.util.spec_from_file_location(f"checked_{path.replace('/', '_')[:-3]}", ROOT / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _check_recipe(module, argv: list[str]) -> None:
+    args = module.parse_args(argv)  # exits 2 on a flag, preset or value it does not take
+    overrides = getattr(module, "SGLANG_RUN", module).overrides
+    for option in ("set", "model_set", "draft_model_set"):
+        for key, value in overrides(getattr(args, option, []), f"--{option}").items():
+            assert not (isinstance(value, str) and value[:1] in "[{"), f"{key}: not JSON: {value!r}"
+
+
+def _check_foundry(argv: list[str], check_program) -> None:
+    command, words = foundry_main, list(argv)
+    while isinstance(command, click.Group):
+        command = command.commands[words[0]]  # KeyError: no such command
+        name, words = words[0], words[1:]
+    context = command.make_context(name, words)  # click's usage errors: a flag it does not take
+    if name == "run":
+        check_program(list(context.params["command"]))
+
+
+def _check_call(argv: list[str], recipes: dict) -> None:
+    if argv[:1] == ["-c"]:
+        return
+    if argv[:2] == ["-m", "foundry"]:
+        return _check_foundry(argv[2:], lambda program: _check_program(program, recipes))
+    if argv[:2] == ["-m", "pytest"]:
+        tests = [word for word in argv[2:] if word.startswith("tests/")]
+        assert tests and all((ROOT / t).is_file() for t in tests), argv
+        return
+    script = argv[0]
+    assert (ROOT / script).is_file(), f"no such script: {script}"
+    if script in recipes:
+        _check_recipe(recipes[script], argv[1:])
+
+
+def _check_program(program: list[str], recipes: dict) -> None:
+    """What ``foundry run`` starts after ``--``: python3 and a script, or a shell's ``true``."""
+    if program[0] in ("python3", "python"):
+        _check_call(program[1:], recipes)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_command_line_of_the_gpu_script_parses(tmp_path, variant):
+    recipes = {path: _recipe(path) for path in ("recipes/sglang/run.py", "recipes/vllm/run.py")}
+    calls = _python_calls(tmp_path, VARIANTS[variant])
+    assert len(calls) > 150  # every section ran its steps
+    started = {script: sum(script in call for call in calls) for script in recipes}
+    assert all(count > 10 for count in started.values()), started
+    for call in calls:
+        try:
+            _check_call(call, recipes)
+        except SystemExit as stop:  # argparse's refusal
+            raise AssertionError(f"refused ({stop.code}): python3 {shlex.join(call)}") from None
+        except (click.ClickException, KeyError) as err:
+            raise AssertionError(f"{err}: python3 {shlex.join(call)}") from None

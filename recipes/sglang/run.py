@@ -389,7 +389,8 @@ def draft_model(preset: str, model: Path, config: dict, changes: dict) -> Path |
     return draft
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked (exit 2 naming what is wrong): nothing runs yet."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="model shape and server (see above)")
@@ -420,6 +421,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--prefill-walk needs --entry engine")
     if args.wave_size is not None and not args.wave:
         parser.error("--wave-size needs --wave")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     model_preset, server_preset = PRESETS[args.preset]
     server = {**SERVER, **server_preset, **overrides(args.set, "--set")}
     server = {key: value for key, value in server.items() if value is not None}  # None: SGLang's default

@@ -288,7 +288,8 @@ def _wave(generate: Any, engine: dict) -> list[dict]:
     return walked + generate(decode_wave(count), [i + 1 for i in range(count)])
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked (exit 2 naming what is wrong): nothing runs yet."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="model shape and engine (see above)")
@@ -302,7 +303,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="override an engine argument (drift tests: LOAD with another one)")  # fmt: skip
     parser.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE",
                         help="override an entry of the model's config.json")  # fmt: skip
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     for key, value in ENVIRONMENT.items():
         os.environ.setdefault(key, value)
     model_preset, engine_preset = PRESETS[args.preset]
