@@ -282,6 +282,9 @@ step $SGP-tpot-load-replay python3 -m foundry run --mode load --warmup replay --
     --archive "$SS/save" -- $SG --preset $PRESET ${SG_EXTRA:-} "${TP[@]}" --out "$SS/tpot-load-replay.json"
 step $SGP-tpot python3 recipes/sglang/tpot.py "$RESULTS/$SGP-tpot-plain.log" "$RESULTS/$SGP-tpot-plain-builds.log" \
     "$RESULTS/$SGP-tpot-load.log" "$RESULTS/$SGP-tpot-load-replay.log"
+# the LOADs against plain SGLang on the same builds
+step $SGP-tpot-same-builds python3 recipes/sglang/tpot.py "$RESULTS/$SGP-tpot-plain-builds.log" "$RESULTS/$SGP-tpot-load.log" \
+    "$RESULTS/$SGP-tpot-load-replay.log"
 fi
 # negative control: decode.bs1 with its final norm's epsilon altered (on the logits path; with
 # dummy weights a layer's norm is not, see recipes/torch/negative_control.py); compare must exit 1
