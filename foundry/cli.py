@@ -299,30 +299,37 @@ def archive_strip(path: str, keep_warmup: bool, caches_only: bool, as_json: bool
 
 @archive.command("jit-caches")
 @click.argument("path", metavar="ARCHIVE")
-@click.option("--into", "directory", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="a directory of your own to install them in (made if missing; engines may write there)")  # fmt: skip
+@click.option("--into", "root", type=click.Path(file_okay=False), required=True,
+              help="a directory of your own: the caches go below it, one per archive and trust level")  # fmt: skip
 @click.option("--trust-cached-code", is_flag=True, help="install the host code among them too, as a LOAD with "
               "--trust-cached-code does (SGLang's JIT kernels, Inductor's wrappers, Triton's launchers)")  # fmt: skip
 @json_option
 @guarded
-def archive_jit_caches(path: str, directory: Path, trust_cached_code: bool, as_json: bool) -> int:
-    """Install the JIT caches ARCHIVE carries into a directory and print the variables that point the
-    compilers at them, as shell lines (eval "$(foundry archive jit-caches A --into D)"): an engine started
-    without Foundry then runs the archive's builds, as a LOAD does (to compare decode speed at equal
-    kernels, or to warm a node's caches). Refused like a LOAD where this environment's versions differ."""
+def archive_jit_caches(path: str, root: str, trust_cached_code: bool, as_json: bool) -> int:
+    """Install the JIT caches ARCHIVE carries below a directory of yours, as a LOAD installs them
+    below the JIT root, and print the variables that point the compilers at them, as shell lines
+    (eval "$(foundry archive jit-caches A --into D)"): an engine started without Foundry then runs the
+    archive's builds (to compare decode speed at equal kernels, or to warm a node's caches). Refused by
+    field where this environment's versions differ from the ones they were built with; the GPU's
+    architecture is compared only by a LOAD, once CUDA is up."""
     import shlex
 
+    from foundry.archive.jit_schema import JitState
+    from foundry.env import JIT_ROOT
     from foundry.runtime.launch.jit import load_caches
 
+    if not root:
+        raise click.BadParameter("an empty path", param_hint="--into")
     arch = open_archive(path)
     if arch.catalog.jit is None:
         raise FoundryError("the archive carries no JIT caches (saved with --no-jit-caches)", path=path)
-    variables = load_caches(arch, trust_host_code=trust_cached_code, directory=directory.absolute(),
-                            log=lambda line: click.echo(printable(line), err=True))  # fmt: skip
-    if not variables:
+    if arch.catalog.jit.state is JitState.STRIPPED:
         raise FoundryError("the archive's JIT caches were stripped", path=path)
+    environ = {**os.environ, JIT_ROOT.name: str(Path(root).absolute())}
+    variables = load_caches(arch, trust_host_code=trust_cached_code, environ=environ,
+                            log=lambda line: click.echo(printable(line), err=True))  # fmt: skip
     if as_json:
-        _emit_json({"ok": True, "directory": str(directory.absolute()), "environment": variables})
+        _emit_json({"ok": True, "environment": variables})
     else:
         for name, value in variables.items():
             click.echo(f"export {name}={shlex.quote(value)}")

@@ -266,9 +266,10 @@ fi
 # (they run on a second stream, as plain SGLang's do: docs/sglang.md, "Decode speed after LOAD"),
 # and plain SGLang again on the archive's JIT builds (plain compiles its own: Inductor's tuning
 # picks by timing, so two builds can launch differently)
-with_builds() (  # with_builds ARCHIVE DIR CMD...: CMD without Foundry, on ARCHIVE's JIT builds installed in DIR
-    local archive=$1 dir=$2; shift 2
-    eval "$(python3 -m foundry archive jit-caches "$archive" --into "$dir" --trust-cached-code)" && "$@"
+with_builds() (  # with_builds ARCHIVE DIR CMD...: CMD without Foundry, on ARCHIVE's JIT builds installed below DIR
+    local archive=$1 dir=$2 exports; shift 2
+    exports=$(python3 -m foundry archive jit-caches "$archive" --into "$dir" --trust-cached-code) || return
+    eval "$exports" && "$@"
 )
 if wants scale-tpot; then
 TP=(--tpot 1,8,64,256 --set decode_log_interval=1 --set log_level=info)
@@ -280,11 +281,11 @@ step $SGP-tpot-load python3 -m foundry run --mode load --warmup restore --builde
     --archive "$SS/save" -- $SG --preset $PRESET ${SG_EXTRA:-} "${TP[@]}" --out "$SS/tpot-load.json"
 step $SGP-tpot-load-replay python3 -m foundry run --mode load --warmup replay --builder native --instantiate background \
     --archive "$SS/save" -- $SG --preset $PRESET ${SG_EXTRA:-} "${TP[@]}" --out "$SS/tpot-load-replay.json"
-step $SGP-tpot python3 recipes/sglang/tpot.py "$RESULTS/$SGP-tpot-plain.log" "$RESULTS/$SGP-tpot-plain-builds.log" \
-    "$RESULTS/$SGP-tpot-load.log" "$RESULTS/$SGP-tpot-load-replay.log"
-# the LOADs against plain SGLang on the same builds
-step $SGP-tpot-same-builds python3 recipes/sglang/tpot.py "$RESULTS/$SGP-tpot-plain-builds.log" "$RESULTS/$SGP-tpot-load.log" \
+step $SGP-tpot python3 recipes/sglang/tpot.py "$RESULTS/$SGP-tpot-plain.log" "$RESULTS/$SGP-tpot-load.log" \
     "$RESULTS/$SGP-tpot-load-replay.log"
+# the LOADs, and plain SGLang on its own builds, against plain SGLang on the archive's
+step $SGP-tpot-same-builds python3 recipes/sglang/tpot.py "$RESULTS/$SGP-tpot-plain-builds.log" "$RESULTS/$SGP-tpot-load.log" \
+    "$RESULTS/$SGP-tpot-load-replay.log" "$RESULTS/$SGP-tpot-plain.log"
 fi
 # negative control: decode.bs1 with its final norm's epsilon altered (on the logits path; with
 # dummy weights a layer's norm is not, see recipes/torch/negative_control.py); compare must exit 1

@@ -75,6 +75,19 @@ def test_a_manifest_read_by_region_index_counts_as_one_built_from_operands(archi
     assert read.region_names() == built.region_names() and list(read.rows()) == list(built.rows())
 
 
+def test_a_manifest_built_from_operands_maps_its_regions_onto_the_file_s_list():
+    operands = [Operand(0, OperandSite.PARAM, 0, 0, 0x10, "weights", 0x10),
+                Operand(1, OperandSite.PARAM, 0, 8, 0x99, UNRESOLVED, 0),
+                Operand(2, OperandSite.PARAM, 0, 0, 0x20, "kv", 0x20)]  # fmt: skip
+    built = OperandManifest(operands)
+    columns = built.to_columns(["a-first", "kv", "weights"])  # more names, in another order, than it uses
+    assert columns.region == [2, -1, 1]
+    assert OperandManifest.from_columns(columns, ["a-first", "kv", "weights"]).as_tuple() == built.as_tuple()
+    with pytest.raises(IRError, match="region the graph does not list") as err:
+        built.to_columns(["weights"])
+    assert err.value.found == "kv"
+
+
 def test_unresolved_operands_read_by_region_index_are_counted():
     archive = Archive.open(FIXTURES / "tiny-qwen3")
     document = msgspec.msgpack.decode(archive.graph_bytes(0, archive.entries(0)[0]))

@@ -517,7 +517,7 @@ def _command_argv(words: tuple[str, ...], command: click.Command, archive: Path)
             value = "decode.bs1"
         elif param.name == "mode":
             value = "load"  # a SAVE runs its program: not a reader of archives
-        elif param.name == "directory":  # archive jit-caches --into: where a good archive's caches would go
+        elif param.name == "root":  # archive jit-caches --into: where a good archive's caches would go
             value = str(archive.parent / "jit-caches-into")
         elif isinstance(param.type, click.Choice):
             value = str(param.type.choices[0])
@@ -566,7 +566,8 @@ def test_every_command_is_checked_for_bad_input():
     """The commands below are the group's: one that reads an archive and is not covered fails here."""
     readers = {words for words, command in _leaf_commands().items() if _command_argv(words, command, SAMPLE)}
     assert readers >= {("archive", "inspect"), ("archive", "diff"), ("archive", "verify"), ("archive", "strip"),
-                       ("graph", "lint"), ("graph", "show"), ("graph", "export"), ("run",)}  # fmt: skip
+                       ("archive", "jit-caches"), ("graph", "lint"), ("graph", "show"), ("graph", "export"),
+                       ("run",)}  # fmt: skip
 
 
 @pytest.mark.parametrize("bad", sorted(BAD_ARCHIVES))

@@ -672,33 +672,39 @@ def test_load_installs_and_points_the_engine_at_the_caches_host_code_only_when_t
 
 def test_jit_caches_installs_an_archive_s_builds_where_asked_for_a_plain_engine(tmp_path, _jit_root):
     archive, _ = with_caches(tmp_path)
+    _, manifest = opened(archive)
     into = tmp_path / "my caches"  # a space: the shell lines quote it
 
-    def cli(*args: str, **env: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "foundry", "archive", "jit-caches", str(archive), *args],
-                              env={**os.environ, **env}, capture_output=True, text=True, timeout=120)  # fmt: skip
+    def cli(*args: str, source: Path = archive) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "foundry", "archive", "jit-caches", str(source), *args],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
 
     proc = cli("--into", str(into))
     assert proc.returncode == 0, proc.stderr
-    assert f"export TRITON_CACHE_DIR={shlex.quote(str(into / 'triton'))}" in proc.stdout.splitlines()
+    data = into / f"{manifest.cache_id}-data"  # one directory per archive and trust level, as under the JIT root
+    assert f"export TRITON_CACHE_DIR={shlex.quote(str(data / 'triton'))}" in proc.stdout.splitlines()
     assert "host code left out (--trust-cached-code installs them)" in proc.stderr
-    assert (into / "triton" / "KEY1" / "add_kernel.cubin").read_bytes() == CUBIN and not list(into.rglob("*.so"))
+    assert (data / "triton" / "KEY1" / "add_kernel.cubin").read_bytes() == CUBIN and not list(into.rglob("*.so"))
     assert not list(_jit_root.iterdir())  # nothing in the LOADs' own directories
     shell = subprocess.run(["bash", "-c", 'eval "$(cat)" && printf %s "$TRITON_CACHE_DIR"'], input=proc.stdout,
                            capture_output=True, text=True, check=True)  # fmt: skip
-    assert shell.stdout == str(into / "triton")
-    trusted = json.loads(cli("--into", str(tmp_path / "t"), "--trust-cached-code", "--json").stdout)
-    assert trusted["ok"] and trusted["environment"]["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "t" / "inductor")
-    assert (tmp_path / "t" / "triton" / "KEY1" / "__triton_launcher.so").read_bytes() == HOST_SO
-    bare = subprocess.run([sys.executable, "-m", "foundry", "archive", "jit-caches", str(SAVE_A), "--into",
-                           str(tmp_path / "b")], capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert bare.returncode == 2 and "carries no JIT caches" in bare.stderr and bare.stderr.count("\n") == 1
+    assert shell.stdout == str(data / "triton")
+    trusted = json.loads(cli("--into", str(into), "--trust-cached-code", "--json").stdout)
+    assert trusted["ok"] and trusted["environment"]["TRITON_CACHE_DIR"] == str(into / manifest.cache_id / "triton")
+    assert (into / manifest.cache_id / "triton" / "KEY1" / "__triton_launcher.so").read_bytes() == HOST_SO
+    assert cli("--into", str(into)).returncode == 0 and not list(data.rglob("*.so"))  # trust levels kept apart
+
+    def refused(proc: subprocess.CompletedProcess, message: str) -> None:
+        assert proc.returncode == 2 and message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+    refused(cli("--into", str(tmp_path / "b"), source=SAVE_A), "carries no JIT caches")
+    refused(cli("--into", ""), "an empty path")
     assert cli().returncode == 2  # --into is required: never the LOADs' directories by default
-    _, manifest = opened(archive)
-    if manifest.versions.torch is not None:  # another torch first on the path: refused by field, as a LOAD is
-        (tmp_path / "site" / "torch-0.0.1.dist-info").mkdir(parents=True)
-        other = cli("--into", str(tmp_path / "o"), PYTHONPATH=str(tmp_path / "site"))
-        assert other.returncode == 2 and "jit.versions.torch" in other.stderr and not (tmp_path / "o").exists()
+    rewrite_manifest(archive, lambda d: d["versions"].update(torch="0.0.1"))  # built for another torch
+    refused(cli("--into", str(tmp_path / "o")), "jit.versions.torch")
+    assert not (tmp_path / "o").exists()
+    strip(Archive.open(archive), caches_only=True)
+    refused(cli("--into", str(tmp_path / "s")), "were stripped")
 
 
 def test_plugin_only_load_installs_the_caches_before_the_engine_spawns(tmp_path, with_hook, _jit_root, monkeypatch):

@@ -1,6 +1,7 @@
-"""The shell scripts that drive GPU runs parse, refuse a call without arguments, and every
-command line the GPU script runs, in every section and variant, is one its programs take
-(they run only on the GPU machine, so a syntax error or a mistyped flag would show there first)."""
+"""The shell scripts that drive GPU runs parse, refuse a call without arguments, and the GPU
+script's command lines, in every section and variant, are ones its programs take (the
+foundry commands and the SGLang and vLLM recipes checked by their own parsers; they run only on
+the GPU machine, so a syntax error or a mistyped flag would show there first)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import click
 import pytest
+from click.testing import CliRunner
 
 from foundry.cli import main as foundry_main
 
@@ -35,9 +37,18 @@ def test_script_without_arguments_says_its_usage(script):
 # -- every command line the GPU script would run parses -------------------------------------------
 
 SHIM = """#!/bin/bash
-line=$(printf '%q ' "$@")
-printf '%s\\n' "$line" >> "$SHIM_LOG"
-"""  # one write a call: the script starts two ranks at once
+# records its arguments, NUL-separated, one file a call (ranks start two at once); makes what a step
+# after it looks for: the directory after --archive, the file after --out
+printf '%s\\0' "$@" > "$(mktemp "$SHIM_CALLS/call.XXXXXXXX")"
+while [ $# -gt 0 ]; do
+    case $1 in  # the program's own --out after foundry run's -- too
+        --archive) [ -n "${2:-}" ] && mkdir -p "$2" ;;
+        --out) [ -n "${2:-}" ] && mkdir -p "$(dirname "$2")" && : > "$2" ;;
+    esac
+    shift
+done
+exit 0
+"""
 #: The script's variants its comments name (PRESET, VPRESET, SG_EXTRA with SG_TAG, WAVE_SIZE).
 VARIANTS = {
     "defaults": {},
@@ -47,6 +58,9 @@ VARIANTS = {
     "bs512": {"SG_EXTRA": "--set max_running_requests=512 --set cuda_graph_bs_decode=[1,2,4,8,512] "
               "--set max_total_tokens=131072", "WAVE_SIZE": "512", "SG_TAG": "bs512"},
 }  # fmt: skip
+#: What the script reads from its caller's environment besides the variants (a developer's own left out).
+SCRIPT_SETTINGS = ("PRESET", "VPRESET", "SG_EXTRA", "SG_TAG", "WAVE_SIZE", "RESUME", "RANKS_TIMEOUT", "VLLM_CACHE_ROOT",
+                   "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")  # fmt: skip
 
 
 def _sections() -> list[str]:
@@ -59,18 +73,21 @@ def _sections() -> list[str]:
 
 def _python_calls(tmp_path: Path, variant: dict[str, str]) -> list[list[str]]:
     """Every ``python3`` command line of every section, as the script would run it: ``python3``
-    is a stand-in that records its arguments (no GPU, engine or archive here), so steps that
-    need an earlier step's output run anyway, and their command lines are checked too."""
-    shim = tmp_path / "bin" / "python3"
-    shim.parent.mkdir(exist_ok=True)
+    is a stand-in that records its arguments and makes the archives' directories and the outputs
+    later steps look for (no GPU, engine or archive here). The script must go through every
+    section without stopping early."""
+    shim, calls = tmp_path / "bin" / "python3", tmp_path / "calls"
+    shim.parent.mkdir()
+    calls.mkdir()
     shim.write_text(SHIM)
     shim.chmod(0o755)
-    log = tmp_path / "calls.log"
-    log.unlink(missing_ok=True)
-    env = {**os.environ, **variant, "SHIM_LOG": str(log), "PATH": f"{shim.parent}:{os.environ['PATH']}"}
+    env = {k: v for k, v in os.environ.items() if k not in SCRIPT_SETTINGS}
+    env.update(variant, SHIM_CALLS=str(calls), PATH=f"{shim.parent}:{os.environ['PATH']}")
     subprocess.run(["bash", str(ROOT / "scripts" / "validate_on_gpu.sh"), str(tmp_path / "r"), *_sections()],
                    env=env, capture_output=True, text=True, timeout=300, cwd=ROOT, check=True)  # fmt: skip
-    return [shlex.split(line) for line in log.read_text().splitlines()]
+    summary = (tmp_path / "r" / "summary.txt").read_text()
+    assert "stopped after" not in summary, summary
+    return [path.read_bytes().decode().split("\0")[:-1] for path in sorted(calls.iterdir())]
 
 
 def _recipe(path: str):
@@ -85,24 +102,33 @@ def _check_recipe(module, argv: list[str]) -> None:
     overrides = getattr(module, "SGLANG_RUN", module).overrides
     for option in ("set", "model_set", "draft_model_set"):
         for key, value in overrides(getattr(args, option, []), f"--{option}").items():
-            assert not (isinstance(value, str) and value[:1] in "[{"), f"{key}: not JSON: {value!r}"
+            assert not (isinstance(value, str) and value.startswith(("[", "{"))), f"{key}: not JSON: {value!r}"
 
 
-def _check_foundry(argv: list[str], check_program) -> None:
+def _check_foundry(argv: list[str], recipes: dict, monkeypatch) -> None:
+    """``foundry run`` is invoked with the launcher stood in for, so its own checks run too (and
+    the program after ``--`` is checked in turn); other commands are parsed only."""
+    if argv[0] == "run":
+        assert "--" in argv, argv  # else a mistyped option would be taken for the program
+        started: list[list[str]] = []
+        monkeypatch.setattr("foundry.runtime.launch.launcher.run",
+                            lambda config, command, **_: started.append(command) or 0)  # fmt: skip
+        result = CliRunner().invoke(foundry_main, argv)
+        assert result.exit_code == 0, result.output
+        assert started == [argv[argv.index("--") + 1 :]]
+        return _check_program(started[0], recipes, monkeypatch)
     command, words = foundry_main, list(argv)
     while isinstance(command, click.Group):
         command = command.commands[words[0]]  # KeyError: no such command
         name, words = words[0], words[1:]
-    context = command.make_context(name, words)  # click's usage errors: a flag it does not take
-    if name == "run":
-        check_program(list(context.params["command"]))
+    command.make_context(name, words)  # click's usage errors: a flag it does not take
 
 
-def _check_call(argv: list[str], recipes: dict) -> None:
+def _check_call(argv: list[str], recipes: dict, monkeypatch) -> None:
     if argv[:1] == ["-c"]:
         return
     if argv[:2] == ["-m", "foundry"]:
-        return _check_foundry(argv[2:], lambda program: _check_program(program, recipes))
+        return _check_foundry(argv[2:], recipes, monkeypatch)
     if argv[:2] == ["-m", "pytest"]:
         tests = [word for word in argv[2:] if word.startswith("tests/")]
         assert tests and all((ROOT / t).is_file() for t in tests), argv
@@ -113,14 +139,16 @@ def _check_call(argv: list[str], recipes: dict) -> None:
         _check_recipe(recipes[script], argv[1:])
 
 
-def _check_program(program: list[str], recipes: dict) -> None:
+def _check_program(program: list[str], recipes: dict, monkeypatch) -> None:
     """What ``foundry run`` starts after ``--``: python3 and a script, or a shell's ``true``."""
     if program[0] in ("python3", "python"):
-        _check_call(program[1:], recipes)
+        _check_call(program[1:], recipes, monkeypatch)
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_every_command_line_of_the_gpu_script_parses(tmp_path, variant):
+def test_every_command_line_of_the_gpu_script_parses(tmp_path, monkeypatch, variant):
+    """The recipes' own parsers check their command lines (the SGLang and vLLM recipes'; the
+    torch ones need torch to import, so only their files are checked)."""
     recipes = {path: _recipe(path) for path in ("recipes/sglang/run.py", "recipes/vllm/run.py")}
     calls = _python_calls(tmp_path, VARIANTS[variant])
     assert len(calls) > 150  # every section ran its steps
@@ -128,7 +156,7 @@ def test_every_command_line_of_the_gpu_script_parses(tmp_path, variant):
     assert all(count > 10 for count in started.values()), started
     for call in calls:
         try:
-            _check_call(call, recipes)
+            _check_call(call, recipes, monkeypatch)
         except SystemExit as stop:  # argparse's refusal
             raise AssertionError(f"refused ({stop.code}): python3 {shlex.join(call)}") from None
         except (click.ClickException, KeyError) as err:

@@ -19,6 +19,7 @@ from typing import Annotated
 
 import msgspec
 
+from foundry.errors import IRError
 from foundry.graphir.limits import MAX_OPERANDS, U32, U64, at_most
 from foundry.graphir.regions import UNRESOLVED
 
@@ -89,9 +90,11 @@ class OperandColumns(msgspec.Struct, gc=False, forbid_unknown_fields=True):
 class OperandManifest:
     """Operands of one graph, ordered by node then site then offset.
 
-    Each operand's region is held as the file stores it, an index into the graph's regions (-1:
-    unresolved), and the names are listed when first asked: inspect and lint only count them, and
-    a graph holds thousands of operands in a few dozen regions."""
+    Each operand's region is held as an index (-1: unresolved) into a list of names: the graph's
+    regions for a manifest read from a file, as the file stores it, or the sorted names its
+    operands use for one built from them (:meth:`to_columns` maps them onto the file's list). The
+    names per operand are listed when first asked: inspect and lint only count them, and a graph
+    holds thousands of operands in a few dozen regions."""
 
     def __init__(self, operands: Iterable[Operand] = ()) -> None:
         ordered = sorted(operands, key=lambda o: (o.node, o.site, o.offset))
@@ -126,7 +129,11 @@ class OperandManifest:
 
     def to_columns(self, region_names: list[str]) -> OperandColumns:
         index = {name: i for i, name in enumerate(region_names)} | {UNRESOLVED: -1}
-        remap = {i: index[self._names[i]] for i in set(self._index)}  # this manifest's indices to the file's
+        used = {i: self._names[i] for i in set(self._index)}
+        missing = sorted(name for name in used.values() if name not in index)
+        if missing:
+            raise IRError("an operand points into a region the graph does not list", found=missing[0])
+        remap = {i: index[name] for i, name in used.items()}  # this manifest's indices to the file's
         return OperandColumns(
             node=list(self._node),
             site=list(self._site),

@@ -72,10 +72,9 @@ def replaced_settings(environ: Mapping[str, str], directory: Path) -> str | None
 
 
 def load_caches(source: Path | Archive, *, trust_host_code: bool, log: Log,
-                environ: Mapping[str, str] | None = None, directory: Path | None = None) -> dict[str, str]:  # fmt: skip
+                environ: Mapping[str, str] | None = None) -> dict[str, str]:  # fmt: skip
     """Install the caches of the archive (at a path, or already open) and return the variables
-    that point the engine at them (nothing when the archive carries none). ``directory``: where
-    to install them (default: the archive's own under the JIT root, shared by its LOADs)."""
+    that point the engine at them (nothing when the archive carries none)."""
     env = os.environ if environ is None else environ
     archive = source if isinstance(source, Archive) else Archive.open(source)
     jit = archive.catalog.jit
@@ -86,8 +85,7 @@ def load_caches(source: Path | Archive, *, trust_host_code: bool, log: Log,
         return {}
     manifest = read_manifest(archive.root, jit)
     check_versions(manifest.versions, live_versions(env))
-    if directory is None:
-        directory = install_directory(jit_root(env), manifest.cache_id, trust_host_code=trust_host_code)
+    directory = install_directory(jit_root(env), manifest.cache_id, trust_host_code=trust_host_code)
     report = install(archive.root, manifest, jit.sha256, directory, trust_host_code=trust_host_code)
     done = "already installed" if report.reused else f"{report.installed} installed, {report.present} in place"
     left = f"; {report.placed} empty locks and logs laid down where the libraries expect them" if report.placed else ""
