@@ -265,7 +265,8 @@ fi
 # fast LOAD (the start-up figure's builder) vs the same builder with SGLang's warm-ups repeated
 # (they run on a second stream, as plain SGLang's do: docs/sglang.md, "Decode speed after LOAD"),
 # and plain SGLang again on the archive's JIT builds (plain compiles its own: Inductor's tuning
-# picks by timing, so two builds can launch differently)
+# picks by timing, so two builds can launch differently), and a one-run SAVE (SGLang's own builds
+# and captured graphs, in Foundry's region: the memory apart from the builds and the restore)
 with_builds() (  # with_builds ARCHIVE DIR CMD...: CMD without Foundry, on ARCHIVE's JIT builds installed below DIR
     local archive=$1 dir=$2 exports; shift 2
     exports=$(python3 -m foundry archive jit-caches "$archive" --into "$dir" --trust-cached-code) || return
@@ -277,12 +278,15 @@ step $SGP-tpot-plain $SG --preset $PRESET ${SG_EXTRA:-} "${TP[@]}" --out "$SS/tp
 rm -rf "$SS/jit-builds"
 step $SGP-tpot-plain-builds with_builds "$SS/save" "$SS/jit-builds" $SG --preset $PRESET ${SG_EXTRA:-} "${TP[@]}" \
     --out "$SS/tpot-plain-builds.json"
+rm -rf "$SS/tpot-save"
+step $SGP-tpot-save python3 -m foundry run --mode save --save-runs 1 --no-jit-caches "${REGION[@]}" \
+    --archive "$SS/tpot-save" -- $SG --preset $PRESET ${SG_EXTRA:-} "${TP[@]}" --out "$SS/tpot-save.json"
 step $SGP-tpot-load python3 -m foundry run --mode load --warmup restore --builder native --instantiate background \
     --archive "$SS/save" -- $SG --preset $PRESET ${SG_EXTRA:-} "${TP[@]}" --out "$SS/tpot-load.json"
 step $SGP-tpot-load-replay python3 -m foundry run --mode load --warmup replay --builder native --instantiate background \
     --archive "$SS/save" -- $SG --preset $PRESET ${SG_EXTRA:-} "${TP[@]}" --out "$SS/tpot-load-replay.json"
 step $SGP-tpot python3 recipes/sglang/tpot.py "$RESULTS/$SGP-tpot-plain.log" "$RESULTS/$SGP-tpot-load.log" \
-    "$RESULTS/$SGP-tpot-load-replay.log"
+    "$RESULTS/$SGP-tpot-load-replay.log" "$RESULTS/$SGP-tpot-save.log"
 # the LOADs, and plain SGLang on its own builds, against plain SGLang on the archive's
 step $SGP-tpot-same-builds python3 recipes/sglang/tpot.py "$RESULTS/$SGP-tpot-plain-builds.log" "$RESULTS/$SGP-tpot-load.log" \
     "$RESULTS/$SGP-tpot-load-replay.log" "$RESULTS/$SGP-tpot-plain.log"
