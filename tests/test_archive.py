@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import stat
 
 import pytest
 
-from foundry.archive import Archive, ArchiveWriter
+from foundry.archive import Archive, ArchiveWriter, files
 from foundry.archive.files import atomic_write, sha256_hex
 from foundry.archive.outputs import DictValue, IntValue, SeqValue, TensorSpec
 from foundry.archive.sample import sample_path
@@ -76,6 +77,44 @@ def test_existing_archive_is_never_replaced_silently(tmp_path):
     stale.write_bytes(b"old")
     write_copy(source, tmp_path / "a", overwrite=True)
     assert not stale.exists()
+
+
+def test_a_rank_s_graphs_are_written_with_one_directory_sweep_and_one_sync(tmp_path, monkeypatch):
+    """Writing n graphs reads and syncs their directory once, not n times (vLLM saves about
+    2,000 graphs a rank); a killed writer's temporary of any graph is still swept, and each
+    directory synced before the session that names its files."""
+    source = Archive.open(FIXTURES / "tiny-qwen3")
+    ir = source.graph(0, source.entries(0)[0])
+    graphs = tmp_path / "a" / "rank0" / "graphs"
+    graphs.mkdir(parents=True)
+    killed = graphs / ".decode.bs3.msgpack.host.999999999.x.tmp"  # no such pid: a killed writer's
+    killed.write_bytes(b"part")
+    elsewhere = graphs / ".decode.bs3.msgpack.elsewhere.1.x.tmp"  # another host's: not ours to judge
+    elsewhere.write_bytes(b"part")
+    monkeypatch.setattr("foundry.archive.files._HOST", "host")
+    scans, syncs, events = [], [], []
+    real_scandir, real_fsync_dir = os.scandir, files._fsync_dir
+    monkeypatch.setattr(files.os, "scandir", lambda path: scans.append(str(path)) or real_scandir(path))
+    monkeypatch.setattr(files, "_fsync_dir", lambda d: (syncs.append(d), events.append(f"sync {d.name}"),
+                                                        real_fsync_dir(d)))  # fmt: skip
+    real_write = files.atomic_write
+
+    def write(path, data, **options):
+        events.append(f"write {path.name}")
+        real_write(path, data, **options)
+
+    monkeypatch.setattr("foundry.archive.writer.atomic_write", write)  # the session's and the catalog's
+    writer = ArchiveWriter(tmp_path / "a", environment=source.catalog.environment)
+    rank = writer.rank(0)
+    for i in range(40):
+        ir.name = f"decode.bs{i}"  # one graph under 40 names
+        rank.add_graph(ir)
+    rank.seal()
+    writer.commit()
+    assert scans.count(str(graphs)) == 1 and syncs.count(graphs) == 1
+    assert events.index("sync graphs") < events.index("write session.json")
+    assert not killed.exists() and elsewhere.exists()
+    assert len(Archive.open(tmp_path / "a").entries(0)) == 40
 
 
 def test_sealed_rank_takes_no_more_graphs(tmp_path):

@@ -46,14 +46,17 @@ def encode_record(record: msgspec.Struct) -> bytes:
     return msgspec.json.format(_encode(record), indent=1) + b"\n"
 
 
-def atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes, *, swept: bool = False, sync_dir: bool = True) -> None:
     """Write ``data`` to ``path`` so readers see the old file or the new one, never a part.
 
     The temporary file is named after the writing host and process
     (``.<name>.<host>.<pid>.<random>.tmp``), so a later write of the same file
-    removes what a killed writer left (:func:`remove_stale_temporaries`)."""
+    removes what a killed writer left (:func:`remove_stale_temporaries`; ``swept``: the
+    caller has swept the directory already). ``sync_dir=False`` leaves the rename's
+    durability to the caller (:class:`DirectoryWriter` syncs the directory once)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(path)
+    if not swept:
+        remove_stale_temporaries(path)
     import tempfile  # only here: the launcher, which writes nothing, does without it
 
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_HOST}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
@@ -67,16 +70,43 @@ def atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    if sync_dir:
+        _fsync_dir(path.parent)
+
+
+class DirectoryWriter:
+    """Atomic writes of many files into one directory (an archive's graphs, plans, module
+    images): what killed writers left is swept once, at the first write, and the directory
+    is synced once, by :meth:`sync`, before anything that names the files is written;
+    per file, both would make writing n files take n² directory reads."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._swept = False
+        self._unsynced = False
+
+    def write(self, name: str, data: bytes) -> None:
+        if not self._swept:
+            remove_stale_temporaries(self.directory / name, any_name=True)
+            self._swept = True
+        atomic_write(self.directory / name, data, swept=True, sync_dir=False)
+        self._unsynced = True
+
+    def sync(self) -> None:
+        """Make the renames durable (the files' bytes are, as each was written)."""
+        if self._unsynced:
+            _fsync_dir(self.directory)
+            self._unsynced = False
 
 
 _HOST = re.sub(r"[^A-Za-z0-9-]", "-", os.uname().nodename)[:64] or "host"
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<host>[A-Za-z0-9-]+)\.(?P<pid>[0-9]+)\.[^.]+\.tmp$")
 
 
-def remove_stale_temporaries(path: Path) -> list[Path]:
-    """Remove the temporary files of ``path`` that writers on this host left when they
-    were killed (their process is gone); another live writer's are kept. Returns them."""
+def remove_stale_temporaries(path: Path, *, any_name: bool = False) -> list[Path]:
+    """Remove the temporary files of ``path`` (``any_name``: of every file in its directory)
+    that writers on this host left when they were killed (their process is gone); another
+    live writer's are kept. Returns them."""
     removed = []
     try:
         entries = list(os.scandir(path.parent))
@@ -84,7 +114,9 @@ def remove_stale_temporaries(path: Path) -> list[Path]:
         return removed
     for entry in entries:
         found = _TEMPORARY.match(entry.name)
-        if found is None or found["name"] != path.name or found["host"] != _HOST or _alive(int(found["pid"])):
+        if found is None or (found["name"] != path.name and not any_name):
+            continue
+        if found["host"] != _HOST or _alive(int(found["pid"])):
             continue
         Path(entry.path).unlink(missing_ok=True)
         removed.append(Path(entry.path))

@@ -8,7 +8,7 @@ import re
 import shutil
 from pathlib import Path
 
-from foundry.archive.files import atomic_write, encode_record, sha256_hex
+from foundry.archive.files import DirectoryWriter, atomic_write, encode_record, sha256_hex
 from foundry.archive.outputs import OutputValue, check_output
 from foundry.archive.rank_parts import RankPart, check_save_id, commit_when_complete, make_catalog, write_part
 from foundry.archive.schema import (
@@ -45,6 +45,9 @@ class RankWriter:
         self.rank = rank
         self.dir = archive.root / f"rank{rank}"
         self.graphs: list[GraphEntry] = []
+        self._names: set[str] = set()
+        self._graph_files = DirectoryWriter(self.dir / "graphs")
+        self._plan_files = DirectoryWriter(self.dir / "plans")
         self.backends: list[BackendState] = []
         self.region: RegionRecord | None = None
         self.images: list[ImageRecord] = []
@@ -67,18 +70,17 @@ class RankWriter:
             raise ArchiveError(
                 "graph names are 1-128 of A-Z a-z 0-9 . _ - (starting alphanumeric)", field="name", found=ir.name
             )
-        if any(g.name == ir.name for g in self.graphs):
+        if ir.name in self._names:
             raise ArchiveError(f"rank {self.rank} already has a graph {ir.name!r}", field="name")
         if outputs is not None:
             check_output(outputs, path=str(self.dir), field=f"{ir.name}.outputs")
         ir.check()
         data = encode_graph(ir)
-        relative = f"graphs/{ir.name}{GRAPH_SUFFIX}"
-        atomic_write(self.dir / relative, data)
+        self._graph_files.write(f"{ir.name}{GRAPH_SUFFIX}", data)
         sha256 = sha256_hex(data)
         entry = GraphEntry(
             name=ir.name,
-            file=relative,
+            file=f"graphs/{ir.name}{GRAPH_SUFFIX}",
             sha256=sha256,
             size=len(data),
             fingerprint=fingerprint(ir),
@@ -91,12 +93,12 @@ class RankWriter:
             plan=None if plan is None else self._write_plan(ir.name, *plan, graph_sha256=sha256),
         )
         self.graphs.append(entry)
+        self._names.add(ir.name)
         return entry
 
     def _write_plan(self, name: str, data: bytes, kernels: tuple[PlanKernel, ...], *, graph_sha256: str) -> LaunchPlan:
-        relative = f"plans/{name}{PLAN_SUFFIX}"
-        atomic_write(self.dir / relative, data)
-        return LaunchPlan(file=relative, sha256=sha256_hex(data), size=len(data), kernels=kernels,
+        self._plan_files.write(f"{name}{PLAN_SUFFIX}", data)
+        return LaunchPlan(file=f"plans/{name}{PLAN_SUFFIX}", sha256=sha256_hex(data), size=len(data), kernels=kernels,
                           graph_sha256=graph_sha256)  # fmt: skip
 
     def add_backend_state(self, state: BackendState) -> None:
@@ -122,6 +124,8 @@ class RankWriter:
     def seal(self) -> RankEntry:
         """Write ``session.json``; the rank takes no more graphs afterwards."""
         self._check_open()
+        self._graph_files.sync()  # the files it names are in place before it is
+        self._plan_files.sync()
         session = Session(
             format=SESSION_FORMAT,
             format_version=session_version(self.images, self.graphs, self.region),
@@ -188,6 +192,7 @@ class ArchiveWriter:
         self.ranks: dict[int, RankWriter] = {}
         self.modules: dict[str, ModuleBlob] = {}
         self.module_state = ModuleState.ABSENT
+        self._module_files = DirectoryWriter(self.root / "modules")
 
     def rank(self, rank: int) -> RankWriter:
         if not 0 <= rank < self.world_size:
@@ -200,7 +205,7 @@ class ArchiveWriter:
         """Store a module image once, under its sha256; return the sha256."""
         digest = sha256_hex(image)
         if digest not in self.modules:
-            atomic_write(self.root / "modules" / f"{digest}.bin", image)
+            self._module_files.write(f"{digest}.bin", image)
             self.modules[digest] = ModuleBlob(digest, len(image), format)
         self.module_state = ModuleState.COMPLETE
         return digest
@@ -209,6 +214,7 @@ class ArchiveWriter:
         """Write the catalog once every rank is sealed; the archive exists from here on.
         Shared (``save_id``): leave this process's parts and write the catalog if they
         complete the set; None when another process's commit is still to come."""
+        self._module_files.sync()  # the images the catalog (or this process's part) names
         if self.save_id is not None:
             return self._commit_shared()
         missing = [r for r in range(self.world_size) if r not in self.ranks or self.ranks[r].sealed is None]
