@@ -8,10 +8,11 @@ an archive whose hashes name the files that changed, which every reader refuses.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import msgspec
 
-from foundry.archive.files import atomic_write, encode_record, sha256_hex
+from foundry.archive.files import DirectoryWriter, atomic_write, encode_record, sha256_hex
 from foundry.archive.reader import Archive
 from foundry.archive.schema import CATALOG_FILE, GraphEntry, RankEntry, session_version
 from foundry.graphir.codec import encode_graph
@@ -47,14 +48,18 @@ def rewrite_rank_graphs(archive: Archive, transform: Callable[[int, list[GraphIR
     ranks = []
     for (rank, graphs), rank_entry in zip(staged, archive.catalog.ranks, strict=True):
         entries = []
+        directories: dict[Path, DirectoryWriter] = {}  # one sweep and one sync each (files.DirectoryWriter)
         for entry, data, ir in graphs:
-            atomic_write(archive.graph_path(rank, entry), data)
+            path = archive.graph_path(rank, entry)
+            directories.setdefault(path.parent, DirectoryWriter(path.parent)).write(path.name, data)
             sha256 = sha256_hex(data)
             plan = entry.plan if keep_plans else None
             if plan is not None and plan.graph_sha256 is not None:  # bound to the graph it still encodes
                 plan = msgspec.structs.replace(plan, graph_sha256=sha256)
             entries.append(msgspec.structs.replace(entry, sha256=sha256, size=len(data), fingerprint=fingerprint(ir),
                                                    nodes=len(ir), topology=topology_key(ir), plan=plan))  # fmt: skip
+        for directory in directories.values():
+            directory.sync()
         session = archive.session(rank)
         version = max(session.format_version, session_version(session.images, entries))
         data = encode_record(msgspec.structs.replace(session, graphs=tuple(entries), format_version=version))
