@@ -184,6 +184,15 @@ def test_symlinked_graph_is_refused(archive_copy, tmp_path):
         open_all(path)
 
 
+def test_a_graph_directory_linked_out_of_the_archive_is_refused(archive_copy, tmp_path):
+    path = archive_copy("compiled-triton")
+    graphs = graph_file(path, "compiled.fused").parent
+    graphs.rename(tmp_path / "elsewhere")  # the same files, outside, reached through a directory link
+    graphs.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ArchiveError, match="path leaves the archive"):
+        open_all(path)
+
+
 def test_fifo_is_refused_without_blocking(archive_copy):
     path = archive_copy("compiled-triton")
     target = graph_file(path, "compiled.fused")

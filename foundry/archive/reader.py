@@ -107,13 +107,14 @@ def _check_sha(value: str, *, path: Path, field: str) -> None:
         raise ArchiveError("not a sha256 (64 lowercase hex digits)", path=str(path), field=field, found=value)
 
 
-def _check_plan(graph: GraphEntry, *, path: Path, rank_dir: Path, field: str) -> None:
+def _check_plan(graph: GraphEntry, *, path: Path, rank_dir: Path, field: str,
+                resolved: dict[Path, Path] | None = None) -> None:  # fmt: skip
     """A launch plan's own record, and that it was packed from the graph file the entry names:
     a LOAD from plans never decodes the graph, so a graph changed after SAVE must not keep it."""
     plan = graph.plan
     assert plan is not None
     _check_sha(plan.sha256, path=path, field=f"{field}.sha256")
-    contained_path(rank_dir, plan.file, field=f"{field}.file", source=path)
+    contained_path(rank_dir, plan.file, field=f"{field}.file", source=path, resolved=resolved)
     if plan.graph_sha256 is not None and plan.graph_sha256 != graph.sha256:
         raise ArchiveError(f"the launch plan of graph {graph.name!r} was packed from another graph file: "
                            "the graph changed after SAVE and its plan did not", path=str(path),
@@ -234,19 +235,20 @@ class Archive:
             )
         names: set[str] = set()
         rank_dir = path.parent
+        resolved: dict[Path, Path] = {}  # the rank's few directories, resolved once
         for i, graph in enumerate(session.graphs):
             field = f"graphs[{i}]"
             if graph.name in names:
                 raise ArchiveError("graph name used twice", path=str(path), field=f"{field}.name", found=graph.name)
             names.add(graph.name)
             _check_sha(graph.sha256, path=path, field=f"{field}.sha256")
-            contained_path(rank_dir, graph.file, field=f"{field}.file", source=path)
+            contained_path(rank_dir, graph.file, field=f"{field}.file", source=path, resolved=resolved)
             if graph.size < 0 or graph.nodes < 0:
                 raise ArchiveError("negative size or node count", path=str(path), field=field)
             if graph.outputs is not None:
                 check_output(graph.outputs, path=str(path), field=f"{field}.outputs")
             if graph.plan is not None:
-                _check_plan(graph, path=path, rank_dir=rank_dir, field=f"{field}.plan")
+                _check_plan(graph, path=path, rank_dir=rank_dir, field=f"{field}.plan", resolved=resolved)
         warm = session.region.warmup_bytes if session.region is not None else None
         if warm is not None:
             _check_sha(warm.sha256, path=path, field="region.warmup_bytes.sha256")
