@@ -16,7 +16,7 @@ import msgspec
 import networkx as nx
 import pytest
 from foundry.tui.app import FoundryApp, main, open_archives
-from foundry.tui.model import OpenedArchive, next_graph, next_id
+from foundry.tui.model import OpenedArchive, graph_groups, next_graph, next_id
 from foundry.tui.screens.browse import BrowseScreen
 from foundry.tui.screens.diff import DiffScreen
 from foundry.tui.screens.export import ExportScreen
@@ -94,6 +94,24 @@ def unresolved_archive(root: Path) -> Path:
         ir.add_edges(Edge(i, i + 1) for i in range(5))
         ir.set_operands(operands)
         rank.add_graph(ir)
+    rank.seal()
+    return writer.commit()
+
+
+def many_graphs_archive(root: Path) -> Path:
+    """250 graphs of six nodes named as vLLM names its piecewise graphs
+    (``piecewise.t<size>.p<piece>``: 25 sizes of 10 pieces), more than a rank lists flat."""
+    source = Archive.open(FIXTURES / "tiny-qwen3")
+    template = source.graph(0, "decode.bs1")
+    writer = ArchiveWriter(root / "many", environment=source.catalog.environment, model={"model": "many"})
+    rank = writer.rank(0)
+    for size in range(1, 26):
+        for piece in range(10):
+            ir = GraphIR(f"piecewise.t{size}.p{piece}", regions=template.regions.values())
+            ir.add_nodes(msgspec.structs.replace(n, id=i) for i, n in enumerate(template.nodes()[:6]))
+            ir.add_edges(Edge(i, i + 1) for i in range(5))
+            ir.set_operands(o for o in template.operands if o.node < 6)
+            rank.add_graph(ir)
     rank.seal()
     return writer.commit()
 
@@ -201,6 +219,42 @@ async def test_browse_sample_shows_ranks_graphs_and_nodes():
             assert f" {index} " in text and node.params[slot.offset : slot.end][:4].hex() in text
         for operand in table.graph.ir.operands.of(2):
             assert operand.location() in text  # region and offset of every pointer parameter
+
+
+def test_many_graphs_are_grouped_by_name_and_runs_of_unrelated_names_by_count():
+    assert graph_groups([f"decode.bs{i}" for i in range(36)]) is None  # few enough: listed flat
+    vllm = [f"piecewise.t{t}.p{p}" for t in (1, 2, 4) for p in range(80)] + ["full.t1.r0.u1", "full.t2.r0.u1"]
+    groups = graph_groups(vllm)
+    labels = ["piecewise.t1", "piecewise.t2", "piecewise.t4", "full.t1.r0", "full.t2.r0"]
+    assert [label for label, _ in groups] == labels
+    assert [vllm[i] for i in groups[1][1]] == [f"piecewise.t2.p{p}" for p in range(80)]
+    flat = [f"graph{i:04}" for i in range(250)]  # no shared prefix: runs of 100 in archive order
+    assert [(label, len(members)) for label, members in graph_groups(flat)] == [
+        ("graph0000 .. graph0099", 100), ("graph0100 .. graph0199", 100), ("graph0200 .. graph0249", 50)]  # fmt: skip
+    one = [f"decode.g{i:03}" for i in range(230)]  # one prefix, too many for a group: its runs
+    assert [label for label, _ in graph_groups(one)] == [
+        "decode.g000 .. decode.g099", "decode.g100 .. decode.g199", "decode.g200 .. decode.g229"]  # fmt: skip
+
+
+@pilot_test
+async def test_a_rank_of_many_graphs_opens_with_its_first_group_and_reaches_any_graph(tmp_path):
+    app = app_for(many_graphs_archive(tmp_path))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = app.screen
+        tree = screen.query_one(GraphTree)
+        rank = tree.root.children[0]
+        assert str(rank.label) == "rank 0 250 graphs"
+        groups = rank.children
+        assert [str(g.label) for g in groups[:2]] == ["piecewise.t1 10 graphs", "piecewise.t2 10 graphs"]
+        assert len(groups) == 25 and groups[0].is_expanded and not groups[1].children  # filled when opened
+        assert [str(leaf.label) for leaf in groups[0].children][:2] == ["piecewise.t1.p0 6", "piecewise.t1.p1 6"]
+        assert screen.query_one(NodeTable).graph.entry.name == "piecewise.t1.p0"
+        assert tree.show_graph(0, "piecewise.t25.p9")
+        await settle(pilot)
+        assert groups[24].is_expanded and tree.current.entry.name == "piecewise.t25.p9"
+        assert screen.query_one(NodeTable).graph.entry.name == "piecewise.t25.p9"
+        assert tree.order()[-1] == (0, "piecewise.t25.p9") and len(tree.order()) == 250
 
 
 @pilot_test

@@ -1,11 +1,13 @@
 """The archive's ranks and their graphs, as a tree. A rank's session is read
-when the rank is first expanded, so a large world opens at once."""
+when the rank is first expanded, so a large world opens at once; a rank of many
+graphs lists them in groups, each filled when first expanded
+(:func:`foundry.tui.model.graph_groups`), so 2,000 graphs open at once too."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from foundry.tui.model import counted
+from foundry.tui.model import counted, graph_groups
 from rich.text import Text
 from textual.binding import Binding
 from textual.message import Message
@@ -24,6 +26,12 @@ class RankItem:
 
 
 @dataclass(frozen=True)
+class GroupItem:
+    rank: int
+    entries: tuple[GraphEntry, ...]
+
+
+@dataclass(frozen=True)
 class GraphItem:
     rank: int
     entry: GraphEntry
@@ -37,7 +45,7 @@ def graph_label(entry: GraphEntry) -> Text:
     return Text.assemble(printable(entry.name), (f" {entry.nodes}", "dim"))
 
 
-class GraphTree(Tree[RankItem | GraphItem]):
+class GraphTree(Tree[RankItem | GroupItem | GraphItem]):
     """Ranks -> graphs. Posts :class:`GraphTree.GraphChosen` when the cursor
     reaches a graph, with ``opened`` set when it is selected (enter, click).
     Home and End go to the first and the last line."""
@@ -62,8 +70,9 @@ class GraphTree(Tree[RankItem | GraphItem]):
         self.show_root = False
         self.guide_depth = 2
         self._filled: set[int] = set()
-        self._rank_nodes: dict[int, TreeNode[RankItem | GraphItem]] = {}
-        self._graph_nodes: dict[tuple[int, str], TreeNode[RankItem | GraphItem]] = {}
+        self._rank_nodes: dict[int, TreeNode[RankItem | GroupItem | GraphItem]] = {}
+        self._graph_nodes: dict[tuple[int, str], TreeNode[RankItem | GroupItem | GraphItem]] = {}
+        self._group_of: dict[tuple[int, str], TreeNode[RankItem | GroupItem | GraphItem]] = {}  # graph -> its group
 
     def on_mount(self) -> None:
         for rank in self.archive.ranks:
@@ -74,10 +83,18 @@ class GraphTree(Tree[RankItem | GraphItem]):
             self._fill(first)
             first.expand()
             target = first.children[0] if first.children else first
+            if isinstance(target.data, GroupItem):  # a rank of many graphs: its first group open
+                self._fill(target)
+                target.expand()
+                target = target.children[0] if target.children else target
             self.call_after_refresh(self.move_cursor, target)  # lines exist after the first refresh
 
-    def _fill(self, node: TreeNode[RankItem | GraphItem]) -> None:
+    def _fill(self, node: TreeNode[RankItem | GroupItem | GraphItem]) -> None:
         item = node.data
+        if isinstance(item, GroupItem):
+            if not node.children:
+                self._add_graphs(node, item.rank, item.entries)
+            return
         if not isinstance(item, RankItem) or item.rank in self._filled:
             return
         self._filled.add(item.rank)
@@ -88,9 +105,21 @@ class GraphTree(Tree[RankItem | GraphItem]):
             return
         count = counted(len(entries), "graph")
         node.set_label(Text.assemble(("rank ", "bold"), (str(item.rank), "bold"), (f" {count}", "dim")))
+        groups = graph_groups([entry.name for entry in entries])
+        if groups is None:
+            self._add_graphs(node, item.rank, entries)
+            return
+        for label, members in groups:
+            grouped = tuple(entries[i] for i in members)
+            group = node.add(Text.assemble(printable(label), (f" {counted(len(grouped), 'graph')}", "dim")),
+                             data=GroupItem(item.rank, grouped))  # fmt: skip
+            for entry in grouped:
+                self._group_of[(item.rank, entry.name)] = group
+
+    def _add_graphs(self, node: TreeNode[RankItem | GroupItem | GraphItem], rank: int,
+                    entries: tuple[GraphEntry, ...]) -> None:  # fmt: skip
         for entry in entries:
-            leaf = node.add_leaf(graph_label(entry), data=GraphItem(item.rank, entry))
-            self._graph_nodes[(item.rank, entry.name)] = leaf
+            self._graph_nodes[(rank, entry.name)] = node.add_leaf(graph_label(entry), data=GraphItem(rank, entry))
 
     def action_first_line(self) -> None:
         self.cursor_line = 0
@@ -132,6 +161,10 @@ class GraphTree(Tree[RankItem | GraphItem]):
             return False
         self._fill(rank_node)
         rank_node.expand()
+        group = self._group_of.get((rank, name))
+        if group is not None:
+            self._fill(group)
+            group.expand()
         leaf = self._graph_nodes.get((rank, name))
         if leaf is None:
             return False
