@@ -193,6 +193,24 @@ def test_a_graph_directory_linked_out_of_the_archive_is_refused(archive_copy, tm
         open_all(path)
 
 
+def test_a_graph_linked_to_itself_or_named_past_the_file_system_s_limit_is_one_refusal(archive_copy, tmp_path):
+    path = archive_copy("compiled-triton")
+    target = graph_file(path, "compiled.fused")
+    target.unlink()
+    target.symlink_to(target.name)  # a loop of one link
+    with pytest.raises(ArchiveError, match="path cannot be followed") as err:
+        open_all(path)
+    assert err.value.field.endswith(".file")
+    result = CliRunner().invoke(main, ["archive", "inspect", str(path)])
+    assert result.exit_code == 2 and "path cannot be followed" in result.output
+    long_name = archive_copy("compiled-triton", "long")  # a name over 255 bytes: lstat cannot read it
+    edit_json(long_name / "rank0" / "session.json", lambda d: d["graphs"][0].update(file="graphs/" + "a" * 300),
+              root=long_name)  # fmt: skip
+    with pytest.raises(ArchiveError) as err:
+        open_all(long_name)
+    assert not isinstance(err.value, OSError) and err.value.path is not None
+
+
 def test_fifo_is_refused_without_blocking(archive_copy):
     path = archive_copy("compiled-triton")
     target = graph_file(path, "compiled.fused")

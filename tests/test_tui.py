@@ -23,7 +23,7 @@ from foundry.tui.screens.export import ExportScreen
 from foundry.tui.screens.help import HelpScreen
 from foundry.tui.widgets.environment_diff import EnvironmentDiff
 from foundry.tui.widgets.graph_diff_list import GraphDiffList
-from foundry.tui.widgets.graph_tree import GraphTree
+from foundry.tui.widgets.graph_tree import GraphTree, GroupItem
 from foundry.tui.widgets.node_compare import NodeCompare
 from foundry.tui.widgets.node_diff_table import NodeDiffTable
 from foundry.tui.widgets.node_pane import NodePane
@@ -98,20 +98,22 @@ def unresolved_archive(root: Path) -> Path:
     return writer.commit()
 
 
-def many_graphs_archive(root: Path) -> Path:
-    """250 graphs of six nodes named as vLLM names its piecewise graphs
-    (``piecewise.t<size>.p<piece>``: 25 sizes of 10 pieces), more than a rank lists flat."""
+VLLM_NAMES = [f"piecewise.t{size}.p{piece}" for size in range(1, 26) for piece in range(10)]
+
+
+def many_graphs_archive(root: Path, names: list[str] = VLLM_NAMES) -> Path:
+    """Graphs of six nodes under ``names``; by default 250 named as vLLM names its piecewise
+    graphs (``piecewise.t<size>.p<piece>``: 25 sizes of 10 pieces), more than a rank lists flat."""
     source = Archive.open(FIXTURES / "tiny-qwen3")
     template = source.graph(0, "decode.bs1")
     writer = ArchiveWriter(root / "many", environment=source.catalog.environment, model={"model": "many"})
     rank = writer.rank(0)
-    for size in range(1, 26):
-        for piece in range(10):
-            ir = GraphIR(f"piecewise.t{size}.p{piece}", regions=template.regions.values())
-            ir.add_nodes(msgspec.structs.replace(n, id=i) for i, n in enumerate(template.nodes()[:6]))
-            ir.add_edges(Edge(i, i + 1) for i in range(5))
-            ir.set_operands(o for o in template.operands if o.node < 6)
-            rank.add_graph(ir)
+    for name in names:
+        ir = GraphIR(name, regions=template.regions.values())
+        ir.add_nodes(msgspec.structs.replace(n, id=i) for i, n in enumerate(template.nodes()[:6]))
+        ir.add_edges(Edge(i, i + 1) for i in range(5))
+        ir.set_operands(o for o in template.operands if o.node < 6)
+        rank.add_graph(ir)
     rank.seal()
     return writer.commit()
 
@@ -255,6 +257,23 @@ async def test_a_rank_of_many_graphs_opens_with_its_first_group_and_reaches_any_
         assert groups[24].is_expanded and tree.current.entry.name == "piecewise.t25.p9"
         assert screen.query_one(NodeTable).graph.entry.name == "piecewise.t25.p9"
         assert tree.order()[-1] == (0, "piecewise.t25.p9") and len(tree.order()) == 250
+
+
+@pilot_test
+async def test_grouped_graphs_are_visited_in_the_order_the_tree_lists_them(tmp_path):
+    names = [f"{phase}.bs{i}" for i in range(111) for phase in ("decode", "prefill")] + ["full.t1.r0.u1"]
+    app = app_for(many_graphs_archive(tmp_path, names))  # the phases interleaved in the archive
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        tree = app.screen.query_one(GraphTree)
+        listed = [str(node.label).rsplit(" ", 2)[0] for node in tree.root.children[0].children]
+        assert listed == ["decode.bs0 .. decode.bs99", "decode.bs100 .. decode.bs110", "prefill.bs0 .. prefill.bs99",
+                          "prefill.bs100 .. prefill.bs110", "full.t1.r0.u1"]  # fmt: skip
+        shown = []
+        for node in tree.root.children[0].children:  # a group's graphs, or a graph of its own
+            members = node.data.entries if isinstance(node.data, GroupItem) else (node.data.entry,)
+            shown += [(0, entry.name) for entry in members]
+        assert tree.order() == shown and len(shown) == len(names)
 
 
 @pilot_test

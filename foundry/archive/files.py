@@ -78,18 +78,21 @@ class DirectoryWriter:
     """Atomic writes of many files into one directory (an archive's graphs, plans, module
     images): what killed writers left is swept once, at the first write, and the directory
     is synced once, by :meth:`sync`, before anything that names the files is written;
-    per file, both would make writing n files take n² directory reads."""
+    per file, both would make writing n files take n² directory reads. ``shared``: a
+    directory other processes write into at once (a SAVE's ranks share the module images):
+    each write sweeps its own file's temporaries only, as :func:`atomic_write` does."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, shared: bool = False) -> None:
         self.directory = directory
+        self.shared = shared  # other processes write here too (module images): sweep per file, as before
         self._swept = False
         self._unsynced = False
 
     def write(self, name: str, data: bytes) -> None:
-        if not self._swept:
+        if not self._swept and not self.shared:
             remove_stale_temporaries(self.directory / name, any_name=True)
             self._swept = True
-        atomic_write(self.directory / name, data, swept=True, sync_dir=False)
+        atomic_write(self.directory / name, data, swept=not self.shared, sync_dir=False)
         self._unsynced = True
 
     def sync(self) -> None:
@@ -237,11 +240,24 @@ def contained_path(root: Path, relative: str, *, field: str, source: Path,
     path = root.joinpath(*pure.parts)
     memo = {} if resolved is None else resolved
     try:
-        target = path.resolve() if path.is_symlink() else _resolved(path.parent, memo) / path.name
+        target = path.resolve() if _maybe_link(path) else _resolved(path.parent, memo) / path.name
         target.relative_to(_resolved(root, memo))
     except ValueError:
         raise ArchiveError("path leaves the archive", path=str(source), field=field, found=relative) from None
+    except (RuntimeError, OSError) as err:  # a loop of links, a name too long for the file system
+        raise ArchiveError(f"path cannot be followed: {err}", path=str(source), field=field, found=relative) from None
     return path
+
+
+def _maybe_link(path: Path) -> bool:
+    """Whether ``path`` must be resolved whole: a link, or a name ``lstat`` cannot read (resolving
+    it then decides, as it did for every path)."""
+    try:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
 
 
 def _resolved(directory: Path, memo: dict[Path, Path]) -> Path:

@@ -192,7 +192,7 @@ class ArchiveWriter:
         self.ranks: dict[int, RankWriter] = {}
         self.modules: dict[str, ModuleBlob] = {}
         self.module_state = ModuleState.ABSENT
-        self._module_files = DirectoryWriter(self.root / "modules")
+        self._module_files = DirectoryWriter(self.root / "modules", shared=True)  # every rank's process
 
     def rank(self, rank: int) -> RankWriter:
         if not 0 <= rank < self.world_size:

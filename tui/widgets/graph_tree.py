@@ -111,6 +111,9 @@ class GraphTree(Tree[RankItem | GroupItem | GraphItem]):
             return
         for label, members in groups:
             grouped = tuple(entries[i] for i in members)
+            if len(grouped) == 1:  # a group of one is its graph
+                self._add_graphs(node, item.rank, grouped)
+                continue
             group = node.add(Text.assemble(printable(label), (f" {counted(len(grouped), 'graph')}", "dim")),
                              data=GroupItem(item.rank, grouped))  # fmt: skip
             for entry in grouped:
@@ -147,7 +150,7 @@ class GraphTree(Tree[RankItem | GroupItem | GraphItem]):
     @property
     def has_graphs(self) -> bool:
         """Whether the ranks read so far list any graph."""
-        return bool(self._graph_nodes)
+        return bool(self._graph_nodes or self._group_of)
 
     @property
     def current(self) -> GraphItem | None:
@@ -172,11 +175,14 @@ class GraphTree(Tree[RankItem | GroupItem | GraphItem]):
         return True
 
     def order(self) -> list[tuple[int, str]]:
-        """Every graph of the archive in tree order (reads sessions not yet read)."""
+        """Every graph of the archive in tree order, groups as listed (reads sessions not yet read)."""
         out = []
         for rank in self.archive.ranks:
             try:
-                out += [(rank, e.name) for e in self.archive.entries(rank)]
+                names = [e.name for e in self.archive.entries(rank)]
             except FoundryError:
                 continue
+            groups = graph_groups(names)
+            listed = range(len(names)) if groups is None else (i for _, members in groups for i in members)
+            out += [(rank, names[i]) for i in listed]
         return out
