@@ -514,12 +514,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     args = parser.parse_args(argv)
     args.work = args.work.resolve()
+    if args.command == "summary":  # reads results only: makes nothing in the work directory
+        return cmd_summary(args)
     (args.work / "scratch").mkdir(parents=True, exist_ok=True)
     if args.command == "save":
         return cmd_save(args)
-    if args.command == "pairs":
-        return cmd_pairs(args)
-    return cmd_summary(args)
+    return cmd_pairs(args)
 
 
 if __name__ == "__main__":

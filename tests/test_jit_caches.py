@@ -959,11 +959,12 @@ def test_a_benchmark_run_flushes_what_the_run_before_wrote_and_times_its_cpu(tmp
     assert Path(result["log"]).is_file()
 
 
-def test_the_benchmark_summarises_a_fresh_series_whose_loads_added_no_file(capsys):
+def test_the_benchmark_summarises_a_fresh_series_whose_loads_added_no_file(capsys, tmp_path):
     """The fresh pairs of the H200 test machine at 7339eb7: no LOAD added a file to its caches."""
     bench = startup_benchmark()
     results = SAVE_A.parents[2] / "bench" / "results" / "sglang_startup-h200-2026-12-02-7339eb7.jsonl"
-    assert bench.main(["summary", "--work", "unused", str(results)]) == 0
+    assert bench.main(["summary", "--work", str(tmp_path / "work"), str(results)]) == 0
+    assert not (tmp_path / "work").exists()  # a summary reads results only
     printed = capsys.readouterr().out
     assert "fresh   files LOADs added to or rewrote in the installed caches: 0; build outputs among them: 0" in printed
     assert "fresh   outputs identical in 3 of 3 LOADs" in printed and "LOAD []" in printed
