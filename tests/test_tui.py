@@ -277,6 +277,21 @@ async def test_grouped_graphs_are_visited_in_the_order_the_tree_lists_them(tmp_p
 
 
 @pilot_test
+async def test_enter_on_a_graph_whose_nodes_are_loading_moves_into_them_once_loaded():
+    app = app_for("@sample")
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = app.screen
+        table, tree = screen.query_one(NodeTable), screen.query_one(GraphTree)
+        entry = app.screen.archive.entries(0)[2]  # decode.bs4
+        screen._open_graph(0, entry)  # its nodes loading, as right after the cursor reached it
+        screen.on_graph_tree_graph_chosen(GraphTree.GraphChosen(0, entry, opened=True))  # Enter, meanwhile
+        assert table.loading and screen.focused is tree  # a loading table takes no focus
+        await settle(pilot)
+        assert table.graph.entry.name == "decode.bs4" and screen.focused is table
+
+
+@pilot_test
 async def test_node_pane_shows_launch_attributes_and_backend_abi():
     app = app_for(FIXTURES / "symm-mem-ws1")
     async with app.run_test(size=SIZE) as pilot:

@@ -101,7 +101,7 @@ def test_browse_the_sample_in_a_real_terminal(terminal, tmp_path):
     assert "gpu     NVIDIA H200" in screen  # the archive pane
 
     term.send("\x1b[B")  # down: the second graph
-    term.wait_for("Nodes · rank 0 decode.bs2")
+    term.wait_for("Nodes · rank 0 decode.bs2", "node 0 · kernel · rank 0 decode.bs2")  # its nodes loaded
     term.send("\r")  # enter: into its nodes
     term.send("\x1b[B\x1b[B")  # two nodes down
     term.send("\r")  # open node 2

@@ -131,6 +131,7 @@ class BrowseScreen(Screen):
         self.finding_index = -1
         self._pending: int | str | None = None  # a node id, or "collectives"/"unresolved": where to go once loaded
         self._summary_started = False
+        self._enter_when_loaded: tuple[int, str] | None = None  # Enter on a graph whose nodes were loading
 
     # -- layout -------------------------------------------------------------------
 
@@ -203,6 +204,7 @@ class BrowseScreen(Screen):
         if key != self.wanted:
             self._open_graph(message.rank, message.entry)
         if message.opened:
+            self._enter_when_loaded = key  # a table still loading takes no focus: it moves once loaded
             self.node_table.focus()
 
     def _open_graph(self, rank: int, entry: GraphEntry) -> None:
@@ -236,6 +238,9 @@ class BrowseScreen(Screen):
         table.show(loaded, cursor=cursor if cursor is not None else 0)
         edges = loaded.ir.edge_count()
         table.border_subtitle = f"{len(loaded.ir)} nodes · {edges} edges"
+        if self._enter_when_loaded == loaded.key:
+            table.focus()
+        self._enter_when_loaded = None
         self._show_node(table.node_id)
         self.app.mark("first_graph")
         self.call_after_refresh(self._start_summary)
