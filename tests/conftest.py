@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -16,6 +18,15 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 ARCHIVES = ("tiny-qwen3", "compiled-triton", "symm-mem-ws1")
 # the SAVE/SAVE2 pair captured with the hook on the H200
 SAVE_A, SAVE_B = FIXTURES / "saveload-a", FIXTURES / "saveload-b"
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """A script of the checkout (a recipe, a benchmark) as a module, under ``name``: they are
+    files, not packages, and import their engine only when they run."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _gpu_available() -> bool:

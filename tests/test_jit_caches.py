@@ -53,7 +53,7 @@ from foundry.errors import ArchiveError, CaptureError, DriftError, FoundryError
 from foundry.runtime.launch import jit, launcher
 
 from .archive_tools import edit_json
-from .conftest import SAVE_A
+from .conftest import SAVE_A, load_script
 from .hostile import saved_archive
 
 CUBIN = b"\x7fELF\x02\x01\x01" + b"\0" * 11 + (190).to_bytes(2, "little") + b"device code" * 20
@@ -866,12 +866,7 @@ def test_a_catalog_with_caches_is_written_at_version_two_and_without_at_one(tmp_
 
 
 def startup_benchmark():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("sglang_startup", SAVE_A.parents[2] / "bench" / "sglang_startup.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return load_script(SAVE_A.parents[2] / "bench" / "sglang_startup.py", "sglang_startup")
 
 
 def test_the_benchmark_reads_the_launcher_s_line_and_starts_fresh_runs_with_nothing_installed(tmp_path, with_hook):

@@ -6,7 +6,6 @@ archives and ``graph show``'s table, which takes a minute at 32,768 rows)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import time
@@ -35,6 +34,7 @@ from foundry.inspect.relocations import check_relocations
 from foundry.inspect.summary import summarize
 
 from .archive_tools import edit_json, graph_file, reseal
+from .conftest import load_script
 from .hostile import assert_refused, edit_document, first_kernel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,10 +42,7 @@ GiB = 1 << 30
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("hostile_memory", ROOT / "bench" / "hostile_memory.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "bench" / "hostile_memory.py", "hostile_memory")
 
 
 def copy(tmp_path: Path) -> Path:

@@ -5,7 +5,6 @@ the GPU machine, so a syntax error or a mistyped flag would show there first).""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shlex
@@ -17,6 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from foundry.cli import main as foundry_main
+
+from .conftest import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted([*ROOT.glob("scripts/*.sh"), *ROOT.glob("recipes/*/*.sh"), ROOT / ".ci" / "run"])
@@ -90,13 +91,6 @@ def _python_calls(tmp_path: Path, variant: dict[str, str]) -> list[list[str]]:
     return [path.read_bytes().decode().split("\0")[:-1] for path in sorted(calls.iterdir())]
 
 
-def _recipe(path: str):
-    spec = importlib.util.spec_from_file_location(f"checked_{path.replace('/', '_')[:-3]}", ROOT / path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _check_recipe(module, argv: list[str]) -> None:
     args = module.parse_args(argv)  # exits 2 on a flag, preset or value it does not take
     overrides = getattr(module, "SGLANG_RUN", module).overrides
@@ -149,7 +143,8 @@ def _check_program(program: list[str], recipes: dict, monkeypatch) -> None:
 def test_every_command_line_of_the_gpu_script_parses(tmp_path, monkeypatch, variant):
     """The recipes' own parsers check their command lines (the SGLang and vLLM recipes'; the
     torch ones need torch to import, so only their files are checked)."""
-    recipes = {path: _recipe(path) for path in ("recipes/sglang/run.py", "recipes/vllm/run.py")}
+    recipes = {path: load_script(ROOT / path, f"checked_{path.replace('/', '_')[:-3]}")
+               for path in ("recipes/sglang/run.py", "recipes/vllm/run.py")}  # fmt: skip
     calls = _python_calls(tmp_path, VARIANTS[variant])
     assert len(calls) > 150  # every section ran its steps
     started = {script: sum(script in call for call in calls) for script in recipes}

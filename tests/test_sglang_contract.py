@@ -21,6 +21,8 @@ from foundry.archive.outputs import RECORD_TYPES
 from foundry.integrations.sglang.hookpoints import CHECKED_VERSIONS, HOOK_POINTS
 from foundry.integrations.sglang.server_args import SERVER_ARGS
 
+from .conftest import load_script
+
 
 def _download(version: str) -> Path:
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "foundry-tests"
@@ -154,13 +156,8 @@ def test_the_full_backend_keeps_graphs_and_outputs_where_the_plugin_puts_them(wh
 
 def _recipe(name: str):
     """A module of recipes/sglang (SGLang itself is imported only when a run starts)."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parent.parent / "recipes" / "sglang" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"sglang_recipe_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(Path(__file__).resolve().parent.parent / "recipes" / "sglang" / f"{name}.py",
+                       f"sglang_recipe_{name}")  # fmt: skip
 
 
 def test_the_recipe_reads_sglangs_own_startup_line(wheel):

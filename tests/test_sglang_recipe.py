@@ -13,6 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from .conftest import load_script
+
 RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "sglang"
 
 
@@ -120,12 +122,7 @@ def test_compare_checks_speculative_counts_and_the_accept_rate(tmp_path):
 
 
 def recipe():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("sglang_recipe_run_drafts", RECIPE / "run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(RECIPE / "run.py", "sglang_recipe_run_drafts")
 
 
 def test_a_standalone_draft_is_the_targets_own_config_in_a_directory_of_its_own(tmp_path):

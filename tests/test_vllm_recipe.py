@@ -4,22 +4,20 @@ that reads vLLM's start-up lines from the processes vLLM starts."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from .conftest import load_script
+
 RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "vllm"
 
 
 def recipe(name: str):
     """A module of recipes/vllm (vLLM itself is imported only when a run starts)."""
-    spec = importlib.util.spec_from_file_location(f"vllm_recipe_{name}", RECIPE / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(RECIPE / f"{name}.py", f"vllm_recipe_{name}")
 
 
 def run(script: str, *args: str) -> subprocess.CompletedProcess:
