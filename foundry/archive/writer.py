@@ -76,11 +76,12 @@ class RankWriter:
             check_output(outputs, path=str(self.dir), field=f"{ir.name}.outputs")
         ir.check()
         data = encode_graph(ir)
-        self._graph_files.write(f"{ir.name}{GRAPH_SUFFIX}", data)
+        filename = f"{ir.name}{GRAPH_SUFFIX}"
+        self._graph_files.write(filename, data)
         sha256 = sha256_hex(data)
         entry = GraphEntry(
             name=ir.name,
-            file=f"graphs/{ir.name}{GRAPH_SUFFIX}",
+            file=f"graphs/{filename}",
             sha256=sha256,
             size=len(data),
             fingerprint=fingerprint(ir),
@@ -97,8 +98,9 @@ class RankWriter:
         return entry
 
     def _write_plan(self, name: str, data: bytes, kernels: tuple[PlanKernel, ...], *, graph_sha256: str) -> LaunchPlan:
-        self._plan_files.write(f"{name}{PLAN_SUFFIX}", data)
-        return LaunchPlan(file=f"plans/{name}{PLAN_SUFFIX}", sha256=sha256_hex(data), size=len(data), kernels=kernels,
+        filename = f"{name}{PLAN_SUFFIX}"
+        self._plan_files.write(filename, data)
+        return LaunchPlan(file=f"plans/{filename}", sha256=sha256_hex(data), size=len(data), kernels=kernels,
                           graph_sha256=graph_sha256)  # fmt: skip
 
     def add_backend_state(self, state: BackendState) -> None:

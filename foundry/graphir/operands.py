@@ -13,6 +13,7 @@ columns (one list per field, sorted by node, site, offset) and
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from enum import StrEnum
 from typing import Annotated
@@ -187,10 +188,7 @@ class OperandManifest:
 
     def region_uses(self) -> dict[str, int]:
         """How many operands point into each region that any points into (unresolved ones too)."""
-        ordered = sorted(self._index)  # each index's operands in one run, its ends found by bisection
-        uses = {self._names[i]: bisect.bisect_right(ordered, i) - bisect.bisect_left(ordered, i)
-                for i in range(-1, len(self._names) - 1)}  # fmt: skip
-        return {name: count for name, count in uses.items() if count}
+        return {self._names[i]: count for i, count in Counter(self._index).items()}  # counted at C speed
 
     def rows(self) -> Iterator[tuple[int, OperandSite, int, int, int, str, int]]:
         """Every operand as a plain tuple (fast path for checks)."""
