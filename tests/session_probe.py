@@ -28,6 +28,15 @@ from pathlib import Path
 N = 1024
 
 
+def _exec_flags(graph) -> int:
+    """The instantiation flags of the graph the program replays: torch's (SAVE), Foundry's (LOAD)."""
+    from foundry.graphir.cuda import cu, driver
+
+    inner = getattr(graph, "graph", None)  # a CapturedGraph holds torch's graph
+    handle = graph.built.exec if inner is None else driver().CUgraphExec(inner.raw_cuda_graph_exec())
+    return int(cu("cuGraphExecGetFlags", handle))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("cubin", type=Path)
@@ -80,7 +89,8 @@ def main() -> int:
         torch.cuda.synchronize()
         out = graph.outputs
         seen = (out[5] / x[5]).item()
-        result = {"report": report, "scale_seen": seen, "same_storage": out.data_ptr() == y.data_ptr()}
+        result = {"report": report, "scale_seen": seen, "same_storage": out.data_ptr() == y.data_ptr(),
+                  "exec_flags": _exec_flags(graph)}  # fmt: skip
         if args.capture_again:
             try:
                 with torch.cuda.graph(torch.cuda.CUDAGraph()):

@@ -44,6 +44,20 @@ def test_rewriting_an_archive_reproduces_every_graph_file(tmp_path):
     assert copy.catalog.modules.state is ModuleState.ABSENT
 
 
+def test_instantiation_flags_are_written_only_when_set_and_need_session_format_6(tmp_path):
+    source = Archive.open(FIXTURES / "compiled-triton")
+    for flags, version in ((9, 6), (0, source.session(0).format_version)):
+        writer = ArchiveWriter(tmp_path / f"f{flags}", environment=source.catalog.environment)
+        writer.rank(0).add_graph(source.graph(0, "compiled.fused"), instantiate_flags=flags)
+        writer.rank(0).seal()
+        writer.commit()
+        session = tmp_path / f"f{flags}" / "rank0" / "session.json"
+        written = json.loads(session.read_text())
+        assert written["format_version"] == version
+        assert ("instantiate_flags" in written["graphs"][0]) == bool(flags)
+        assert (Archive.open(tmp_path / f"f{flags}").entries(0)[0].instantiate_flags or 0) == flags
+
+
 def test_sample_archive_is_the_tiny_qwen3_fixture():
     sample = Archive.open(sample_path())
     fixture = Archive.open(FIXTURES / "tiny-qwen3")

@@ -114,6 +114,11 @@ TRITON, GLOBALS = "compiled-triton", "saveload-a"  # GLOBALS: a real H200 SAVE w
         (GLOBALS, lambda s: _wide_global(s).update(size=_wide_global(s)["size"] + 8, value="AAAA"),
          "differ from its size"),
         (GLOBALS, lambda s: _wide_global(s).update(host_words=[0]), "holds fields of format version 3"),
+        (TRITON, lambda s: s["graphs"][0].update(instantiate_flags=9), "holds fields of format version 6"),
+        (TRITON, lambda s: s.update(format_version=6) or s["graphs"][0].update(instantiate_flags=4),
+         "holds flags a LOAD does not give"),
+        (TRITON, lambda s: s.update(format_version=6) or s["graphs"][0].update(instantiate_flags=-1),
+         "Expected `int` >= 0"),
     ],
 )  # fmt: skip
 def test_session_checks(archive_copy, fixture, edit, message):

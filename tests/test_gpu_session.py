@@ -84,6 +84,23 @@ def test_load_binds_to_the_live_module_and_does_not_capture(saved, cubin):
     assert report["bound_live"] == 1 and report["loaded_images"] == 0
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [(), ("--builder", "native"), ("--builder", "native", "--instantiate", "background")],
+    ids=["python", "native-plans", "background"],
+)
+def test_the_restored_graph_is_instantiated_with_the_programs_flags(saved, cubin, extra):
+    """torch instantiates its graphs with auto-free on launch and node priorities; a LOAD's
+    graph gets what SAVE saw (node priorities change how the graph's kernels are scheduled)."""
+    from foundry.archive import Archive
+
+    entry = Archive.open(saved).entries(0)[0]
+    assert entry.instantiate_flags == 0x1 | 0x8  # CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH | _USE_NODE_PRIORITY
+    plain = foundry_run("off", saved, cubin)
+    loaded = foundry_run("load", saved, cubin, extra=extra)
+    assert loaded["scale_seen"] == 3.0 and plain["exec_flags"] == loaded["exec_flags"] == entry.instantiate_flags
+
+
 def test_a_load_that_captures_again_fails_instead(saved, cubin):
     result = foundry_run("load", saved, cubin, "--capture-again")
     assert result["scale_seen"] == 3.0, result

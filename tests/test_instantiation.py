@@ -20,7 +20,7 @@ from foundry.runtime.graphs.instantiation import BackgroundInstantiation, Pendin
 def test_two_threads_instantiate_a_graph_once():
     calls = []
 
-    def slow(graph):
+    def slow(graph, flags):
         calls.append(graph)
         time.sleep(0.05)  # the second thread arrives while the first instantiates
         return f"exec of {graph}"
@@ -40,7 +40,7 @@ def test_two_threads_instantiate_a_graph_once():
 def test_a_failed_instantiation_is_raised_at_every_replay_naming_the_graph():
     calls = []
 
-    def failing(graph):
+    def failing(graph, flags):
         calls.append(graph)
         raise DriverError("cuGraphInstantiate failed: CUDA_ERROR_OUT_OF_MEMORY", found=2)
 
@@ -52,13 +52,20 @@ def test_a_failed_instantiation_is_raised_at_every_replay_naming_the_graph():
     assert calls == ["g"]  # not retried: the background thread's error is the one replays see
 
 
+def test_the_graph_is_instantiated_with_the_flags_save_recorded():
+    seen = []
+    built = SimpleNamespace(graph="g", exec=None)
+    PendingExec("decode.bs1", built, lambda graph, flags: seen.append(flags) or "exec", flags=9).ensure()
+    assert seen == [9] and built.exec == "exec"
+
+
 def _pending(names, instantiate):
     return [PendingExec(name, SimpleNamespace(graph=name, exec=None), instantiate) for name in names]
 
 
 def test_the_background_thread_instantiates_every_graph_in_order():
     order = []
-    pending = _pending(["decode.bs1", "decode.bs2", "sample.bs8"], lambda graph: order.append(graph) or graph)
+    pending = _pending(["decode.bs1", "decode.bs2", "sample.bs8"], lambda graph, flags: order.append(graph) or graph)
     background = BackgroundInstantiation(pending)
     finished = background.wait()
     assert order == ["decode.bs1", "decode.bs2", "sample.bs8"]
@@ -66,7 +73,7 @@ def test_the_background_thread_instantiates_every_graph_in_order():
 
 
 def test_wait_raises_a_graph_error_and_what_stopped_the_thread():
-    def fails_on_bs2(graph):
+    def fails_on_bs2(graph, flags):
         if graph == "decode.bs2":
             raise DriverError("cuGraphInstantiate failed: CUDA_ERROR_INVALID_VALUE", found=1)
         return graph
@@ -77,7 +84,7 @@ def test_wait_raises_a_graph_error_and_what_stopped_the_thread():
     assert err.value.path == "decode.bs2"
     assert background.pending[2].built.exec == "decode.bs4"  # the thread went on past the failed graph
 
-    def broken(graph):
+    def broken(graph, flags):
         raise RuntimeError("Failed to dlopen libcuda.so.1")
 
     stopped = BackgroundInstantiation(_pending(["decode.bs1"], broken))

@@ -31,7 +31,8 @@ DRIVER_NAMES = {
     "cuMemAllocPitch_v2", "cuMemAllocFromPoolAsync", "cuStreamBeginCapture_v2", "cuStreamEndCapture",
     "cuGraphInstantiateWithFlags", "cuGraphInstantiateWithParams", "cuModuleLoad", "cuModuleLoadData",
     "cuModuleLoadDataEx", "cuModuleLoadFatBinary", "cuLibraryLoadData", "cuLibraryLoadFromFile", "cuModuleUnload",
-    "cuLibraryUnload", "cuIpcGetMemHandle", "cuIpcOpenMemHandle_v2", "cuIpcCloseMemHandle",
+    "cuLibraryUnload", "cuIpcGetMemHandle", "cuIpcOpenMemHandle_v2", "cuIpcCloseMemHandle", "cuFuncSetCacheConfig",
+    "cuKernelSetCacheConfig",
 }  # fmt: skip
 
 # A stand-in for libcuda.so.1 (no driver exists here): one entry point that succeeds.
@@ -68,16 +69,22 @@ int main(void) {
 """
 
 
-def test_a_program_linked_against_libcuda_reaches_the_registry(built, tmp_path):
-    """A module a library loads through its own link to libcuda is recorded (the
-    driver is a stand-in built here: this machine has none)."""
-    (tmp_path / "driver.c").write_text(FAKE_DRIVER)
-    (tmp_path / "program.c").write_text(LINKED_PROGRAM)
+def _linked_program(tmp_path: Path, driver: str, program: str) -> dict[str, str]:
+    """Build ``driver`` as a stand-in libcuda.so.1 and ``program`` linked against it, in
+    ``tmp_path``; the environment that runs ``tmp_path/program`` on that driver."""
+    (tmp_path / "driver.c").write_text(driver)
+    (tmp_path / "program.c").write_text(program)
     subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(tmp_path / "libcuda.so.1"),
                     str(tmp_path / "driver.c")], check=True)  # fmt: skip
     subprocess.run(["cc", "-o", str(tmp_path / "program"), str(tmp_path / "program.c"), f"-L{tmp_path}",
                     "-l:libcuda.so.1", "-ldl"], check=True)  # fmt: skip
-    env = {**os.environ, "LD_LIBRARY_PATH": str(tmp_path)}
+    return {**os.environ, "LD_LIBRARY_PATH": str(tmp_path)}
+
+
+def test_a_program_linked_against_libcuda_reaches_the_registry(built, tmp_path):
+    """A module a library loads through its own link to libcuda is recorded (the
+    driver is a stand-in built here: this machine has none)."""
+    env = _linked_program(tmp_path, FAKE_DRIVER, LINKED_PROGRAM)
     plain = subprocess.run([str(tmp_path / "program")], env=env, capture_output=True, text=True, check=True)
     hooked = subprocess.run([str(tmp_path / "program")], env={**env, "LD_PRELOAD": str(built)}, capture_output=True,
                             text=True, check=True)  # fmt: skip
@@ -90,6 +97,50 @@ def test_a_program_linked_against_libcuda_reaches_the_registry(built, tmp_path):
     assert "foundry hook: error: cuMemAllocAsync is not routed" in saving.stderr  # ... and says so on stderr
 
 
+# A stand-in driver whose cache-preference calls succeed, except on handle 0x777; and a
+# program linked against it (as Triton's launcher is) that sets preferences, then asks the hook.
+CACHE_DRIVER = r"""
+typedef int CUresult;
+CUresult cuFuncSetCacheConfig(void *f, int config) { (void)config; return f == (void *)0x777 ? 1 : 0; }
+CUresult cuKernelSetCacheConfig(void *k, int config, int device) { (void)k; (void)config; (void)device; return 0; }
+"""
+CACHE_PROGRAM = r"""
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+typedef int CUresult;
+CUresult cuFuncSetCacheConfig(void *f, int config);
+CUresult cuKernelSetCacheConfig(void *k, int config, int device);
+int main(void) {
+    cuFuncSetCacheConfig((void *)0xabc, 1);
+    cuKernelSetCacheConfig((void *)0xdef, 2, 0);
+    cuFuncSetCacheConfig((void *)0xabc, 3); /* the last setting wins */
+    cuFuncSetCacheConfig((void *)0x777, 1); /* refused by the driver: not recorded */
+    int (*query)(uint64_t, int32_t *) = (int (*)(uint64_t, int32_t *))dlsym(RTLD_DEFAULT, "foundry_cache_config");
+    uint64_t handles[] = {0xabc, 0xdef, 0x777, 0x999};
+    for (int i = 0; i < 4; i++) {
+        int32_t config = -1;
+        if (query) query(handles[i], &config);
+        printf("%d ", config);
+    }
+    printf("\n");
+    return 0;
+}
+"""
+
+
+def test_the_hook_records_the_cache_preference_a_program_sets(built, tmp_path):
+    """The driver cannot say which cache preference a function has; a LOAD that loads the
+    function afresh must set it again, so the hook keeps what the program set (the
+    driver is a stand-in built here: this machine has none)."""
+    env = _linked_program(tmp_path, CACHE_DRIVER, CACHE_PROGRAM)
+    plain = subprocess.run([str(tmp_path / "program")], env=env, capture_output=True, text=True, check=True)
+    hooked = subprocess.run([str(tmp_path / "program")], env={**env, "LD_PRELOAD": str(built)}, capture_output=True,
+                            text=True, check=True)  # fmt: skip
+    assert plain.stdout.split() == ["-1"] * 4  # no hook: nothing to ask
+    assert hooked.stdout.split() == ["3", "2", "0", "0"]  # last setting; kernel handle; refused; never set
+
+
 def test_builds_with_warnings_as_errors_and_exports_only_its_api(built):
     assert exported(built) == {*DRIVER_NAMES,
         "dlsym", "foundry_hook_abi", "foundry_hook_active", "foundry_hook_config",
@@ -99,7 +150,7 @@ def test_builds_with_warnings_as_errors_and_exports_only_its_api(built):
         "foundry_call_shifted", "foundry_graph_build", "foundry_graph_check", "foundry_graph_check_indexed",
         "foundry_graph_build_many", "foundry_ipc_export", "foundry_ipc_check", "foundry_ipc_open", "foundry_ipc_close",
         "foundry_ipc_zone", "foundry_ipc_unexport", "foundry_region_passthrough", "foundry_region_seal",
-        "foundry_region_restore",
+        "foundry_region_restore", "foundry_cache_config",
     }  # fmt: skip
 
 

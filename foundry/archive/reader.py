@@ -259,7 +259,7 @@ class Archive:
         for i, image in enumerate(session.images):
             for j, g in enumerate(image.globals):
                 _check_global_words(g, path=path, field=f"images[{i}].globals[{j}]")
-        needed = session_version(session.images, region=session.region)
+        needed = session_version(session.images, session.graphs, session.region)
         if session.format_version < needed:  # an older Foundry would have misread it
             raise ArchiveError(f"the session holds fields of format version {needed}", path=str(path),
                                field="format_version", expected=needed, found=session.format_version)  # fmt: skip

@@ -15,7 +15,7 @@ import msgspec
 
 from foundry.archive.jit_schema import JitIndex
 from foundry.archive.outputs import OutputValue
-from foundry.graphir.kernel import FuncAttributeName
+from foundry.graphir.kernel import FuncAttributeName, check_func_attribute
 from foundry.graphir.limits import I32, I64, U32, U64, at_most
 
 ARCHIVE_FORMAT = "foundry-archive"
@@ -25,7 +25,7 @@ FORMAT_VERSION = 2
 # of sessions: 2 adds ``GlobalRecord.loader_words``, 3 ``GlobalRecord.host_words``, 4
 # ``LaunchPlan.graph_sha256``, 5 the allocation phase ``between``. A session is written at the
 # lowest version that holds its content, so an archive without them stays readable by older Foundry.
-SESSION_VERSION = 5
+SESSION_VERSION = 6
 
 # Counts a session may hold, checked before the elements are decoded: at least 4x the largest
 # real archives (vLLM's ~2,000 piecewise graphs per rank on 8 ranks; SGLang's MoE preset, 52
@@ -167,6 +167,8 @@ def session_version(
     images: Sequence[ImageRecord], graphs: Sequence[GraphEntry] = (), region: RegionRecord | None = None
 ) -> int:
     """The lowest session format version that holds these image records, graph entries and region."""
+    if any(g.instantiate_flags for g in graphs):
+        return 6
     if region is not None and any(a.phase == "between" for a in region.trace):
         return 5
     if any(g.plan is not None and g.plan.graph_sha256 is not None for g in graphs):
@@ -192,6 +194,10 @@ class PlanKernel(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fi
     image: str
     name: str
     attrs: tuple[tuple[FuncAttributeName, I32], ...] = ()
+
+    def __post_init__(self) -> None:
+        for name, value in self.attrs:
+            check_func_attribute(name, value)
 
 
 class LaunchPlan(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -225,6 +231,19 @@ class GraphEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     topology: str | None = None  # graphs with the same key share a LOAD template
     rng: RngRecord | None = None
     plan: LaunchPlan | None = None
+    # the flags the program's own graph was instantiated with (torch: auto-free on launch and
+    # node priorities), so that LOAD's graph runs as that one did; unset (not written) when 0
+    instantiate_flags: U64 | msgspec.UnsetType = msgspec.UNSET
+
+    def __post_init__(self) -> None:
+        if self.instantiate_flags and self.instantiate_flags & ~INSTANTIATE_FLAGS:
+            raise ValueError(f"instantiate_flags 0x{self.instantiate_flags:x} holds flags a LOAD does not give "
+                             f"(it gives 0x{INSTANTIATE_FLAGS:x}: auto-free on launch, node priorities)")  # fmt: skip
+
+
+#: ``CUgraphInstantiate_flags`` a LOAD instantiates with when SAVE saw them: auto-free on
+#: launch (1) and per-node priorities (8); upload (2) and device launch (4) are not restored.
+INSTANTIATE_FLAGS = 0x1 | 0x8
 
 
 StateValue = str | I64 | float | bool | None | list[str | I64]

@@ -8,6 +8,8 @@ import re
 import shutil
 from pathlib import Path
 
+import msgspec
+
 from foundry.archive.files import DirectoryWriter, atomic_write, encode_record, sha256_hex
 from foundry.archive.outputs import OutputValue, check_output
 from foundry.archive.rank_parts import RankPart, check_save_id, commit_when_complete, make_catalog, write_part
@@ -62,6 +64,7 @@ class RankWriter:
         outputs: OutputValue | None = None,
         rng: RngRecord | None = None,
         plan: tuple[bytes, tuple[PlanKernel, ...]] | None = None,
+        instantiate_flags: int = 0,
     ) -> GraphEntry:
         """Check, encode and write one graph (and its launch plan: packed bytes and
         function table); return its session entry."""
@@ -92,6 +95,7 @@ class RankWriter:
             topology=topology_key(ir),
             rng=rng,
             plan=None if plan is None else self._write_plan(ir.name, *plan, graph_sha256=sha256),
+            instantiate_flags=instantiate_flags or msgspec.UNSET,
         )
         self.graphs.append(entry)
         self._names.add(ir.name)

@@ -104,7 +104,8 @@ def operand_address(
 
 
 def apply_func_attrs(node: KernelNode, func: int, applied: set[int]) -> None:
-    """Set the function attributes SAVE recorded (dynamic shared memory, carveout), once per function."""
+    """Set the function attributes SAVE recorded (dynamic shared memory, carveout, cache
+    preference), once per function."""
     apply_attributes(func, ((a.name, a.value) for a in node.func_attrs), applied)
 
 
@@ -120,9 +121,12 @@ def apply_attributes(func: int, attrs: Iterable[tuple[str, int]], applied: set[i
         "preferred_shared_memory_carveout": fa.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
     }
     for name, value in attrs:
-        if name not in ids:
+        if name == "cache_config":  # in CACHE_CONFIGS: checked when the graph or plan was decoded
+            cu("cuFuncSetCacheConfig", drv.CUfunction(func), drv.CUfunc_cache(value))
+        elif name in ids:
+            cu("cuFuncSetAttribute", drv.CUfunction(func), ids[name], value)
+        else:
             raise IRError("unknown function attribute", field="func_attrs", found=name)
-        cu("cuFuncSetAttribute", drv.CUfunction(func), ids[name], value)
     applied.add(func)
 
 
@@ -295,15 +299,18 @@ _SCALAR_ATTRIBUTES: Mapping[str, tuple[str, str]] = {
 }
 
 
-def build(ir: GraphIR, functions: FunctionResolver, *, relocate: Relocation | None = None) -> BuiltGraph:
+def build(
+    ir: GraphIR, functions: FunctionResolver, *, relocate: Relocation | None = None, flags: int = 0
+) -> BuiltGraph:
     """Create, fill and instantiate a graph from ``ir`` in the current context.
 
     ``functions`` says which ``CUfunction`` runs each kernel; ``relocate``, if
-    given, returns the live value of every operand (the identity when None)."""
+    given, returns the live value of every operand (the identity when None);
+    ``flags``: the instantiation flags (``CUgraphInstantiate_flags``)."""
     builder = _Builder(ir, functions, relocate)
     handles = [builder.add(node) for node in ir.nodes()]
     builder.edges(handles)
-    graph_exec = cu("cuGraphInstantiate", builder.graph, 0)
+    graph_exec = cu("cuGraphInstantiate", builder.graph, flags)
     return BuiltGraph(builder.graph, graph_exec, list(builder.events.values()), ir, handles)
 
 
@@ -312,7 +319,12 @@ def _attributes_differ(a: GraphIR, b: GraphIR) -> bool:
 
 
 def build_member(
-    template: BuiltGraph, ir: GraphIR, functions: FunctionResolver, *, relocate: Relocation | None = None
+    template: BuiltGraph,
+    ir: GraphIR,
+    functions: FunctionResolver,
+    *,
+    relocate: Relocation | None = None,
+    flags: int = 0,
 ) -> BuiltGraph:
     """Build ``ir`` from a graph of the same topology (see
     :func:`foundry.graphir.fingerprint.topology_key`): clone the template and
@@ -320,7 +332,7 @@ def build_member(
     if template.ir is None or template.handles is None or template.events:
         raise IRError("this graph cannot serve as a template (no IR kept, or it records events)")
     if _attributes_differ(template.ir, ir):  # a launch attribute cannot be unset on a clone
-        return build(ir, functions, relocate=relocate)
+        return build(ir, functions, relocate=relocate, flags=flags)
     builder = _Builder(ir, functions, relocate)
     cu("cuGraphDestroy", builder.graph)
     builder.graph = cu("cuGraphClone", template.graph)
@@ -339,5 +351,5 @@ def build_member(
             cu("cuGraphMemcpyNodeSetParams", handle, builder.memcpy_params(node, operands))
         elif isinstance(node, MemsetNode):
             cu("cuGraphMemsetNodeSetParams", handle, builder.memset_params(node, operands))
-    graph_exec = cu("cuGraphInstantiate", builder.graph, 0)
+    graph_exec = cu("cuGraphInstantiate", builder.graph, flags)
     return BuiltGraph(builder.graph, graph_exec, [], ir, None)

@@ -255,16 +255,30 @@ ATTRIBUTES = {
 }
 
 
-#: The function attributes a LOAD re-applies (``CUfunction_attribute``).
-FuncAttributeName = Literal["max_dynamic_shared_size_bytes", "preferred_shared_memory_carveout"]
+#: The function attributes a LOAD re-applies: two ``CUfunction_attribute`` values and the
+#: cache preference (``CUfunc_cache``, set by ``cuFuncSetCacheConfig``).
+FuncAttributeName = Literal["max_dynamic_shared_size_bytes", "preferred_shared_memory_carveout", "cache_config"]
+
+
+#: ``CUfunc_cache``: no preference, prefer shared memory, prefer L1, equal.
+CACHE_CONFIGS = frozenset({0, 1, 2, 3})
 
 
 class FuncAttribute(msgspec.Struct, frozen=True, gc=False, array_like=True, forbid_unknown_fields=True):
     """A function attribute a LOAD must re-apply before instantiation
-    (dynamic shared memory above 48 KiB, carveout, cluster requirements)."""
+    (dynamic shared memory above 48 KiB, carveout, cache preference)."""
 
     name: FuncAttributeName
     value: I32
+
+    def __post_init__(self) -> None:
+        check_func_attribute(self.name, self.value)
+
+
+def check_func_attribute(name: str, value: int) -> None:
+    """Refuse a cache preference the driver does not define (``ValueError``, for msgspec)."""
+    if name == "cache_config" and value not in CACHE_CONFIGS:
+        raise ValueError(f"cache_config {value} is no CUfunc_cache value (0-3)")
 
 
 class LaunchConfig(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):

@@ -46,9 +46,12 @@ log = logging.getLogger(__name__)
 
 
 class ImageSource(Protocol):
-    """Says which module image (sha256) holds a kernel, given its handles."""
+    """Says which module image (sha256) holds a kernel, given its handles, and the cache
+    preference (``CUfunc_cache``) the program set on it, which the driver cannot report."""
 
     def image_of(self, func: int, kern: int) -> str | None: ...
+
+    def cache_config_of(self, func: int, kern: int) -> int: ...
 
 
 class FunctionSink(Protocol):
@@ -284,6 +287,9 @@ class _Lowering:
                     value = int(cu("cuKernelGetAttribute", attr, self.drv.CUkernel(kern), cu("cuCtxGetDevice")))
                 if value != _FUNC_ATTR_DEFAULTS[name] and not (name.startswith("max_dynamic") and value < 48 * 1024):
                     values.append(FuncAttribute(name, value))
+            config = self.images.cache_config_of(func, kern) if self.images is not None else 0
+            if config:  # a freshly loaded function has none (CU_FUNC_CACHE_PREFER_NONE)
+                values.append(FuncAttribute("cache_config", config))
             self.func_attrs[key] = tuple(values)
         return self.func_attrs[key]
 

@@ -51,6 +51,7 @@ class GraphSummary:
     undefined_bytes: int = 0
     rng: bool = False
     plan: bool = False  # a launch plan: LOAD with --builder native builds it without the IR
+    instantiate_flags: int = 0  # the program's own instantiation flags, which LOAD gives the graph
 
 
 @dataclass
@@ -107,6 +108,7 @@ class ArchiveSummary:
                     "undefined_bytes": g.undefined_bytes,
                     "rng": g.rng,
                     "plan": g.plan,
+                    "instantiate_flags": g.instantiate_flags,
                 }
                 for g in self.graphs
             ],
@@ -162,6 +164,7 @@ def summarize_graph(ir: GraphIR, *, rank: int, entry: GraphEntry, listed: int = 
         undefined_bytes=sum(length for node in nodes if node.undefined for _, length in node.undefined),
         rng=entry.rng is not None,
         plan=entry.plan is not None,
+        instantiate_flags=entry.instantiate_flags or 0,
     )
 
 

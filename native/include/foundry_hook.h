@@ -17,7 +17,8 @@
 extern "C" {
 #endif
 
-#define FOUNDRY_HOOK_ABI 8 /* 6: foundry_hook_config; 7: foundry_region_restore, late allocations; 8: the session check */
+#define FOUNDRY_HOOK_ABI 9 /* 6: foundry_hook_config; 7: foundry_region_restore, late allocations; 8: the session check;
+                              9: foundry_cache_config, instantiation flags */
 
 enum foundry_status {
     FOUNDRY_OK = 0,
@@ -191,10 +192,12 @@ long long foundry_trace_diverges(const foundry_alloc_t *expected, size_t n, cons
 /* Call fn(arg) with its frames `shift` bytes (<= 1 MiB) lower on this thread's stack,
  * over `poison` bytes (<= 4 MiB) filled with `pattern`. */
 int foundry_call_shifted(size_t shift, size_t poison, int pattern, void (*fn)(void *), void *arg);
-/* Build and instantiate a graph in the current context from a packed description
- * (format in native/src/graph_build.c); handles are returned as integers. On failure
- * `err` says why (a malformed description or the driver's status). */
-int foundry_graph_build(const void *desc, size_t len, uint64_t *graph, uint64_t *exec, char *err, size_t errlen);
+/* Build a graph in the current context from a packed description (format in
+ * native/src/graph_build.c) and instantiate it with `flags` (CUgraphInstantiate_flags);
+ * handles are returned as integers. On failure `err` says why (a malformed description
+ * or the driver's status). */
+int foundry_graph_build(const void *desc, size_t len, uint64_t flags, uint64_t *graph, uint64_t *exec, char *err,
+                        size_t errlen);
 /* Parse a packed description without building it: node and edge counts, or why not. */
 int foundry_graph_check(const void *desc, size_t len, uint32_t *nodes, uint32_t *edges, char *err, size_t errlen);
 /* The same for a launch plan: kernel funcs index a table of nfuncs functions, only the
@@ -203,13 +206,15 @@ int foundry_graph_check(const void *desc, size_t len, uint32_t *nodes, uint32_t 
 int foundry_graph_check_indexed(const void *desc, size_t len, size_t nfuncs, uint64_t lo, uint64_t hi,
                                 uint32_t *nodes, uint32_t *edges, char *err, size_t errlen);
 /* Build and instantiate `count` descriptions (funcs[i]: description i's function table of
- * nfuncs[i] entries, checked as plans against [lo, hi); funcs NULL when they hold handles)
- * on `threads` threads (1-64) in the caller's context. With execs NULL the graphs are built
- * but not instantiated (the caller instantiates them later). All or nothing: on failure
- * nothing stays built and err names the graph. */
+ * nfuncs[i] entries, checked as plans against [lo, hi); funcs NULL when they hold handles;
+ * flags[i]: description i's instantiation flags, flags NULL for none) on `threads` threads
+ * (1-64) in the caller's context. With execs NULL the graphs are built but not instantiated
+ * (the caller instantiates them later). All or nothing: on failure nothing stays built and
+ * err names the graph. */
 int foundry_graph_build_many(const void *const *descs, const size_t *lens, uint32_t count,
                              const uint64_t *const *funcs, const size_t *nfuncs, uint64_t lo, uint64_t hi,
-                             uint32_t threads, uint64_t *graphs, uint64_t *execs, char *err, size_t errlen);
+                             const uint64_t *flags, uint32_t threads, uint64_t *graphs, uint64_t *execs, char *err,
+                             size_t errlen);
 /* Copies up to max entries; *count receives the total. FOUNDRY_ETRUNC when max < total. */
 int foundry_region_trace(foundry_alloc_t *out, size_t max, size_t *count);
 /* Counters by name: "stream_captures", "graph_instantiates", "allocations", "refused", "images". */
@@ -224,6 +229,9 @@ int foundry_registry_entry(size_t index, int hash, foundry_image_t *out);
 int foundry_registry_find(uint64_t handle, int32_t kind, size_t *index);
 /* Copies the image bytes; len must be at least the entry's size. */
 int foundry_registry_copy(size_t index, void *buf, size_t len);
+/* The cache preference (CUfunc_cache) last set on a CUfunction or CUkernel handle through
+ * cuFuncSetCacheConfig or cuKernelSetCacheConfig; CU_FUNC_CACHE_PREFER_NONE when never set. */
+int foundry_cache_config(uint64_t handle, int32_t *config);
 
 #ifdef __cplusplus
 }

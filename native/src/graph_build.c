@@ -419,9 +419,11 @@ static uint64_t elapsed_us(const struct timespec *from, const struct timespec *t
     return (uint64_t)((to->tv_sec - from->tv_sec) * 1000000 + (to->tv_nsec - from->tv_nsec) / 1000);
 }
 
-/* Build and instantiate one description in the current context (exec_out NULL: build only). */
+/* Build one description in the current context and instantiate it with `flags` (the
+ * program's own at SAVE; exec_out NULL: build only). */
 static int build_one(const void *desc, size_t len, int indexed, const uint64_t *funcs, size_t nfuncs, uint64_t lo,
-                     uint64_t hi, uint64_t *graph_out, uint64_t *exec_out, char *err, size_t errlen) {
+                     uint64_t hi, uint64_t flags, uint64_t *graph_out, uint64_t *exec_out, char *err,
+                     size_t errlen) {
     build_t b = {0};
     b.indexed = indexed, b.funcs = funcs, b.nfuncs = nfuncs, b.lo = lo, b.hi = hi;
     CUresult rc = DRIVER(cuCtxGetCurrent)(&b.ctx);
@@ -438,7 +440,7 @@ static int build_one(const void *desc, size_t len, int indexed, const uint64_t *
     fh_count_add("native_nodes_us", elapsed_us(&t0, &t1));
     CUgraphExec exec = NULL;
     if (rc == CUDA_SUCCESS && exec_out != NULL) {
-        rc = DRIVER(cuGraphInstantiateWithFlags)(&exec, b.graph, 0);
+        rc = DRIVER(cuGraphInstantiateWithFlags)(&exec, b.graph, flags);
         clock_gettime(CLOCK_MONOTONIC, &t2);
         fh_count_add("native_instantiate_us", elapsed_us(&t1, &t2));
         if (rc == CUDA_SUCCESS) fh_count("graph_instantiates");
@@ -453,11 +455,11 @@ static int build_one(const void *desc, size_t len, int indexed, const uint64_t *
     return FOUNDRY_OK;
 }
 
-int foundry_graph_build(const void *desc, size_t len, uint64_t *graph_out, uint64_t *exec_out, char *err,
-                        size_t errlen) {
+int foundry_graph_build(const void *desc, size_t len, uint64_t flags, uint64_t *graph_out, uint64_t *exec_out,
+                        char *err, size_t errlen) {
     if (desc == NULL || graph_out == NULL || exec_out == NULL) return FOUNDRY_EINVAL;
     if (!driver_ready(err, errlen)) return FOUNDRY_ESTATE;
-    return build_one(desc, len, 0, NULL, 0, 0, 0, graph_out, exec_out, err, errlen);
+    return build_one(desc, len, 0, NULL, 0, 0, 0, flags, graph_out, exec_out, err, errlen);
 }
 
 /* Work shared by the threads of one foundry_graph_build_many call. */
@@ -468,6 +470,7 @@ typedef struct {
     const uint64_t *const *funcs; /* per description, or NULL: they hold handles */
     const size_t *nfuncs;
     uint64_t lo, hi;
+    const uint64_t *flags; /* per description, or NULL: 0 */
     CUcontext ctx;
     uint64_t *graphs, *execs;
     pthread_mutex_t lock;
@@ -500,9 +503,8 @@ static void *batch_worker(void *arg) {
             status = FOUNDRY_EINVAL;
         } else {
             status = build_one(w->descs[i], w->lens[i], w->funcs != NULL, w->funcs ? w->funcs[i] : NULL,
-                               w->funcs ? w->nfuncs[i] : 0, w->lo, w->hi, &w->graphs[i],
-                               w->execs ? &w->execs[i] : NULL, err,
-                               sizeof err);
+                               w->funcs ? w->nfuncs[i] : 0, w->lo, w->hi, w->flags ? w->flags[i] : 0,
+                               &w->graphs[i], w->execs ? &w->execs[i] : NULL, err, sizeof err);
         }
         if (status != FOUNDRY_OK) {
             pthread_mutex_lock(&w->lock);
@@ -517,7 +519,8 @@ static void *batch_worker(void *arg) {
 
 int foundry_graph_build_many(const void *const *descs, const size_t *lens, uint32_t count,
                              const uint64_t *const *funcs, const size_t *nfuncs, uint64_t lo, uint64_t hi,
-                             uint32_t threads, uint64_t *graphs, uint64_t *execs, char *err, size_t errlen) {
+                             const uint64_t *flags, uint32_t threads, uint64_t *graphs, uint64_t *execs, char *err,
+                             size_t errlen) {
     if (descs == NULL || lens == NULL || graphs == NULL || threads == 0 || threads > 64 ||
         (funcs != NULL && nfuncs == NULL))
         return FOUNDRY_EINVAL;
@@ -525,7 +528,7 @@ int foundry_graph_build_many(const void *const *descs, const size_t *lens, uint3
     if (!driver_ready(err, errlen)) return FOUNDRY_ESTATE;
     memset(graphs, 0, count * sizeof *graphs);
     if (execs) memset(execs, 0, count * sizeof *execs);
-    batch_t w = {descs, lens, count, funcs, nfuncs, lo, hi, NULL, graphs, execs, PTHREAD_MUTEX_INITIALIZER, 0,
+    batch_t w = {descs, lens, count, funcs, nfuncs, lo, hi, flags, NULL, graphs, execs, PTHREAD_MUTEX_INITIALIZER, 0,
                  FOUNDRY_OK, err, errlen};
     if (DRIVER(cuCtxGetCurrent)(&w.ctx) != CUDA_SUCCESS || w.ctx == NULL) {
         if (err && errlen) snprintf(err, errlen, "no current CUDA context");

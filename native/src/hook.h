@@ -86,4 +86,8 @@ CUresult fh_library_load_from_file(CUlibrary *library, const char *path, CUjit_o
 CUresult fh_module_unload(CUmodule module);
 CUresult fh_library_unload(CUlibrary library);
 
+/* cache_config.c: the cache preference set on functions and kernels, recorded. */
+CUresult fh_func_set_cache_config(CUfunction function, CUfunc_cache config);
+CUresult fh_kernel_set_cache_config(CUkernel kernel, CUfunc_cache config, CUdevice device);
+
 #endif

@@ -198,6 +198,8 @@ static const struct hook {
     {"cuLibraryLoadFromFile", 12000, "cuLibraryLoadFromFile", (void *)fh_library_load_from_file},
     {"cuModuleUnload", 2000, "cuModuleUnload", (void *)fh_module_unload},
     {"cuLibraryUnload", 12000, "cuLibraryUnload", (void *)fh_library_unload},
+    {"cuFuncSetCacheConfig", 3000, "cuFuncSetCacheConfig", (void *)fh_func_set_cache_config},
+    {"cuKernelSetCacheConfig", 12000, "cuKernelSetCacheConfig", (void *)fh_kernel_set_cache_config},
     {"cuIpcGetMemHandle", 4010, "cuIpcGetMemHandle", (void *)fh_ipc_get_mem_handle},
     {"cuIpcOpenMemHandle", 4010, "cuIpcOpenMemHandle", (void *)fh_ipc_open_mem_handle_v1},
     {"cuIpcOpenMemHandle", 11000, "cuIpcOpenMemHandle_v2", (void *)fh_ipc_open_mem_handle},
@@ -384,6 +386,14 @@ CUresult cuModuleUnload(CUmodule module) {
 CUresult cuLibraryUnload(CUlibrary library) {
     reached_by_export();
     return fh_library_unload(library);
+}
+CUresult cuFuncSetCacheConfig(CUfunction function, CUfunc_cache config) {
+    reached_by_export();
+    return fh_func_set_cache_config(function, config);
+}
+CUresult cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config, CUdevice device) {
+    reached_by_export();
+    return fh_kernel_set_cache_config(kernel, config, device);
 }
 CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr) {
     reached_by_export();

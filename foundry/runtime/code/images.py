@@ -1,4 +1,5 @@
-"""Which module image holds a kernel: the hook's registry, asked through the driver.
+"""Which module image holds a kernel, and the cache preference its program set on
+it: the hook's records, asked through the driver.
 
 A kernel node names its code by ``CUkernel`` (cudart's library-managed kernels)
 or ``CUfunction`` (modules loaded directly, as Triton does). The driver says
@@ -41,3 +42,8 @@ class HookImages:
             return None
         self.used[image.sha256] = image
         return image.sha256
+
+    def cache_config_of(self, func: int, kern: int) -> int:
+        """The ``CUfunc_cache`` set on the kernel (through its function or its library
+        kernel, the function's winning), 0 when none was."""
+        return (func and self.hook.cache_config(func)) or (kern and self.hook.cache_config(kern)) or 0

@@ -37,6 +37,18 @@ def capture(fn: Callable[[], Any], *, warmup: int = 2, pool: Any = None) -> tupl
     return graph, outputs
 
 
+def instantiate_flags(graph: Any) -> int:
+    """The flags a ``torch.cuda.CUDAGraph(keep_graph=True)`` is instantiated with: torch
+    instantiates it at its first replay (auto-free on launch and node priorities on CUDA
+    builds), so this does now what that replay would and asks the driver. A LOAD gives its
+    graph the same, or it runs otherwise than the program's (node priorities cost the
+    scheduler time per kernel)."""
+    from foundry.graphir.cuda import cu, driver
+
+    graph.instantiate()
+    return int(cu("cuGraphExecGetFlags", driver().CUgraphExec(graph.raw_cuda_graph_exec())))
+
+
 def describe_outputs(outputs: Any, resolver: AddressResolver) -> OutputValue:
     """An allowlisted description of ``outputs``; tensor storage is located through ``resolver``."""
     import torch

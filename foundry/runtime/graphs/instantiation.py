@@ -23,14 +23,14 @@ from foundry.errors import FoundryError
 from foundry.graphir.cuda import cu
 
 
-def in_context(context: Any) -> Callable[[Any], Any]:
-    """Instantiate in ``context``, the session's, whatever the calling thread has current
-    (a replay may come from a thread that never entered it)."""
+def in_context(context: Any) -> Callable[[Any, int], Any]:
+    """Instantiate (graph, flags) in ``context``, the session's, whatever the calling thread
+    has current (a replay may come from a thread that never entered it)."""
 
-    def instantiate(graph: Any) -> Any:
+    def instantiate(graph: Any, flags: int) -> Any:
         cu("cuCtxPushCurrent", context)
         try:
-            return cu("cuGraphInstantiate", graph, 0)
+            return cu("cuGraphInstantiate", graph, flags)
         finally:
             cu("cuCtxPopCurrent")
 
@@ -40,11 +40,12 @@ def in_context(context: Any) -> Callable[[Any], Any]:
 class PendingExec:
     """One built graph's instantiation: done once, by whichever thread asks first.
 
-    ``instantiate`` makes the exec from the graph (:func:`in_context` on a GPU)."""
+    ``instantiate`` makes the exec from the graph and ``flags`` (:func:`in_context` on a GPU)."""
 
-    def __init__(self, name: str, built: Any, instantiate: Callable[[Any], Any]) -> None:
+    def __init__(self, name: str, built: Any, instantiate: Callable[[Any, int], Any], flags: int = 0) -> None:
         self.name = name
         self.built = built  # a BuiltGraph whose exec is None until instantiated
+        self.flags = flags
         self.error: FoundryError | None = None
         self._instantiate = instantiate
         self._lock = threading.Lock()
@@ -55,7 +56,7 @@ class PendingExec:
             with self._lock:
                 if self.built.exec is None and self.error is None:
                     try:
-                        self.built.exec = self._instantiate(self.built.graph)
+                        self.built.exec = self._instantiate(self.built.graph, self.flags)
                     except FoundryError as err:
                         self.error = err
         if self.error is not None:

@@ -80,9 +80,11 @@ def check_plan(lib: ctypes.CDLL, data: bytes, plan: LaunchPlan, bounds: tuple[in
 
 def build_plans(lib: ctypes.CDLL, plans: Sequence[tuple[str, bytes, LaunchPlan]],
                 function: Callable[[PlanKernel], int], bounds: tuple[int, int], *,
-                threads: int = 1, instantiate: bool = True) -> list[tuple[Any, Any]]:  # fmt: skip
+                threads: int = 1, instantiate: bool = True,
+                flags: Sequence[int] = ()) -> list[tuple[Any, Any]]:  # fmt: skip
     """Build and instantiate every ``(name, data, plan)``: ``(CUgraph, CUgraphExec)`` each
-    (the exec None when ``instantiate`` is false: the caller instantiates).
+    (the exec None when ``instantiate`` is false: the caller instantiates), plan ``i`` with
+    instantiation flags ``flags[i]`` (none when ``flags`` is empty).
     ``function(kernel)`` returns the live handle with the kernel's attributes applied;
     every copy and set must lie in ``bounds``, the region SAVE used."""
     from foundry.graphir.cuda import driver
@@ -99,9 +101,10 @@ def build_plans(lib: ctypes.CDLL, plans: Sequence[tuple[str, bytes, LaunchPlan]]
     nfuncs = (ctypes.c_size_t * count)(*(len(p.kernels) for _, _, p in plans))
     graphs = (ctypes.c_uint64 * count)()
     execs = (ctypes.c_uint64 * count)() if instantiate else None
+    flag_array = (ctypes.c_uint64 * count)(*flags) if flags else None
     err = ctypes.create_string_buffer(256)
     lo, hi = ctypes.c_uint64(bounds[0]), ctypes.c_uint64(bounds[1])
-    status = lib.foundry_graph_build_many(descs, lens, ctypes.c_uint32(count), funcs, nfuncs, lo, hi,
+    status = lib.foundry_graph_build_many(descs, lens, ctypes.c_uint32(count), funcs, nfuncs, lo, hi, flag_array,
                                           ctypes.c_uint32(threads), graphs, execs, err, 256)  # fmt: skip
     if status:
         message = err.value.decode(errors="replace")

@@ -103,9 +103,10 @@ def check(lib: ctypes.CDLL, desc: bytes) -> tuple[int, int]:
 
 
 def build_native(lib: ctypes.CDLL, ir: GraphIR, functions: FunctionResolver, *, relocate: Relocation | None = None,
-                 applied: set[int] | None = None, timing: dict[str, float] | None = None) -> BuiltGraph:  # fmt: skip
-    """Build and instantiate ``ir`` in the current context with the native builder.
-    ``timing`` accumulates the seconds spent packing (Python) and in the C call."""
+                 applied: set[int] | None = None, timing: dict[str, float] | None = None,
+                 flags: int = 0) -> BuiltGraph:  # fmt: skip
+    """Build ``ir`` in the current context with the native builder and instantiate it with
+    ``flags``. ``timing`` accumulates the seconds spent packing (Python) and in the C call."""
     from foundry.graphir.cuda import driver
 
     started = time.perf_counter()
@@ -115,8 +116,8 @@ def build_native(lib: ctypes.CDLL, ir: GraphIR, functions: FunctionResolver, *, 
     desc = pack(ir, functions, relocate=relocate)
     packed = time.perf_counter()
     graph, graph_exec, err = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.create_string_buffer(256)
-    status = lib.foundry_graph_build(desc, ctypes.c_size_t(len(desc)), ctypes.byref(graph), ctypes.byref(graph_exec),
-                                     err, 256)  # fmt: skip
+    status = lib.foundry_graph_build(desc, ctypes.c_size_t(len(desc)), ctypes.c_uint64(flags), ctypes.byref(graph),
+                                     ctypes.byref(graph_exec), err, 256)  # fmt: skip
     if timing is not None:
         timing["pack_s"] = timing.get("pack_s", 0.0) + packed - started
         timing["native_s"] = timing.get("native_s", 0.0) + time.perf_counter() - packed

@@ -16,7 +16,7 @@ from pathlib import Path
 from foundry.env import HOOK_LIB, MODES, THREAD_POLICIES
 from foundry.errors import HookError
 
-ABI = 8
+ABI = 9
 LIBRARY = "libfoundry_hook.so"
 COUNTERS = (
     "stream_captures",
@@ -355,6 +355,14 @@ class Hook:
         code = {"module": 1, "library": 2}[kind]
         status = self.lib.foundry_registry_find(ctypes.c_uint64(handle), code, ctypes.byref(index))
         return None if status < 0 else self.image(index.value, hash=True)
+
+    def cache_config(self, handle: int) -> int:
+        """The ``CUfunc_cache`` the program last set on a ``CUfunction`` or ``CUkernel``
+        handle (0, ``CU_FUNC_CACHE_PREFER_NONE``, when it set none): the driver cannot say."""
+        config = ctypes.c_int32()
+        self._check(self.lib.foundry_cache_config(ctypes.c_uint64(handle), ctypes.byref(config)),
+                    "foundry_cache_config")  # fmt: skip
+        return config.value
 
     def image_bytes(self, image: Image) -> bytes:
         buf = ctypes.create_string_buffer(image.size)

@@ -26,7 +26,7 @@ from foundry.runtime.sessions.validate import check_claim, check_image
 
 
 def restored(entry: GraphEntry, built: Any, base_of: Callable[[str], int | None], live_base: int | None,
-             instantiate: Callable[[Any], Any] | None = None) -> RestoredGraph:  # fmt: skip
+             instantiate: Callable[[Any, int], Any] | None = None) -> RestoredGraph:  # fmt: skip
     """A built graph with its outputs as tensors and its generator cells, as the program
     gets it; one not yet instantiated is instantiated by ``instantiate`` when first needed."""
     from foundry.runtime.graphs.instantiation import PendingExec
@@ -37,8 +37,13 @@ def restored(entry: GraphEntry, built: Any, base_of: Callable[[str], int | None]
         built,
         None if entry.outputs is None else outputs_at(entry.outputs, base_of),
         PhiloxReplay(entry.rng, live_base) if entry.rng else None,
-        None if instantiate is None else PendingExec(entry.name, built, instantiate),
+        None if instantiate is None else PendingExec(entry.name, built, instantiate, instantiate_flags(entry)),
     )
+
+
+def instantiate_flags(entry: GraphEntry) -> int:
+    """The flags the program's own graph was instantiated with at SAVE (0 when not recorded)."""
+    return entry.instantiate_flags or 0
 
 
 def binding_report(functions: Any) -> dict[str, Any]:
@@ -84,13 +89,14 @@ class IrBuilder:
         from foundry.graphir.build import build, build_member
         from foundry.runtime.graphs import native_build
 
+        flags = instantiate_flags(entry)
         if self.native and native_build.supported(ir):
             return native_build.build_native(self.hook.lib, ir, self.functions, relocate=relocate,
-                                             applied=self.applied, timing=self.native_timing)  # fmt: skip
+                                             applied=self.applied, timing=self.native_timing, flags=flags)  # fmt: skip
         template = self.templates.get(entry.topology) if entry.topology else None
         if template:
-            return build_member(template, ir, self.functions, relocate=relocate)
-        built = build(ir, self.functions, relocate=relocate)
+            return build_member(template, ir, self.functions, relocate=relocate, flags=flags)
+        built = build(ir, self.functions, relocate=relocate, flags=flags)
         if entry.topology and built.handles is not None and not built.events:
             self.templates[entry.topology] = built
         return built
@@ -192,7 +198,8 @@ class PlanBuilder:
             self.report.update(prefetch_s=prefetch_s, prefetch_wait_s=time.perf_counter() - self.mapped,
                                prefetched_images=prefetched)  # fmt: skip
             built = build_plans(self.hook.lib, plans, self._function, bounds, threads=self.threads,
-                                instantiate=not self.background)  # fmt: skip
+                                instantiate=not self.background,
+                                flags=[instantiate_flags(e) for e in entries if e.plan is not None])  # fmt: skip
             region.finish()
         except BaseException:
             if prefetching is not None:

@@ -115,7 +115,7 @@ class SaveSession(Session):
     def graph(
         self, name: str, fn: Callable[[], Any], *, shape_key: int | None = None, runner: str | None = None
     ) -> CapturedGraph:
-        from foundry.runtime.graphs.capture import describe_outputs
+        from foundry.runtime.graphs.capture import describe_outputs, instantiate_flags
         from foundry.runtime.graphs.rng import measure_increment, philox_cells
 
         if self.warmup_end is None:
@@ -131,7 +131,9 @@ class SaveSession(Session):
         if cells is not None:
             rng = RngRecord(cells[1], cells[2], measure_increment(graph))
         description = describe_outputs(outputs, self.resolver)
-        self.entries.append((ir, {"shape_key": shape_key, "runner": runner, "outputs": description, "rng": rng}))
+        meta = {"shape_key": shape_key, "runner": runner, "outputs": description, "rng": rng,
+                "instantiate_flags": instantiate_flags(graph)}  # fmt: skip
+        self.entries.append((ir, meta))
         return CapturedGraph(graph, outputs)
 
     def _begin_capturing(self) -> None:
@@ -280,6 +282,7 @@ class SaveSession(Session):
             "graphs": len(self.entries),
             "committed": committed,  # False: another rank's process writes the catalog
             "plans": planned,
+            "instantiate_flags": sorted({extra["instantiate_flags"] for _, extra in self.entries}),
             "images": len(records),
             "undefined_bytes": self.undefined_bytes,
             "written_globals": [g.name for r in records for g in r.globals if g.written],
