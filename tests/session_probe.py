@@ -37,6 +37,25 @@ def _exec_flags(graph) -> int:
     return int(cu("cuGraphExecGetFlags", handle))
 
 
+def _kernel_cache_config(graph) -> int | None:
+    """The cache preference the hook saw set on the function the graph's kernel node runs
+    (None without the hook: a plain run)."""
+    from foundry.errors import FoundryError
+    from foundry.graphir.cuda import cu, driver
+    from foundry.runtime.native.hook import Hook
+
+    try:
+        hook = Hook.attach()
+    except FoundryError:
+        return None
+    inner = getattr(graph, "graph", None)
+    handle = graph.built.graph if inner is None else driver().CUgraph(inner.raw_cuda_graph())
+    count = cu("cuGraphGetNodes", handle, 0)[1]
+    kernels = [n for n in cu("cuGraphGetNodes", handle, count)[0][:count]
+               if cu("cuGraphNodeGetType", n) == driver().CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL]  # fmt: skip
+    return hook.cache_config(int(cu("cuGraphKernelNodeGetParams", kernels[0]).func))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("cubin", type=Path)
@@ -46,6 +65,7 @@ def main() -> int:
     parser.add_argument("--take-base", action="store_true")
     parser.add_argument("--capture-again", action="store_true")
     parser.add_argument("--allocate-after", action="store_true")
+    parser.add_argument("--cache-config", action="store_true")  # prefer shared memory for the kernel, as Triton does
     args = parser.parse_args()
 
     import torch
@@ -74,6 +94,8 @@ def main() -> int:
             value = ctypes.c_int(args.scale)
             cu("cuMemcpyHtoD", dptr, ctypes.addressof(value), size)
             func = cu("cuModuleGetFunction", module, b"scaled")
+            if args.cache_config:
+                cu("cuFuncSetCacheConfig", func, drv.CUfunc_cache.CU_FUNC_CACHE_PREFER_SHARED)
 
         def step():
             stream = drv.CUstream(torch.cuda.current_stream().cuda_stream)
@@ -90,7 +112,7 @@ def main() -> int:
         out = graph.outputs
         seen = (out[5] / x[5]).item()
         result = {"report": report, "scale_seen": seen, "same_storage": out.data_ptr() == y.data_ptr(),
-                  "exec_flags": _exec_flags(graph)}  # fmt: skip
+                  "exec_flags": _exec_flags(graph), "cache_config": _kernel_cache_config(graph)}  # fmt: skip
         if args.capture_again:
             try:
                 with torch.cuda.graph(torch.cuda.CUDAGraph()):

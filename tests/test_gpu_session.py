@@ -101,6 +101,22 @@ def test_the_restored_graph_is_instantiated_with_the_programs_flags(saved, cubin
     assert loaded["scale_seen"] == 3.0 and plain["exec_flags"] == loaded["exec_flags"] == entry.instantiate_flags
 
 
+@pytest.mark.parametrize("extra", [(), ("--builder", "native")], ids=["python", "native-plans"])
+def test_a_freshly_loaded_function_gets_the_cache_preference_the_program_set(cubin, tmp_path, extra):
+    """The driver cannot report a function's cache preference: SAVE keeps what the hook saw
+    the program set, and a LOAD that loads the image itself sets it again."""
+    from foundry.archive import Archive
+
+    archive = tmp_path / "archive"
+    saved = foundry_run("save", archive, cubin, "--cache-config", extra=("--save-runs", "1"))
+    assert saved["scale_seen"] == 3.0 and saved["cache_config"] == 1, saved  # CU_FUNC_CACHE_PREFER_SHARED
+    ir = Archive.open(archive).graph(0, "scaled")
+    assert [(a.name, a.value) for n in ir.kernels() for a in n.func_attrs] == [("cache_config", 1)]
+    loaded = foundry_run("load", archive, cubin, "--skip-module", extra=extra)
+    assert loaded["report"]["loaded_images"] == 1 and loaded["scale_seen"] == 3.0, loaded
+    assert loaded["cache_config"] == 1  # set by the LOAD on the function it loaded
+
+
 def test_a_load_that_captures_again_fails_instead(saved, cubin):
     result = foundry_run("load", saved, cubin, "--capture-again")
     assert result["scale_seen"] == 3.0, result
