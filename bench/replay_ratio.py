@@ -8,8 +8,10 @@ recipe's decode graphs (no hook), lowers each, and times in the same process
 and on the same memory, interleaved:
 
 - ``torch``: the captured ``torch.cuda.CUDAGraph``;
-- ``reinstantiated``: torch's own graph instantiated again (``cuGraphInstantiate``, flags 0);
-- ``rebuilt``: the graph built from its IR (:func:`foundry.graphir.build.build`);
+- ``reinstantiated``: torch's own graph instantiated again with no flags (torch gives its
+  graphs auto-free on launch and per-node priorities): what the flags alone change;
+- ``rebuilt``: the graph built from its IR (:func:`foundry.graphir.build.build`) and
+  instantiated with torch's flags, as a LOAD does;
 - ``packed``: rebuilt with every device allocation its operands point into copied, side by
   side, into one fresh ``cuMemAlloc``: the layout a LOAD gets when it maps everything
   SAVE allocated after its own cursor as one piece;
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     from foundry.graphir.cuda import cu, driver
     from foundry.graphir.lower import AddressResolver, graph_handle, lower
     from foundry.runtime.code.images import HookImages
-    from foundry.runtime.graphs.capture import capture
+    from foundry.runtime.graphs.capture import capture, instantiate_flags
     from foundry.runtime.native.hook import Hook
 
     try:
@@ -141,24 +143,26 @@ def main(argv: list[str] | None = None) -> int:
         graph, _ = capture(lambda bs=bs: model.step(ids[:bs], pos[:bs]))
         ir = lower(graph, f"decode.bs{bs}", resolver=resolver, functions=functions, images=images)
         raw = graph_handle(graph)
+        flags = instantiate_flags(graph)
         again = cu("cuGraphInstantiate", raw, 0)
-        rebuilt = build(ir, functions)
+        rebuilt = build(ir, functions, flags=flags)
         launches = {
             "torch": graph.replay,
             "reinstantiated": lambda again=again: cu("cuGraphLaunch", again, stream),
             "rebuilt": lambda e=rebuilt.exec: cu("cuGraphLaunch", e, stream),
         }
         relocate = packed(ir)
-        moved = build(ir, functions, relocate=relocate)
+        moved = build(ir, functions, relocate=relocate, flags=flags)
         launches["packed"] = lambda e=moved.exec: cu("cuGraphLaunch", e, stream)
         if reloaded is not None and all(k.kernel.image for k in ir.kernels()):
-            fresh = build(ir, reloaded)
+            fresh = build(ir, reloaded, flags=flags)
             launches["reloaded"] = lambda e=fresh.exec: cu("cuGraphLaunch", e, stream)
         for launch in launches.values():  # warm: first launches upload the graph
             for _ in range(3):
                 launch()
         torch.cuda.synchronize()
-        row = {"nodes": len(ir), "torch_graph": structure(raw), "rebuilt_graph": structure(rebuilt.graph)}
+        row = {"nodes": len(ir), "flags": flags, "torch_graph": structure(raw),
+               "rebuilt_graph": structure(rebuilt.graph)}  # fmt: skip
         for busy in (False, True):
             timed = {name: [] for name in launches}
             for _ in range(3):  # interleaved rounds: drift in clocks hits every variant alike

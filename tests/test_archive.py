@@ -214,3 +214,14 @@ def test_a_session_is_written_at_the_lowest_version_that_holds_it(tmp_path):
         session = tmp_path / name / "rank0" / "session.json"
         assert json.loads(session.read_text())["format_version"] == version
         assert Archive.open(tmp_path / name).session(0).images == tuple(images)
+
+
+def test_a_launch_plan_setting_a_cache_preference_needs_session_format_6():
+    from foundry.archive.schema import GraphEntry, LaunchPlan, PlanKernel, session_version
+
+    def entry(attrs) -> GraphEntry:
+        plan = LaunchPlan("plans/g.fgb", "0" * 64, 1, (PlanKernel("1" * 64, "k", attrs),))
+        return GraphEntry("g", "graphs/g.fgraph", "2" * 64, 1, "f", 1, plan=plan)
+
+    assert session_version([], [entry((("cache_config", 1),))]) == 6
+    assert session_version([], [entry((("max_dynamic_shared_size_bytes", 65536),))]) == 1

@@ -289,3 +289,19 @@ def test_a_param_operand_must_name_a_whole_word_of_its_parameter_that_the_launch
     with pytest.raises(IRError, match="disagrees with the node's bytes") as err:
         ir.check()
     assert err.value.node == 0 and err.value.found is None
+
+
+def test_a_graph_with_a_cache_preference_is_format_3_and_an_older_claim_is_refused():
+    """An older Foundry does not know the attribute: the document says version 3, and one that
+    claims less is refused rather than misread."""
+    from foundry.graphir.codec import graph_version, to_document
+    from foundry.graphir.kernel import FuncAttribute
+
+    ir = tiny_graph()
+    assert graph_version(ir) == 1
+    ir.replace_node(msgspec.structs.replace(ir.node(0), func_attrs=(FuncAttribute("cache_config", 1),)))
+    assert graph_version(ir) == 3 and decode_graph(encode_graph(ir)).node(0).func_attrs == ir.node(0).func_attrs
+    claimed = msgspec.structs.replace(to_document(ir), version=2)
+    with pytest.raises(IRError, match="holds fields of format version 3") as err:
+        decode_graph(msgspec.msgpack.encode(claimed))
+    assert err.value.field == "version"

@@ -103,6 +103,11 @@ CACHE_DRIVER = r"""
 typedef int CUresult;
 CUresult cuFuncSetCacheConfig(void *f, int config) { (void)config; return f == (void *)0x777 ? 1 : 0; }
 CUresult cuKernelSetCacheConfig(void *k, int config, int device) { (void)k; (void)config; (void)device; return 0; }
+CUresult cuFuncGetModule(void **module, void *f) {
+    *module = f == (void *)0xabc ? (void *)0x55 : (void *)0x66;
+    return 0;
+}
+CUresult cuModuleUnload(void *module) { (void)module; return 0; }
 """
 CACHE_PROGRAM = r"""
 #include <dlfcn.h>
@@ -111,11 +116,8 @@ CACHE_PROGRAM = r"""
 typedef int CUresult;
 CUresult cuFuncSetCacheConfig(void *f, int config);
 CUresult cuKernelSetCacheConfig(void *k, int config, int device);
-int main(void) {
-    cuFuncSetCacheConfig((void *)0xabc, 1);
-    cuKernelSetCacheConfig((void *)0xdef, 2, 0);
-    cuFuncSetCacheConfig((void *)0xabc, 3); /* the last setting wins */
-    cuFuncSetCacheConfig((void *)0x777, 1); /* refused by the driver: not recorded */
+CUresult cuModuleUnload(void *module);
+static void ask(void) {
     int (*query)(uint64_t, int32_t *) = (int (*)(uint64_t, int32_t *))dlsym(RTLD_DEFAULT, "foundry_cache_config");
     uint64_t handles[] = {0xabc, 0xdef, 0x777, 0x999};
     for (int i = 0; i < 4; i++) {
@@ -123,6 +125,15 @@ int main(void) {
         if (query) query(handles[i], &config);
         printf("%d ", config);
     }
+}
+int main(void) {
+    cuFuncSetCacheConfig((void *)0xabc, 1);
+    cuKernelSetCacheConfig((void *)0xdef, 2, 0);
+    cuFuncSetCacheConfig((void *)0xabc, 3); /* the last setting wins */
+    cuFuncSetCacheConfig((void *)0x777, 1); /* refused by the driver: not recorded */
+    ask();
+    cuModuleUnload((void *)0x55); /* 0xabc's module: its setting goes with it */
+    ask();
     printf("\n");
     return 0;
 }
@@ -137,8 +148,9 @@ def test_the_hook_records_the_cache_preference_a_program_sets(built, tmp_path):
     plain = subprocess.run([str(tmp_path / "program")], env=env, capture_output=True, text=True, check=True)
     hooked = subprocess.run([str(tmp_path / "program")], env={**env, "LD_PRELOAD": str(built)}, capture_output=True,
                             text=True, check=True)  # fmt: skip
-    assert plain.stdout.split() == ["-1"] * 4  # no hook: nothing to ask
-    assert hooked.stdout.split() == ["3", "2", "0", "0"]  # last setting; kernel handle; refused; never set
+    assert plain.stdout.split() == ["-1"] * 8  # no hook: nothing to ask
+    # the last setting; a kernel handle; refused; never set; then 0xabc's module unloaded
+    assert hooked.stdout.split() == ["3", "2", "0", "0", "0", "2", "0", "0"]
 
 
 def test_builds_with_warnings_as_errors_and_exports_only_its_api(built):

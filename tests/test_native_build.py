@@ -187,7 +187,7 @@ def test_a_packed_buffer_may_end_inside_its_parameters_but_not_run_past_them(lib
 
 
 def test_a_graph_is_written_at_the_lowest_version_that_holds_it():
-    from foundry.graphir.codec import decode_graph, encode_graph
+    from foundry.graphir.codec import GRAPH_VERSION, decode_graph, encode_graph
 
     plain = Archive.open(FIXTURES / "saveload-a").graph(0, "decode.bs8")
     ir, node = nccl_style("saveload-a", "decode.bs8")
@@ -195,6 +195,6 @@ def test_a_graph_is_written_at_the_lowest_version_that_holds_it():
     document = msgspec.msgpack.decode(encode_graph(ir))
     assert document["version"] == 2
     assert decode_graph(encode_graph(ir)).node(node.id).packed_size == node.packed_size
-    document["version"] = 3
+    document["version"] = GRAPH_VERSION + 1
     with pytest.raises(IRError, match="not readable by this Foundry"):
         decode_graph(msgspec.msgpack.encode(document))

@@ -167,7 +167,7 @@ def session_version(
     images: Sequence[ImageRecord], graphs: Sequence[GraphEntry] = (), region: RegionRecord | None = None
 ) -> int:
     """The lowest session format version that holds these image records, graph entries and region."""
-    if any(g.instantiate_flags for g in graphs):
+    if any(g.instantiate_flags or _plan_sets_cache_config(g) for g in graphs):
         return 6
     if region is not None and any(a.phase == "between" for a in region.trace):
         return 5
@@ -176,6 +176,10 @@ def session_version(
     if any(g.host_words for image in images for g in image.globals):
         return 3
     return 2 if any(g.loader_words for image in images for g in image.globals) else 1
+
+
+def _plan_sets_cache_config(entry: GraphEntry) -> bool:
+    return entry.plan is not None and any(name == "cache_config" for k in entry.plan.kernels for name, _ in k.attrs)
 
 
 class RngRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

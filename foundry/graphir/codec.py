@@ -37,9 +37,9 @@ from foundry.graphir.operands import OperandColumns, OperandManifest
 from foundry.graphir.regions import Region
 
 GRAPH_FORMAT = "foundry-graph"
-# 2 adds ``KernelNode.packed_size``; a graph is written at the lowest version that holds it,
-# so graphs without one stay readable by older Foundry
-GRAPH_VERSION = 2
+# 2 adds ``KernelNode.packed_size``, 3 the function attribute ``cache_config``; a graph is
+# written at the lowest version that holds it, so graphs without them stay readable by older Foundry
+GRAPH_VERSION = 3
 
 
 class GraphDocument(msgspec.Struct, gc=False, forbid_unknown_fields=True):
@@ -134,7 +134,10 @@ def _count(node: Node, index: int, totals: list[int]) -> None:
 
 def graph_version(ir: GraphIR) -> int:
     """The lowest graph format version that holds ``ir``."""
-    return 2 if any(node.packed_size for node in ir.kernels()) else 1
+    kernels = ir.kernels()
+    if any(a.name == "cache_config" for node in kernels for a in node.func_attrs):
+        return 3
+    return 2 if any(node.packed_size for node in kernels) else 1
 
 
 def to_document(ir: GraphIR) -> GraphDocument:
@@ -176,6 +179,9 @@ def from_document(doc: GraphDocument, *, deep: bool = True) -> GraphIR:
     ir.add_edges(doc.edges)
     _check_columns(doc.operands, len(doc.regions))
     ir.operands = OperandManifest.from_columns(doc.operands, [r.name for r in doc.regions])
+    if doc.version < (needed := graph_version(ir)):  # an older Foundry would have misread it
+        raise IRError(f"the graph holds fields of format version {needed}", field="version", expected=needed,
+                      found=doc.version)  # fmt: skip
     if deep:
         ir.check()
     else:

@@ -7,6 +7,8 @@
  * CU_FUNC_CACHE_PREFER_SHARED on every kernel above 48 KiB of shared memory, which
  * changes the shared-memory/L1 split those kernels run with; so the hook records each
  * setting by handle and lowering asks for it. A few hundred functions at most: a list.
+ * A module or library unloaded takes its settings with it: the driver may hand its
+ * handles out again.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -15,6 +17,7 @@
 
 struct setting {
     uint64_t handle;
+    uint64_t owner; /* the CUmodule or CUlibrary it belongs to (0: not known) */
     int32_t config;
 };
 
@@ -22,7 +25,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct setting *settings;
 static size_t count, capacity;
 
-static void remember(uint64_t handle, CUfunc_cache config) {
+static void remember(uint64_t handle, uint64_t owner, CUfunc_cache config) {
     pthread_mutex_lock(&lock);
     size_t i = 0;
     while (i < count && settings[i].handle != handle) i++;
@@ -38,20 +41,43 @@ static void remember(uint64_t handle, CUfunc_cache config) {
         capacity = grown;
     }
     if (i == count) count++;
-    settings[i] = (struct setting){.handle = handle, .config = (int32_t)config};
+    settings[i] = (struct setting){.handle = handle, .owner = owner, .config = (int32_t)config};
     pthread_mutex_unlock(&lock);
+}
+
+/* The module a function belongs to, the library a kernel does; 0 when the driver cannot say. */
+static uint64_t module_of(CUfunction function) {
+    __typeof__(&cuFuncGetModule) get = DRIVER(cuFuncGetModule);
+    CUmodule module = NULL;
+    return get && get(&module, function) == CUDA_SUCCESS ? (uint64_t)module : 0;
+}
+
+static uint64_t library_of(CUkernel kernel) {
+    __typeof__(&cuKernelGetLibrary) get = DRIVER(cuKernelGetLibrary);
+    CUlibrary library = NULL;
+    return get && get(&library, kernel) == CUDA_SUCCESS ? (uint64_t)library : 0;
 }
 
 CUresult fh_func_set_cache_config(CUfunction function, CUfunc_cache config) {
     CUresult rc = DRIVER(cuFuncSetCacheConfig)(function, config);
-    if (rc == CUDA_SUCCESS) remember((uint64_t)function, config);
+    if (rc == CUDA_SUCCESS) remember((uint64_t)function, module_of(function), config);
     return rc;
 }
 
 CUresult fh_kernel_set_cache_config(CUkernel kernel, CUfunc_cache config, CUdevice device) {
     CUresult rc = DRIVER(cuKernelSetCacheConfig)(kernel, config, device);
-    if (rc == CUDA_SUCCESS) remember((uint64_t)kernel, config);
+    if (rc == CUDA_SUCCESS) remember((uint64_t)kernel, library_of(kernel), config);
     return rc;
+}
+
+void fh_cache_config_forget(uint64_t owner) {
+    if (owner == 0) return;
+    pthread_mutex_lock(&lock);
+    size_t kept = 0;
+    for (size_t i = 0; i < count; i++)
+        if (settings[i].owner != owner) settings[kept++] = settings[i];
+    count = kept;
+    pthread_mutex_unlock(&lock);
 }
 
 int foundry_cache_config(uint64_t handle, int32_t *config) {

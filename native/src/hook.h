@@ -89,5 +89,7 @@ CUresult fh_library_unload(CUlibrary library);
 /* cache_config.c: the cache preference set on functions and kernels, recorded. */
 CUresult fh_func_set_cache_config(CUfunction function, CUfunc_cache config);
 CUresult fh_kernel_set_cache_config(CUkernel kernel, CUfunc_cache config, CUdevice device);
+/* A module or library unloaded: its functions' settings go (owner 0 never matches one). */
+void fh_cache_config_forget(uint64_t owner);
 
 #endif

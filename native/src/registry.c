@@ -215,11 +215,13 @@ CUresult fh_library_load_from_file(CUlibrary *library, const char *path, CUjit_o
 
 CUresult fh_module_unload(CUmodule module) {
     unloaded((uint64_t)module, FOUNDRY_IMAGE_MODULE);
+    fh_cache_config_forget((uint64_t)module);
     return REAL(cuModuleUnload)(module);
 }
 
 CUresult fh_library_unload(CUlibrary library) {
     unloaded((uint64_t)library, FOUNDRY_IMAGE_LIBRARY);
+    fh_cache_config_forget((uint64_t)library);
     return REAL(cuLibraryUnload)(library);
 }
 

@@ -44,6 +44,9 @@ class HookImages:
         return image.sha256
 
     def cache_config_of(self, func: int, kern: int) -> int:
-        """The ``CUfunc_cache`` set on the kernel (through its function or its library
-        kernel, the function's winning), 0 when none was."""
+        """The ``CUfunc_cache`` set on the kernel (on its function or its library kernel, the
+        function's winning; a node naming only the kernel: on the kernel's function in this
+        context too), 0 when none was."""
+        if kern and not func:
+            func = handle_value(cu("cuKernelGetFunction", driver().CUkernel(kern)))
         return (func and self.hook.cache_config(func)) or (kern and self.hook.cache_config(kern)) or 0

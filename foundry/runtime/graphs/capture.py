@@ -41,12 +41,18 @@ def instantiate_flags(graph: Any) -> int:
     """The flags a ``torch.cuda.CUDAGraph(keep_graph=True)`` is instantiated with: torch
     instantiates it at its first replay (auto-free on launch and node priorities on CUDA
     builds), so this does now what that replay would and asks the driver. A LOAD gives its
-    graph the same, or it runs otherwise than the program's (node priorities cost the
-    scheduler time per kernel)."""
+    graph the same, so that it is scheduled as the program's was."""
+    from foundry.archive.schema import INSTANTIATE_FLAGS
+    from foundry.errors import FoundryError
     from foundry.graphir.cuda import cu, driver
 
     graph.instantiate()
-    return int(cu("cuGraphExecGetFlags", driver().CUgraphExec(graph.raw_cuda_graph_exec())))
+    flags = int(cu("cuGraphExecGetFlags", driver().CUgraphExec(graph.raw_cuda_graph_exec())))
+    if flags & ~INSTANTIATE_FLAGS:
+        raise FoundryError("the program's graph was instantiated with flags a LOAD cannot give it",
+                           field="instantiate_flags", expected=f"within {INSTANTIATE_FLAGS:#x}",
+                           found=hex(flags))  # fmt: skip
+    return flags
 
 
 def describe_outputs(outputs: Any, resolver: AddressResolver) -> OutputValue:

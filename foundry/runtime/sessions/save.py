@@ -126,13 +126,14 @@ class SaveSession(Session):
         ir = self._lower(graph, name)
         if self.probes:
             ir = self._mark_undefined(ir, name, fn)
+        flags = instantiate_flags(graph)  # before a replay below would instantiate it (the same way)
         rng = None
         cells = philox_cells(ir)
         if cells is not None:
             rng = RngRecord(cells[1], cells[2], measure_increment(graph))
         description = describe_outputs(outputs, self.resolver)
         meta = {"shape_key": shape_key, "runner": runner, "outputs": description, "rng": rng,
-                "instantiate_flags": instantiate_flags(graph)}  # fmt: skip
+                "instantiate_flags": flags}  # fmt: skip
         self.entries.append((ir, meta))
         return CapturedGraph(graph, outputs)
 
