@@ -209,6 +209,11 @@ VLLM_CONFIG = Variable("FOUNDRY_VLLM_CONFIG", Kind.PATH, None, frozenset({_V}),
                        "without `foundry run`: the vLLM plugin's TOML configuration")
 VLLM_REPORT = Variable("FOUNDRY_VLLM_REPORT", Kind.PATH, None, frozenset({_V}),
                        "where the vLLM plugin writes its worker's report (JSON)")
+SAVE_REPLAY = Variable("FOUNDRY_SAVE_REPLAY", Kind.CHOICE, "captured", frozenset({_S}),
+                       "SAVE: the program replays the graphs it captured, or the same graphs rebuilt from "
+                       "their IR in its process, as a LOAD builds them (tells a graph's speed apart from its "
+                       "process's; the archive is the same)", Written.GIVEN, ("captured", "rebuilt"),
+                       "replay choice")
 # fmt: on
 
 #: Every variable, by the :class:`RunEnvironment` field that holds its value.
@@ -242,6 +247,7 @@ VARIABLES: dict[str, Variable] = {
     "sglang_gc": SGLANG_GC,
     "vllm_config": VLLM_CONFIG,
     "vllm_report": VLLM_REPORT,
+    "save_replay": SAVE_REPLAY,
 }
 
 
@@ -280,6 +286,7 @@ class RunEnvironment:
     sglang_gc: str = SGLANG_GC.default
     vllm_config: Path | None = VLLM_CONFIG.default
     vllm_report: Path | None = VLLM_REPORT.default
+    save_replay: str = SAVE_REPLAY.default
 
     def __post_init__(self) -> None:
         for field, variable in VARIABLES.items():

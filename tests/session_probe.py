@@ -112,7 +112,8 @@ def main() -> int:
         out = graph.outputs
         seen = (out[5] / x[5]).item()
         result = {"report": report, "scale_seen": seen, "same_storage": out.data_ptr() == y.data_ptr(),
-                  "exec_flags": _exec_flags(graph), "cache_config": _kernel_cache_config(graph)}  # fmt: skip
+                  "exec_flags": _exec_flags(graph), "cache_config": _kernel_cache_config(graph),
+                  "rebuilt": hasattr(graph, "built")}  # fmt: skip
         if args.capture_again:
             try:
                 with torch.cuda.graph(torch.cuda.CUDAGraph()):

@@ -364,6 +364,7 @@ THROUGH_THE_CONTRACT = {
     (Reader.VLLM, "FOUNDRY_VLLM_REPORT"): ("foundry/integrations/vllm/plugin.py", "VLLM_REPORT"),
     (Reader.VLLM, "FOUNDRY_VLLM_CONFIG"): ("foundry/integrations/vllm/config.py", "VLLM_CONFIG"),
     (Reader.SESSION, "FOUNDRY_SAVE_ID"): ("foundry/runtime/sessions/save.py", "SAVE_ID"),
+    (Reader.SESSION, "FOUNDRY_SAVE_REPLAY"): ("foundry/runtime/sessions/save.py", "SAVE_REPLAY"),
     (Reader.SESSION, "FOUNDRY_SESSION_MARKER"): ("foundry/runtime/sessions/marker.py", "SESSION_MARKER"),
 }
 

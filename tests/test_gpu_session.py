@@ -50,16 +50,19 @@ def cubin(tmp_path_factory) -> Path:
     return out
 
 
-def foundry_run(mode: str, archive: Path, cubin: Path, *args: str, extra: tuple[str, ...] = ()) -> dict:
-    return probe_run("session_probe.py", mode, archive, (str(cubin), *args), extra)
+def foundry_run(mode: str, archive: Path, cubin: Path, *args: str, extra: tuple[str, ...] = (),
+                env: dict[str, str] | None = None) -> dict:  # fmt: skip
+    return probe_run("session_probe.py", mode, archive, (str(cubin), *args), extra, env)
 
 
-def probe_run(probe: str, mode: str, archive: Path, args: tuple[str, ...], extra: tuple[str, ...]) -> dict:
-    """A child probe of tests/ under `foundry run` (mode off: run plainly); the last JSON line it printed."""
+def probe_run(probe: str, mode: str, archive: Path, args: tuple[str, ...], extra: tuple[str, ...],
+              env: dict[str, str] | None = None) -> dict:  # fmt: skip
+    """A child probe of tests/ under `foundry run` (mode off: run plainly), with ``env`` added to
+    this environment; the last JSON line it printed."""
     cmd = [sys.executable, str(ROOT / "tests" / probe), *args]
     if mode != "off":
         cmd = [sys.executable, "-m", "foundry", "run", "--mode", mode, "--archive", str(archive), *extra, "--", *cmd]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     assert lines, f"rc {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
@@ -115,6 +118,21 @@ def test_a_freshly_loaded_function_gets_the_cache_preference_the_program_set(cub
     loaded = foundry_run("load", archive, cubin, "--skip-module", extra=extra)
     assert loaded["report"]["loaded_images"] == 1 and loaded["scale_seen"] == 3.0, loaded
     assert loaded["cache_config"] == 1  # set by the LOAD on the function it loaded
+
+
+def test_a_save_replaying_its_graphs_rebuilt_in_its_own_process_gives_the_same_and_the_same_archive(
+    saved, cubin, tmp_path
+):
+    """FOUNDRY_SAVE_REPLAY=rebuilt: the program replays each graph built from its IR on the
+    memory and functions its capture used (to tell a graph's speed apart from its process's)."""
+    from foundry.archive import Archive
+
+    archive = tmp_path / "archive"
+    result = foundry_run("save", archive, cubin, extra=("--save-runs", "1"), env={"FOUNDRY_SAVE_REPLAY": "rebuilt"})
+    assert result["rebuilt"] and result["scale_seen"] == 3.0 and result["same_storage"], result
+    assert result["exec_flags"] == Archive.open(archive).entries(0)[0].instantiate_flags == 0x9
+    loaded = foundry_run("load", archive, cubin)  # the archive is the one a plain SAVE writes
+    assert loaded["scale_seen"] == 3.0 and loaded["report"]["counters"]["stream_captures"] == 0, loaded
 
 
 def test_a_load_that_captures_again_fails_instead(saved, cubin):

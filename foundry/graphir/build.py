@@ -43,19 +43,20 @@ class FunctionResolver(Protocol):
 
 @dataclass
 class LiveFunctions:
-    """Resolve kernels to functions this process already has, by entry name.
+    """Resolve kernels to functions this process already has, by entry name and image (two
+    specialisations of one Triton kernel share a name).
 
     Lowering fills one (``lower(..., functions=...)``) while it walks a live
     graph; the native module registry provides the same for a fresh process."""
 
-    by_name: dict[str, int] = field(default_factory=dict)
+    by_identity: dict[tuple[str, str | None], int] = field(default_factory=dict)
 
     def add(self, kernel: KernelIdentity, handle: int) -> None:
-        self.by_name.setdefault(kernel.name, handle)
+        self.by_identity.setdefault((kernel.name, kernel.image), handle)
 
     def function(self, kernel: KernelIdentity) -> int:
         try:
-            return self.by_name[kernel.name]
+            return self.by_identity[(kernel.name, kernel.image)]
         except KeyError:
             raise IRError("no function in this process for kernel", kernel=kernel.name) from None
 

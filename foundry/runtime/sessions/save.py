@@ -12,8 +12,9 @@ from typing import Any
 from foundry.archive.schema import AllocationRecord, ImageRecord, RegionRecord, RngRecord, WarmupBytes
 from foundry.archive.writer import ArchiveWriter
 from foundry.backends.base import ProcessFacts, backend_facts
-from foundry.env import SAVE_ID
+from foundry.env import SAVE_ID, SAVE_REPLAY
 from foundry.errors import CaptureError, FoundryError, HookError
+from foundry.graphir.build import LiveFunctions, build
 from foundry.graphir.cuda import cu
 from foundry.graphir.graph import GraphIR
 from foundry.graphir.regions import Region, RegionKind
@@ -21,6 +22,7 @@ from foundry.runtime.graphs.launch_plan import make_plan
 from foundry.runtime.native.hook import Hook
 from foundry.runtime.sessions.base import (
     CapturedGraph,
+    RestoredGraph,
     Session,
     anchor_generator,
     check_active,
@@ -75,6 +77,8 @@ class SaveSession(Session):
         self.timings: dict[str, float] = {"capture_s": 0.0, "probe_s": 0.0, "lower_s": 0.0}
         self.notes: dict[str, str] = {}  # what the report says beside the timings
         self.attached: dict[str, tuple[Any, dict[str, Any]]] = {}  # backend name -> (backend, live facts)
+        self.replay = SAVE_REPLAY.read()  # "rebuilt": the program replays graphs built from their IR
+        self.live_functions = LiveFunctions()  # the functions lowering met, for those builds
 
     def start(self) -> None:
         from foundry.archive.schema import CATALOG_FILE
@@ -114,7 +118,7 @@ class SaveSession(Session):
 
     def graph(
         self, name: str, fn: Callable[[], Any], *, shape_key: int | None = None, runner: str | None = None
-    ) -> CapturedGraph:
+    ) -> CapturedGraph | RestoredGraph:
         from foundry.runtime.graphs.capture import describe_outputs, instantiate_flags
         from foundry.runtime.graphs.rng import measure_increment, philox_cells
 
@@ -135,7 +139,17 @@ class SaveSession(Session):
         meta = {"shape_key": shape_key, "runner": runner, "outputs": description, "rng": rng,
                 "instantiate_flags": flags}  # fmt: skip
         self.entries.append((ir, meta))
+        if self.replay == "rebuilt":
+            return self._rebuilt(ir, outputs, flags, rng)
         return CapturedGraph(graph, outputs)
+
+    def _rebuilt(self, ir: GraphIR, outputs: Any, flags: int, rng: RngRecord | None) -> RestoredGraph:
+        """``ir`` built in this process, on the memory and functions its capture used, as a
+        LOAD builds it (``FOUNDRY_SAVE_REPLAY=rebuilt``)."""
+        if rng is not None:  # its generator cells would need the replay prologue a LOAD gives
+            raise FoundryError(f"{SAVE_REPLAY.name}=rebuilt replays no graph that draws random numbers",
+                               field=SAVE_REPLAY.name, found=ir.name)  # fmt: skip
+        return RestoredGraph(build(ir, self.live_functions, flags=flags), outputs)
 
     def _begin_capturing(self) -> None:
         import torch
@@ -182,7 +196,8 @@ class SaveSession(Session):
         from foundry.graphir.lower import lower
 
         started = time.perf_counter()
-        ir = lower(graph, name, resolver=self.resolver, images=self.images)
+        functions = self.live_functions if self.replay == "rebuilt" else None
+        ir = lower(graph, name, resolver=self.resolver, images=self.images, functions=functions)
         self.timings["lower_s"] += time.perf_counter() - started
         return ir
 
@@ -284,6 +299,7 @@ class SaveSession(Session):
             "committed": committed,  # False: another rank's process writes the catalog
             "plans": planned,
             "instantiate_flags": sorted({extra["instantiate_flags"] for _, extra in self.entries}),
+            "replay": self.replay,
             "images": len(records),
             "undefined_bytes": self.undefined_bytes,
             "written_globals": [g.name for r in records for g in r.globals if g.written],
