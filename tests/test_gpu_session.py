@@ -131,6 +131,7 @@ def test_a_save_replaying_its_graphs_rebuilt_in_its_own_process_gives_the_same_a
     result = foundry_run("save", archive, cubin, extra=("--save-runs", "1"), env={"FOUNDRY_SAVE_REPLAY": "rebuilt"})
     assert result["rebuilt"] and result["scale_seen"] == 3.0 and result["same_storage"], result
     assert result["exec_flags"] == Archive.open(archive).entries(0)[0].instantiate_flags == 0x9
+    assert result["report"]["replay"] == "rebuilt" and result["report"]["rebuilt_differences"] == {}  # read back alike
     loaded = foundry_run("load", archive, cubin)  # the archive is the one a plain SAVE writes
     assert loaded["scale_seen"] == 3.0 and loaded["report"]["counters"]["stream_captures"] == 0, loaded
 

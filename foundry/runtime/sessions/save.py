@@ -79,6 +79,7 @@ class SaveSession(Session):
         self.attached: dict[str, tuple[Any, dict[str, Any]]] = {}  # backend name -> (backend, live facts)
         self.replay = SAVE_REPLAY.read()  # "rebuilt": the program replays graphs built from their IR
         self.live_functions = LiveFunctions()  # the functions lowering met, for those builds
+        self.rebuilt_differences: dict[str, list[str]] = {}  # rebuilt graphs read back unlike their capture
 
     def start(self) -> None:
         from foundry.archive.schema import CATALOG_FILE
@@ -149,7 +150,21 @@ class SaveSession(Session):
         if rng is not None:  # its generator cells would need the replay prologue a LOAD gives
             raise FoundryError(f"{SAVE_REPLAY.name}=rebuilt replays no graph that draws random numbers",
                                field=SAVE_REPLAY.name, found=ir.name)  # fmt: skip
-        return RestoredGraph(build(ir, self.live_functions, flags=flags), outputs)
+        built = build(ir, self.live_functions, flags=flags)
+        self._note_rebuilt_differences(ir, built.graph)
+        return RestoredGraph(built, outputs)
+
+    def _note_rebuilt_differences(self, ir: GraphIR, rebuilt: Any) -> None:
+        """The rebuilt graph read back as a capture is, and compared with ``ir``: the first
+        differences the report lists (none expected: node kinds, launches, attributes, edges)."""
+        from foundry.graphir.passes.diff import diff_graphs
+
+        diff = diff_graphs(ir, self._lower(rebuilt, ir.name), listed=8)
+        found = [f"node {n.label}: {', '.join(c.field for c in n.changes) or n.status.value}" for n in diff.nodes]
+        found += [f"edge {src}->{dst} only in the capture" for src, dst in diff.edges_only_a]
+        found += [f"edge {src}->{dst} only in the rebuilt graph" for src, dst in diff.edges_only_b]
+        if found:
+            self.rebuilt_differences[ir.name] = found
 
     def _begin_capturing(self) -> None:
         import torch
@@ -300,6 +315,7 @@ class SaveSession(Session):
             "plans": planned,
             "instantiate_flags": sorted({extra["instantiate_flags"] for _, extra in self.entries}),
             "replay": self.replay,
+            "rebuilt_differences": self.rebuilt_differences,
             "images": len(records),
             "undefined_bytes": self.undefined_bytes,
             "written_globals": [g.name for r in records for g in r.globals if g.written],
