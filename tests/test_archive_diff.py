@@ -179,3 +179,26 @@ def test_a_stale_recorded_fingerprint_is_not_taken_for_marks(tmp_path):
     assert graph.status is Status.CHANGED and not graph.undefined_only and not graph.nodes
     result = CliRunner().invoke(main, ["archive", "diff", str(a), str(b)])
     assert result.exit_code == 1 and "a recorded fingerprint" in result.stdout
+
+
+def test_graphs_a_load_would_instantiate_otherwise_make_the_archives_differ(archive_copy):
+    """The same graph with other instantiation flags (say, SAVEs under two torch versions)
+    runs otherwise after LOAD: not identical, and the diff says which graph and flags."""
+    path = archive_copy("tiny-qwen3")
+
+    def flagged(session: dict) -> None:
+        session["format_version"] = 6
+        session["graphs"][0]["instantiate_flags"] = 9
+
+    edit_json(path / "rank0" / "session.json", flagged, root=path)
+    d = diff_archives(Archive.open(FIXTURES / "tiny-qwen3"), Archive.open(path))
+    assert [(rank, name, c.field, c.a, c.b) for rank, name, c in d.entries] == [
+        (0, "decode.bs1", "instantiate_flags", "0x0", "0x9")
+    ]
+    assert not d.identical and all(g.status is Status.SAME for g in d.graphs)
+    result = CliRunner().invoke(main, ["archive", "diff", str(FIXTURES / "tiny-qwen3"), str(path)])
+    assert result.exit_code == 1 and "instantiate_flags" in result.stdout and "archives differ" in result.stdout
+    payload = json.loads(CliRunner().invoke(main, ["archive", "diff", str(FIXTURES / "tiny-qwen3"), str(path),
+                                                   "--json"]).stdout)  # fmt: skip
+    assert payload["entries"] == [{"rank": 0, "graph": "decode.bs1", "field": "instantiate_flags", "a": "0x0",
+                                   "b": "0x9", "subject": "instantiate_flags"}]  # fmt: skip

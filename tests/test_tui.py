@@ -637,6 +637,27 @@ async def test_identical_archives_diff_says_so():
         assert status(app) == "no graph differs"
 
 
+@pilot_test
+async def test_a_graph_instantiated_otherwise_makes_the_diff_say_the_archives_differ(tmp_path):
+    from .archive_tools import edit_json
+
+    copy = tmp_path / "flagged"
+    shutil.copytree(FIXTURES / "tiny-qwen3", copy)
+
+    def flagged(session: dict) -> None:
+        session["format_version"] = 6
+        session["graphs"][0]["instantiate_flags"] = 9
+
+    edit_json(copy / "rank0" / "session.json", flagged, root=copy)
+    app = app_for(FIXTURES / "tiny-qwen3", copy)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert status(app).startswith("archives differ: 3 graphs (3 same")
+        assert status(app).endswith("environment matches; 1 graph entry difference")
+        env = app.screen.query_one(EnvironmentDiff)
+        assert [(c.field, c.a, c.b) for c in env.changes] == [("rank 0 decode.bs1: instantiate_flags", "0x0", "0x9")]
+
+
 # -- the command line ------------------------------------------------------------------------------
 
 

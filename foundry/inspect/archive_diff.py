@@ -38,10 +38,13 @@ class ArchiveDiff:
     b: str
     environment: list[FieldChange] = field(default_factory=list)
     graphs: list[GraphDiff] = field(default_factory=list)
+    # (rank, graph, change): what the sessions say of a graph, beside the graph, that changes how
+    # a LOAD runs it (its instantiation flags)
+    entries: list[tuple[int, str, FieldChange]] = field(default_factory=list)
 
     @property
     def identical(self) -> bool:
-        return not self.environment and all(g.status is Status.SAME for g in self.graphs)
+        return not self.environment and not self.entries and all(g.status is Status.SAME for g in self.graphs)
 
     @property
     def rebuilt_kernels(self) -> list[str]:
@@ -80,6 +83,7 @@ class ArchiveDiff:
             "identical": self.identical,
             "rebuilt_kernels": self.rebuilt_kernels,
             "environment": [vars(c) for c in self.environment],
+            "entries": [{"rank": rank, "graph": name, **vars(c)} for rank, name, c in self.entries],
             "graphs": [graph(g) for g in self.graphs],
         }
 
@@ -134,6 +138,9 @@ def diff_archives(a: Archive, b: Archive) -> ArchiveDiff:
                 status = Status.ONLY_A if eb is None else Status.ONLY_B
                 result.graphs.append(GraphDiff(rank, name, status, ea and ea.fingerprint, eb and eb.fingerprint))
                 continue
+            flags_a, flags_b = ea.instantiate_flags or 0, eb.instantiate_flags or 0
+            if flags_a != flags_b:
+                result.entries.append((rank, name, FieldChange("instantiate_flags", hex(flags_a), hex(flags_b))))
             honest = fingerprint(ga) == ea.fingerprint and fingerprint(gb) == eb.fingerprint
             if ea.fingerprint == eb.fingerprint and honest:
                 result.graphs.append(GraphDiff(rank, name, Status.SAME, ea.fingerprint, eb.fingerprint))

@@ -246,6 +246,13 @@ def render_diff(console: Console, d: ArchiveDiff) -> None:
         for c in d.environment:
             table.add_row(p(c.field), p(c.a), p(c.b))
         console.print(table)
+    if d.entries:
+        table = Table(title="Graph entries (how a LOAD runs them)", title_justify="left")
+        for col in ("rank", "graph", "field", "A", "B"):
+            table.add_column(col)
+        for rank, name, c in d.entries:
+            table.add_row(str(rank), p(name), p(c.field), p(c.a), p(c.b))
+        console.print(table)
     counts = {s: sum(g.status is s for g in d.graphs) for s in Status}
     console.print("Graphs: " + ", ".join(f"{n} {s.value.replace('_', ' ')}" for s, n in counts.items()))
     marks = sum(g.undefined_only for g in d.graphs)

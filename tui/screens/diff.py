@@ -25,7 +25,7 @@ from textual.widgets import Header
 
 from foundry.errors import FoundryError
 from foundry.graphir.graph import GraphIR
-from foundry.graphir.passes.diff import GraphDiff, NodeDiff, Status
+from foundry.graphir.passes.diff import FieldChange, GraphDiff, NodeDiff, Status
 from foundry.inspect.archive_diff import ArchiveDiff, diff_archives
 from foundry.text import plain
 
@@ -115,10 +115,13 @@ class DiffScreen(Screen):
         graphs = self.query_one(GraphDiffList)
         graphs.loading = False
         graphs.show(diff)
-        self.query_one(EnvironmentDiff).show(diff.environment)
+        entries = [FieldChange(f"rank {rank} {name}: {c.field}", c.a, c.b) for rank, name, c in diff.entries]
+        self.query_one(EnvironmentDiff).show([*diff.environment, *entries])
         counts = {s: sum(g.status is s for g in diff.graphs) for s in Status}
         summary = ", ".join(f"{n} {STATUS_TEXT[s][0]}" for s, n in counts.items())
         env = counted(len(diff.environment), "environment difference") if diff.environment else "environment matches"
+        if entries:
+            env += "; " + counted(len(entries), "graph entry difference")
         verdict = "identical" if diff.identical else "archives differ"
         rebuilt = (
             f"; {len(diff.rebuilt_kernels)} kernel(s) rebuilt from the same source" if diff.rebuilt_kernels else ""
