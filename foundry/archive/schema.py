@@ -239,6 +239,11 @@ class GraphEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # node priorities), so that LOAD's graph runs as that one did; unset (not written) when 0
     instantiate_flags: U64 | msgspec.UnsetType = msgspec.UNSET
 
+    @property
+    def flags(self) -> int:
+        """The instantiation flags a LOAD gives this graph (0 when SAVE recorded none)."""
+        return self.instantiate_flags or 0
+
     def __post_init__(self) -> None:
         if self.instantiate_flags and self.instantiate_flags & ~INSTANTIATE_FLAGS:
             raise ValueError(f"instantiate_flags 0x{self.instantiate_flags:x} holds flags a LOAD does not give "

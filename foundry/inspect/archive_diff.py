@@ -138,7 +138,7 @@ def diff_archives(a: Archive, b: Archive) -> ArchiveDiff:
                 status = Status.ONLY_A if eb is None else Status.ONLY_B
                 result.graphs.append(GraphDiff(rank, name, status, ea and ea.fingerprint, eb and eb.fingerprint))
                 continue
-            flags_a, flags_b = ea.instantiate_flags or 0, eb.instantiate_flags or 0
+            flags_a, flags_b = ea.flags, eb.flags
             if flags_a != flags_b:
                 result.entries.append((rank, name, FieldChange("instantiate_flags", hex(flags_a), hex(flags_b))))
             honest = fingerprint(ga) == ea.fingerprint and fingerprint(gb) == eb.fingerprint

@@ -164,7 +164,7 @@ def summarize_graph(ir: GraphIR, *, rank: int, entry: GraphEntry, listed: int = 
         undefined_bytes=sum(length for node in nodes if node.undefined for _, length in node.undefined),
         rng=entry.rng is not None,
         plan=entry.plan is not None,
-        instantiate_flags=entry.instantiate_flags or 0,
+        instantiate_flags=entry.flags,
     )
 
 

@@ -37,13 +37,8 @@ def restored(entry: GraphEntry, built: Any, base_of: Callable[[str], int | None]
         built,
         None if entry.outputs is None else outputs_at(entry.outputs, base_of),
         PhiloxReplay(entry.rng, live_base) if entry.rng else None,
-        None if instantiate is None else PendingExec(entry.name, built, instantiate, instantiate_flags(entry)),
+        None if instantiate is None else PendingExec(entry.name, built, instantiate, entry.flags),
     )
-
-
-def instantiate_flags(entry: GraphEntry) -> int:
-    """The flags the program's own graph was instantiated with at SAVE (0 when not recorded)."""
-    return entry.instantiate_flags or 0
 
 
 def binding_report(functions: Any) -> dict[str, Any]:
@@ -89,7 +84,7 @@ class IrBuilder:
         from foundry.graphir.build import build, build_member
         from foundry.runtime.graphs import native_build
 
-        flags = instantiate_flags(entry)
+        flags = entry.flags
         if self.native and native_build.supported(ir):
             return native_build.build_native(self.hook.lib, ir, self.functions, relocate=relocate,
                                              applied=self.applied, timing=self.native_timing, flags=flags)  # fmt: skip
@@ -199,7 +194,7 @@ class PlanBuilder:
                                prefetched_images=prefetched)  # fmt: skip
             built = build_plans(self.hook.lib, plans, self._function, bounds, threads=self.threads,
                                 instantiate=not self.background,
-                                flags=[instantiate_flags(e) for e in entries if e.plan is not None])  # fmt: skip
+                                flags=[e.flags for e in entries if e.plan is not None])  # fmt: skip
             region.finish()
         except BaseException:
             if prefetching is not None:
