@@ -78,6 +78,17 @@ def edit_json(path: Path, edit: Callable[[dict], None], *, root: Path | None = N
         reseal(root, graphs=graphs)
 
 
+def flag_first_graph(root: Path, flags: int) -> None:
+    """Give rank 0's first graph of the archive at ``root`` these instantiation flags (a
+    session of format 6, as a SAVE that saw them writes it), re-sealed."""
+
+    def flagged(session: dict) -> None:
+        session["format_version"] = 6
+        session["graphs"][0]["instantiate_flags"] = flags
+
+    edit_json(root / "rank0" / "session.json", flagged, root=root)
+
+
 def write_archive(path: Path, graphs: list[GraphIR], *, like: Path, modules: tuple[bytes, ...] = (),
                   plan_of: Callable[[GraphIR], Any] | None = None) -> Archive:  # fmt: skip
     """A one-rank archive of ``graphs`` (and module images) in the environment of the archive at ``like``;

@@ -15,7 +15,7 @@ from foundry.graphir.nodes import KernelNode
 from foundry.graphir.passes.diff import Status, node_label
 from foundry.inspect.archive_diff import diff_archives
 
-from .archive_tools import edit_graph, edit_json
+from .archive_tools import edit_graph, edit_json, flag_first_graph
 from .conftest import FIXTURES
 
 
@@ -185,12 +185,7 @@ def test_graphs_a_load_would_instantiate_otherwise_make_the_archives_differ(arch
     """The same graph with other instantiation flags (say, SAVEs under two torch versions)
     runs otherwise after LOAD: not identical, and the diff says which graph and flags."""
     path = archive_copy("tiny-qwen3")
-
-    def flagged(session: dict) -> None:
-        session["format_version"] = 6
-        session["graphs"][0]["instantiate_flags"] = 9
-
-    edit_json(path / "rank0" / "session.json", flagged, root=path)
+    flag_first_graph(path, 9)
     d = diff_archives(Archive.open(FIXTURES / "tiny-qwen3"), Archive.open(path))
     assert [(rank, name, c.field, c.a, c.b) for rank, name, c in d.entries] == [
         (0, "decode.bs1", "instantiate_flags", "0x0", "0x9")

@@ -639,16 +639,11 @@ async def test_identical_archives_diff_says_so():
 
 @pilot_test
 async def test_a_graph_instantiated_otherwise_makes_the_diff_say_the_archives_differ(tmp_path):
-    from .archive_tools import edit_json
+    from .archive_tools import flag_first_graph
 
     copy = tmp_path / "flagged"
     shutil.copytree(FIXTURES / "tiny-qwen3", copy)
-
-    def flagged(session: dict) -> None:
-        session["format_version"] = 6
-        session["graphs"][0]["instantiate_flags"] = 9
-
-    edit_json(copy / "rank0" / "session.json", flagged, root=copy)
+    flag_first_graph(copy, 9)
     app = app_for(FIXTURES / "tiny-qwen3", copy)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
