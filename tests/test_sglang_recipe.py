@@ -73,6 +73,20 @@ def test_tpot_takes_the_median_step_at_each_announced_size(tmp_path):
     assert "20.000 ( 110)  1.000x" in rows["64"] and "20.645 ( 110)  1.032x" in rows["64"]
 
 
+def test_tpot_gives_each_run_of_a_log_its_own_column(tmp_path):
+    """A SAVE's log holds its priming run (a plain one) and its own: told apart, not merged."""
+
+    def one_run(throughput: float) -> list[str]:
+        return ["tpot batch 1", *(decode_line(1, throughput) for _ in range(100)), "tpot batch end"]
+
+    save = tmp_path / "save.log"
+    save.write_text("\n".join([*one_run(200.0), "foundry: scheduler (tp rank 0) active", *one_run(250.0)]) + "\n")
+    out = run("tpot.py", str(save))
+    assert out.returncode == 0, out.stderr
+    assert "save.log#1" in out.stdout and "save.log#2" in out.stdout
+    assert "5.000 ( 100)  1.000x      4.000 ( 100)  0.800x" in out.stdout.splitlines()[1]
+
+
 def test_tpot_refuses_too_few_steps(tmp_path):
     log = tmp_path / "short.log"
     log.write_text("tpot batch 256\n" + "\n".join(decode_line(256, 9000.0) for _ in range(40)) + "\n")

@@ -8,7 +8,9 @@ decode_log_interval=1 --set log_level=info`` run: every decode step logs
 and the recipe announces each batch with ``tpot batch N``. A step's time is N / T
 (the tokens that step made over its throughput). For each announced size, the
 median over the steps whose running batch equals the size and that replayed a CUDA
-graph; then each log's ratio to the first. Exit 2 when a log holds fewer than 100
+graph; then each run's ratio to the first. A log holding several runs (a SAVE's
+priming run and its own, each ending with ``tpot batch end``) gives one column per
+run, ``NAME#1``, ``NAME#2``, ... Exit 2 when a log holds fewer than 100
 such steps for a size (too few to judge), or the first announces no size (nothing
 to compare it with).
 """
@@ -26,8 +28,9 @@ DECODE = re.compile(r"Decode batch.*?#running-req:\s*(\d+),.*?graph:\s*(True|Fal
 MIN_STEPS = 100
 
 
-def step_times(text: str) -> dict[int, list[float]]:
-    """Seconds per decode step, by announced batch size (graph replays at that size only)."""
+def runs(text: str) -> list[dict[int, list[float]]]:
+    """Each run's seconds per decode step by announced size; a run ends at ``tpot batch end``."""
+    done: list[dict[int, list[float]]] = []
     steps: dict[int, list[float]] = {}
     size = None
     for line in text.splitlines():
@@ -36,6 +39,9 @@ def step_times(text: str) -> dict[int, list[float]]:
             size = None if mark[1] == "end" else int(mark[1])
             if size is not None:
                 steps.setdefault(size, [])
+            elif steps:
+                done.append(steps)
+                steps = {}
             continue
         found = DECODE.search(line)
         if size is None or found is None:
@@ -43,7 +49,17 @@ def step_times(text: str) -> dict[int, list[float]]:
         running, graph, throughput = int(found[1]), found[2] == "True", float(found[3])
         if running == size and graph and throughput > 0:
             steps[size].append(running / throughput)
-    return steps
+    return [*done, steps] if steps else done
+
+
+def columns(paths: list[str]) -> dict[str, dict[int, list[float]]]:
+    """One column per run: a log's name, or ``NAME#N`` for each of a log's several runs."""
+    found: dict[str, dict[int, list[float]]] = {}
+    for path in paths:
+        logged = runs(Path(path).read_text(errors="replace")) or [{}]
+        for number, run in enumerate(logged, 1):
+            found[Path(path).name if len(logged) == 1 else f"{Path(path).name}#{number}"] = run
+    return found
 
 
 def main(argv: list[str]) -> int:
@@ -51,21 +67,21 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
         return 2
     try:
-        logs = {path: step_times(Path(path).read_text(errors="replace")) for path in argv}
+        logs = columns(argv)
     except OSError as err:
         print(f"tpot.py: cannot read a log: {err}", file=sys.stderr)
         return 2
-    reference = logs[argv[0]]
+    reference = next(iter(logs.values()))
     if not reference:
         print(f"tpot.py: {argv[0]} announces no batch size (no 'tpot batch N' line; was it run with --tpot?)",
               file=sys.stderr)  # fmt: skip
         return 2
     status = 0
-    print("batch  " + "  ".join(f"{Path(p).name:>24}" for p in argv) + "  (median ms per step, steps; ratio)")
+    print("batch  " + "  ".join(f"{name:>24}" for name in logs) + "  (median ms per step, steps; ratio)")
     for size in sorted(reference):
         cells = []
-        for path in argv:
-            times = logs[path].get(size, [])
+        for run in logs.values():
+            times = run.get(size, [])
             if len(times) < MIN_STEPS:
                 status = 2
                 cells.append(f"{'too few: ' + str(len(times)):>24}")
