@@ -1,7 +1,7 @@
 """Child program of the SAVE/LOAD session GPU tests (run under `foundry run`, not collected).
 
     session_probe.py CUBIN [--scale N] [--skip-module] [--extra-alloc] [--take-base] [--capture-again]
-                           [--allocate-after]
+                           [--allocate-after] [--cache-config] [--two-graphs]
 
 A CUDA module built by the test holds ``__device__ int scale``; the program sets it
 before capture, then captures ``y = x * scale`` through a SAVE/LOAD session. Variants
@@ -12,7 +12,9 @@ diverges), ``--take-base`` reserves the region's base address before the session
 starts, ``--capture-again`` captures the step with torch after the session (what an
 engine whose Foundry plugin did not load would do) and reports what happened,
 ``--allocate-after`` allocates 64 MiB after ``finish()`` (a server's first request)
-and reports how the hook saw it.
+and reports how the hook saw it. ``--two-graphs`` first captures ``copied`` (the step's output
+copied into memory the capture allocates, kept by the graph's outputs), so that ``scaled``
+is captured into a pool an earlier graph holds, as engines capture their graph sets.
 Prints one JSON line: the session report, the output and the hook counters;
 a Foundry error is printed as ``{"error": ...}`` with exit code 3.
 """
@@ -66,6 +68,7 @@ def main() -> int:
     parser.add_argument("--capture-again", action="store_true")
     parser.add_argument("--allocate-after", action="store_true")
     parser.add_argument("--cache-config", action="store_true")  # prefer shared memory for the kernel, as Triton does
+    parser.add_argument("--two-graphs", action="store_true")
     args = parser.parse_args()
 
     import torch
@@ -104,14 +107,21 @@ def main() -> int:
             return y
 
         session.warmup(step if func is not None else lambda: None)
+        first = session.graph("copied", lambda: step().clone()) if args.two_graphs else None
         graph = session.graph("scaled", step)
         report = session.finish()
+        result = {}
+        if first is not None:
+            y.zero_()
+            first.replay()
+            torch.cuda.synchronize()
+            result["copied_seen"] = (first.outputs[5] / x[5]).item()
         y.zero_()
         graph.replay()
         torch.cuda.synchronize()
         out = graph.outputs
         seen = (out[5] / x[5]).item()
-        result = {"report": report, "scale_seen": seen, "same_storage": out.data_ptr() == y.data_ptr(),
+        result |= {"report": report, "scale_seen": seen, "same_storage": out.data_ptr() == y.data_ptr(),
                   "exec_flags": _exec_flags(graph), "cache_config": _kernel_cache_config(graph),
                   "rebuilt": hasattr(graph, "built")}  # fmt: skip
         if args.capture_again:

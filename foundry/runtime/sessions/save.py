@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,9 @@ class SaveSession(Session):
         self.replay = SAVE_REPLAY.read()  # "rebuilt": the program replays graphs built from their IR
         self.live_functions = LiveFunctions()  # the functions lowering met, for those builds
         self.rebuilt_differences: dict[str, list[str]] = {}  # rebuilt graphs read back unlike their capture
+        # the captures rebuilt graphs stand in for: each holds the memory pool its rebuilt graph
+        # runs on, which the next capture shares (torch refuses a pool no live graph holds)
+        self.rebuilt_captures: list[Any] = []
 
     def start(self) -> None:
         from foundry.archive.schema import CATALOG_FILE
@@ -141,28 +145,34 @@ class SaveSession(Session):
                 "instantiate_flags": flags}  # fmt: skip
         self.entries.append((ir, meta))
         if self.replay == "rebuilt":
-            return self._rebuilt(ir, outputs, flags, rng)
+            return self._rebuilt(graph, ir, outputs, flags, rng)
         return CapturedGraph(graph, outputs)
 
-    def _rebuilt(self, ir: GraphIR, outputs: Any, flags: int, rng: RngRecord | None) -> RestoredGraph:
+    def _rebuilt(self, capture: Any, ir: GraphIR, outputs: Any, flags: int, rng: RngRecord | None) -> RestoredGraph:
         """``ir`` built in this process, on the memory and functions its capture used, as a
         LOAD builds it (``FOUNDRY_SAVE_REPLAY=rebuilt``)."""
         if rng is not None:  # its generator cells would need the replay prologue a LOAD gives
             raise FoundryError(f"{SAVE_REPLAY.name}=rebuilt replays no graph that draws random numbers",
                                field=SAVE_REPLAY.name, found=ir.name)  # fmt: skip
         built = build(ir, self.live_functions, flags=flags)
+        self.rebuilt_captures.append(capture)
         self._note_rebuilt_differences(ir, built.graph)
         return RestoredGraph(built, outputs)
 
     def _note_rebuilt_differences(self, ir: GraphIR, rebuilt: Any) -> None:
         """The rebuilt graph read back as a capture is, and compared with ``ir``: the first
-        differences the report lists (none expected: node kinds, launches, attributes, edges)."""
+        differences the report lists (none expected: node kinds, launches, attributes, edges),
+        each edge with its ports and type, then the edges of each side counted by those."""
         from foundry.graphir.passes.diff import diff_graphs
 
-        diff = diff_graphs(ir, self._lower(rebuilt, ir.name), listed=8)
+        back = self._lower(rebuilt, ir.name)
+        diff = diff_graphs(ir, back, listed=8)
         found = [f"node {n.label}: {', '.join(c.field for c in n.changes) or n.status.value}" for n in diff.nodes]
-        found += [f"edge {src}->{dst} only in the capture" for src, dst in diff.edges_only_a]
-        found += [f"edge {src}->{dst} only in the rebuilt graph" for src, dst in diff.edges_only_b]
+        found += [f"edge {_edge(ir, src, dst)} only in the capture" for src, dst in diff.edges_only_a]
+        found += [f"edge {_edge(back, src, dst)} only in the rebuilt graph" for src, dst in diff.edges_only_b]
+        if diff.edges_only_a or diff.edges_only_b:
+            kinds = f"capture {_edge_kinds(ir)}, rebuilt {_edge_kinds(back)}"
+            found.append(f"edges by (from port, to port, type): {kinds}")
         if found:
             self.rebuilt_differences[ir.name] = found
 
@@ -371,3 +381,13 @@ class SaveSession(Session):
             trace=trace,
             warmup_bytes=warm,
         )
+
+
+def _edge(ir: GraphIR, src: int, dst: int) -> str:
+    data = next(e.data for e in ir.edges() if (e.src, e.dst) == (src, dst))
+    return f"{src}->{dst} (ports {data.from_port}->{data.to_port}, type {data.type})"
+
+
+def _edge_kinds(ir: GraphIR) -> dict[str, int]:
+    kinds = Counter(f"{e.data.from_port},{e.data.to_port},{e.data.type}" for e in ir.edges())
+    return dict(sorted(kinds.items()))
