@@ -235,8 +235,8 @@ class GraphEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     topology: str | None = None  # graphs with the same key share a LOAD template
     rng: RngRecord | None = None
     plan: LaunchPlan | None = None
-    # the flags the program's own graph was instantiated with (torch: auto-free on launch and
-    # node priorities), so that LOAD's graph runs as that one did; unset (not written) when 0
+    # the flags the driver reported for the program's own graph (torch's on the H200 test
+    # machine: auto-free on launch), so that LOAD's graph runs as that one did; unset when 0
     instantiate_flags: U64 | msgspec.UnsetType = msgspec.UNSET
 
     @property
@@ -247,7 +247,7 @@ class GraphEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         if self.instantiate_flags and self.instantiate_flags & ~INSTANTIATE_FLAGS:
             raise ValueError(f"instantiate_flags 0x{self.instantiate_flags:x} holds flags a LOAD does not give "
-                             f"(it gives 0x{INSTANTIATE_FLAGS:x}: auto-free on launch, node priorities)")  # fmt: skip
+                             f"(at most 0x{INSTANTIATE_FLAGS:x}: auto-free on launch, node priorities)")  # fmt: skip
 
 
 #: ``CUgraphInstantiate_flags`` a LOAD instantiates with when SAVE saw them: auto-free on

@@ -39,9 +39,9 @@ def capture(fn: Callable[[], Any], *, warmup: int = 2, pool: Any = None) -> tupl
 
 def instantiate_flags(graph: Any) -> int:
     """The flags a ``torch.cuda.CUDAGraph(keep_graph=True)`` is instantiated with: torch
-    instantiates it at its first replay (auto-free on launch and node priorities on CUDA
-    builds), so this does now what that replay would and asks the driver. A LOAD gives its
-    graph the same, so that it is scheduled as the program's was."""
+    instantiates it at its first replay (with auto-free on launch), so this does now what that
+    replay would and asks the driver. A LOAD gives its graph the same, so that it is
+    scheduled as the program's was."""
     from foundry.archive.schema import INSTANTIATE_FLAGS
     from foundry.errors import FoundryError
     from foundry.graphir.cuda import cu, driver
