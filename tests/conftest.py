@@ -29,6 +29,20 @@ def load_script(path: Path, name: str) -> ModuleType:
     return module
 
 
+def nvcc_cubin(source: str, work: Path, name: str) -> Path:
+    """``source`` built with nvcc for this GPU into ``work/NAME.cubin`` (the test is skipped
+    without nvcc)."""
+    import torch
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is needed to build the test module")
+    major, minor = torch.cuda.get_device_capability()
+    (work / f"{name}.cu").write_text(source)
+    out = work / f"{name}.cubin"
+    subprocess.run(["nvcc", "-cubin", f"-arch=sm_{major}{minor}", "-o", str(out), str(work / f"{name}.cu")], check=True)
+    return out
+
+
 def _gpu_available() -> bool:
     try:
         import torch

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from .archive_tools import edit_json
+from .conftest import nvcc_cubin
 
 pytestmark = pytest.mark.gpu
 
@@ -38,16 +39,7 @@ extern "C" __global__ void scaled(const float* x, float* y, int n) {
 
 @pytest.fixture(scope="module")
 def cubin(tmp_path_factory) -> Path:
-    import torch
-
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc is needed to build the test module")
-    major, minor = torch.cuda.get_device_capability()
-    work = tmp_path_factory.mktemp("module")
-    (work / "scaled.cu").write_text(KERNEL)
-    out = work / "scaled.cubin"
-    subprocess.run(["nvcc", "-cubin", f"-arch=sm_{major}{minor}", "-o", str(out), str(work / "scaled.cu")], check=True)
-    return out
+    return nvcc_cubin(KERNEL, tmp_path_factory.mktemp("module"), "scaled")
 
 
 def foundry_run(mode: str, archive: Path, cubin: Path, *args: str, extra: tuple[str, ...] = (),
