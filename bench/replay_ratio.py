@@ -9,7 +9,7 @@ and on the same memory, interleaved:
 
 - ``torch``: the captured ``torch.cuda.CUDAGraph``;
 - ``reinstantiated``: torch's own graph instantiated again with no flags (torch gives its
-  graphs auto-free on launch and per-node priorities): what the flags alone change;
+  graphs auto-free on launch, as the driver reports): what the flags alone change;
 - ``rebuilt``: the graph built from its IR (:func:`foundry.graphir.build.build`) and
   instantiated with torch's flags, as a LOAD does;
 - ``packed``: rebuilt with every device allocation its operands point into copied, side by
