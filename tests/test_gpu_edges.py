@@ -61,12 +61,19 @@ def test_a_rebuilt_graph_reads_back_with_the_captured_edges(tmp_path):
     # CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC (1) with CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC (1)
     expected = [(i - 1, i, 1, 0, 1) if p else (i - 1, i, 0, 0, 0) for i, p in enumerate(PROGRAMMATIC) if i]
     assert edges == expected
+    exec_of_capture = cu("cuGraphInstantiate", captured, 0)  # what a first replay does to the capture
+    assert _edges_of(lower(captured, "edges")) == _edges_of(ir)
 
     built = build(ir, functions)
     back = lower(built.graph, "edges", functions=LiveFunctions())
-    assert [(e.src, e.dst, e.data) for e in back.edges()] == [(e.src, e.dst, e.data) for e in ir.edges()]
+    assert _edges_of(back) == _edges_of(ir)
     built.launch(side.cuda_stream)
     side.synchronize()
     assert counts.tolist() == [len(PROGRAMMATIC)] * 32  # every kernel ran once
     built.destroy()
+    cu("cuGraphExecDestroy", exec_of_capture)
     cu("cuGraphDestroy", captured)
+
+
+def _edges_of(ir) -> list[tuple]:
+    return [(e.src, e.dst, e.data) for e in ir.edges()]
