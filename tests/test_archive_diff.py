@@ -1,4 +1,5 @@
-"""``foundry archive diff``: identical archives, one changed parameter, one inserted node."""
+"""``foundry archive diff``: identical archives, one changed parameter, one inserted node, one
+edge of another kind."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from click.testing import CliRunner
 
 from foundry.archive import Archive
 from foundry.cli import main
-from foundry.graphir.graph import Edge
+from foundry.graphir.graph import Edge, EdgeData
 from foundry.graphir.nodes import KernelNode
-from foundry.graphir.passes.diff import Status, node_label
+from foundry.graphir.passes.diff import EdgeChange, Status, node_label
 from foundry.inspect.archive_diff import diff_archives
 
 from .archive_tools import edit_graph, edit_json, flag_first_graph
@@ -97,6 +98,35 @@ def test_one_inserted_node_is_one_node_only_in_b(archive_copy):
     assert isinstance(Archive.open(path).graph(0, "decode.bs4").node(inserted_at), KernelNode)
     assert sorted(graph.edges_only_b) == [(inserted_at - 1, inserted_at), (inserted_at, inserted_at + 1)]
     assert graph.edges_only_a == [(inserted_at - 1, inserted_at)]  # A's edge 39->40 now ends at the moved node
+
+
+def test_an_edge_of_another_kind_is_one_changed_edge(archive_copy):
+    """An edge made programmatic (its consumer may start before its producer ends) is listed
+    once, with both kinds, not as an edge only in A and another only in B."""
+    path = archive_copy("tiny-qwen3")
+    programmatic = EdgeData(from_port=1, to_port=0, type=1)
+
+    def make_programmatic(ir):
+        ir._edges[(5, 6)] = programmatic
+
+    edit_graph(path, "decode.bs2", make_programmatic)
+    d = diff_archives(Archive.open(FIXTURES / "tiny-qwen3"), Archive.open(path))
+    (graph,) = changed(d)
+    assert graph.name == "decode.bs2" and not graph.nodes
+    assert graph.edges_changed == [EdgeChange((5, 6), (5, 6), EdgeData(), programmatic)]
+    assert not graph.edges_only_a and not graph.edges_only_b and graph.edge_count == 1
+    assert (graph.edges_changed[0].kind_a, graph.edges_changed[0].kind_b) == (
+        "plain", "programmatic from the programmatic port",
+    )  # fmt: skip
+    text = CliRunner().invoke(main, ["archive", "diff", str(FIXTURES / "tiny-qwen3"), str(path)])
+    assert text.exit_code == 1
+    assert "~ edge A 5 -> 6, B 5 -> 6: plain -> programmatic from the programmatic port" in text.stdout
+    listed = json.loads(CliRunner().invoke(main, ["archive", "diff", "--json", str(FIXTURES / "tiny-qwen3"),
+                                                  str(path)]).stdout)  # fmt: skip
+    (entry,) = [g for g in listed["graphs"] if g["graph"] == "decode.bs2"]
+    assert entry["edges_changed"] == [{"a": [5, 6], "b": [5, 6], "kind_a": "plain",
+                                       "kind_b": "programmatic from the programmatic port",
+                                       "data_a": [0, 0, 0], "data_b": [1, 0, 1]}]  # fmt: skip
 
 
 def test_environment_and_graph_set_differences(archive_copy):

@@ -35,7 +35,7 @@ from rich.console import Console, RenderableType
 
 from foundry.archive import Archive, ArchiveWriter
 from foundry.archive.sample import sample_path
-from foundry.graphir.graph import Edge, GraphIR
+from foundry.graphir.graph import Edge, EdgeData, GraphIR
 from foundry.graphir.nodes import MemsetNode
 from foundry.graphir.operands import Operand, OperandSite
 from foundry.graphir.passes.diff import Status
@@ -600,6 +600,25 @@ async def test_diff_shows_status_the_changed_byte_and_environment(tmp_path):
         assert screen.focused is graphs
         await press(pilot, "up")  # a graph that is the same in both
         assert nodes.row_count == 0 and "The graph is the same in A and B" in plain(compare.shown)
+
+
+@pilot_test
+async def test_diff_lists_an_edge_of_another_kind_with_both_kinds(tmp_path):
+    path = tmp_path / "tiny-qwen3-edge"
+    shutil.copytree(FIXTURES / "tiny-qwen3", path)
+
+    def make_programmatic(ir: GraphIR) -> None:
+        ir._edges[(5, 6)] = EdgeData(from_port=1, to_port=0, type=1)
+
+    edit_graph(path, "decode.bs2", make_programmatic)
+    app = app_for(FIXTURES / "tiny-qwen3", path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        nodes = app.screen.query_one(NodeDiffTable)
+        assert nodes.row_count == 1 and nodes.border_subtitle == "0 nodes differ · 1 edge differs"
+        row = [plain(cell).strip() for cell in nodes.get_row_at(0)]
+        assert row == ["~", "", "", "edge 5 -> 6", "plain -> programmatic from the programmatic port"]
+        assert "of another kind in B" in plain(app.screen.query_one(NodeCompare).shown)
 
 
 @pilot_test

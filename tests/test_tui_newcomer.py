@@ -134,7 +134,7 @@ async def test_the_diff_subtitle_says_what_it_counts(tmp_path):
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
         table = app.screen.query_one(NodeDiffTable)
-        assert table.border_subtitle == "1 node differs · 0 edges in one archive only"
+        assert table.border_subtitle == "1 node differs · 0 edges differ"
         assert isinstance(app.screen, DiffScreen)
 
 

@@ -22,6 +22,7 @@ from foundry.graphir.graph import GraphIR
 from foundry.graphir.passes.diff import (
     LISTED,
     REBUILT,
+    EdgeChange,
     FieldChange,
     GraphDiff,
     Status,
@@ -72,6 +73,7 @@ class ArchiveDiff:
                     }
                     for n in g.nodes
                 ],
+                "edges_changed": [_edge_change(c) for c in g.edges_changed],
                 "edges_only_a": g.edges_only_a,
                 "edges_only_b": g.edges_only_b,
                 "not_listed": {"nodes": g.nodes_not_listed, "edges": g.edges_not_listed, "marks": g.marks_not_listed},
@@ -155,3 +157,10 @@ def diff_archives(a: Archive, b: Archive) -> ArchiveDiff:
                 listed -= graph.listed
                 result.graphs.append(graph)
     return result
+
+
+def _edge_change(change: EdgeChange) -> dict[str, Any]:
+    """An edge of another kind, for ``--json``: its ends, kinds, and ``[from_port, to_port, type]``."""
+    return {"a": change.a, "b": change.b, "kind_a": change.kind_a, "kind_b": change.kind_b,
+            "data_a": list(msgspec.structs.astuple(change.data_a)),
+            "data_b": list(msgspec.structs.astuple(change.data_b))}  # fmt: skip

@@ -270,7 +270,7 @@ def render_diff(console: Console, d: ArchiveDiff) -> None:
         if g.status is not Status.CHANGED:
             continue
         console.print(f"  fingerprint A {p(g.fingerprint_a)}\n  fingerprint B {p(g.fingerprint_b)}")
-        if not (g.node_count or g.edges_only_a or g.edges_only_b or g.edges_not_listed):
+        if not (g.node_count or g.edge_count):
             console.print(
                 "  no field differs, yet the graphs do not fingerprint alike (a recorded fingerprint "
                 "that does not match its graph? `foundry archive verify` checks)"
@@ -286,6 +286,9 @@ def render_diff(console: Console, d: ArchiveDiff) -> None:
             else:
                 sign, style = ("-", "red") if n.status is Status.ONLY_A else ("+", "green")
                 console.print(Text(f"  {sign} {ids} {p(n.label)} (only in {'A' if sign == '-' else 'B'})", style=style))
+        for c in g.edges_changed:
+            ends = f"A {c.a[0]} -> {c.a[1]}, B {c.b[0]} -> {c.b[1]}"
+            console.print(Text.assemble(f"  ~ edge {ends}: ", (c.kind_a, "red"), " -> ", (c.kind_b, "green")))
         for src, dst in g.edges_only_a:
             console.print(Text(f"  - edge A {src} -> {dst}", style="red"))
         for src, dst in g.edges_only_b:

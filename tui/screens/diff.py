@@ -159,9 +159,8 @@ class DiffScreen(Screen):
         table.border_title = plain(f"Nodes that differ · rank {graph.rank} {graph.name}")
         if graph.status is Status.CHANGED:
             table.show(graph)
-            edges = len(graph.edges_only_a) + len(graph.edges_only_b) + graph.edges_not_listed
             unlisted = graph.nodes_not_listed + graph.edges_not_listed
-            table.border_subtitle = differing(graph.node_count, edges) + (
+            table.border_subtitle = differing(graph.node_count, graph.edge_count) + (
                 f" ({unlisted} past what a diff lists)" if unlisted else ""
             )
             self._load_pair(graph.rank, graph.name)
@@ -219,7 +218,7 @@ class DiffScreen(Screen):
     def _show_node(self, node: NodeDiff | None) -> None:
         compare = self.query_one(NodeCompare)
         if node is None:
-            compare.show_message("An edge only one archive has.")
+            compare.show_message("An edge: of another kind in B (~), or only in one archive (- A, + B).")
         elif self.graph is not None:
             compare.show(node, *self._irs(self.graph))
 
@@ -253,6 +252,10 @@ class DiffScreen(Screen):
 
 
 def differing(nodes: int, edges: int) -> str:
-    """What the node-diff table's subtitle counts: nodes that differ, edges only one archive has."""
-    verb = "differs" if nodes == 1 else "differ"
-    return f"{counted(nodes, 'node')} {verb} · {counted(edges, 'edge')} in one archive only"
+    """What the node-diff table's subtitle counts: nodes that differ, edges that differ (of
+    another kind, or in one archive only)."""
+    return f"{counted(nodes, 'node')} {_differ(nodes)} · {counted(edges, 'edge')} {_differ(edges)}"
+
+
+def _differ(count: int) -> str:
+    return "differs" if count == 1 else "differ"

@@ -9,7 +9,7 @@ from rich.text import Text
 from textual.message import Message
 from textual.widgets import DataTable
 
-from foundry.graphir.passes.diff import GraphDiff, NodeDiff, Status
+from foundry.graphir.passes.diff import EdgeChange, GraphDiff, NodeDiff, Status
 from foundry.text import plain
 
 MARKS = {Status.CHANGED: ("~", "bold yellow"), Status.ONLY_A: ("-", "bold red"), Status.ONLY_B: ("+", "bold green")}
@@ -30,8 +30,8 @@ def changed_fields(node: NodeDiff) -> str:
 
 
 class NodeDiffTable(RowTable):
-    """Rows are :class:`~foundry.graphir.passes.diff.NodeDiff` items, then edges
-    only in A or B; posts :class:`NodeDiffTable.NodeDiffHighlighted`."""
+    """Rows are :class:`~foundry.graphir.passes.diff.NodeDiff` items, then edges of
+    another kind in B, then edges only in A or B; posts :class:`NodeDiffTable.NodeDiffHighlighted`."""
 
     class NodeDiffHighlighted(Message):
         """The cursor is on a node diff (``node``) or on an edge row (``node`` is ``None``)."""
@@ -49,7 +49,7 @@ class NodeDiffTable(RowTable):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(zebra_stripes=True, **kwargs)
-        self.items: list[NodeDiff | tuple[str, int, int]] = []
+        self.items: list[NodeDiff | EdgeChange | tuple[str, int, int]] = []
 
     def on_mount(self) -> None:
         self.add_column("", width=1, key="mark")
@@ -73,6 +73,11 @@ class NodeDiffTable(RowTable):
                 plain(node.label),
                 plain(changed_fields(node), style="yellow" if node.status is Status.CHANGED else style),
             )
+        for change in graph.edges_changed:
+            self.items.append(change)
+            label = f"edge {change.a[0]} -> {change.a[1]}"
+            kinds = plain(f"{change.kind_a} -> {change.kind_b}", "yellow")
+            self.add_row(Text("~", style="yellow"), "", "", label, kinds)
         for side, edges, style in (("A", graph.edges_only_a, "red"), ("B", graph.edges_only_b, "green")):
             for src, dst in edges:
                 self.items.append((side, src, dst))

@@ -10,7 +10,10 @@ to SAVE, so two SAVEs of the same program can differ in fingerprint and still be
 the same graph (:mod:`foundry.inspect.archive_diff` says so: ``undefined_only``).
 A kernel whose mangled name differs only in nvcc's per-compilation anonymous-namespace
 id is the same source built twice (a JIT build per machine): it is aligned as the
-same kernel and its name change is marked ``kernel.rebuilt``.
+same kernel and its name change is marked ``kernel.rebuilt``. Edges are compared
+through the alignment: one both graphs have with another kind (the producer's port, the
+dependency type: a programmatic edge lets its consumer start before the producer ends)
+is listed as changed, not as one edge only in each graph.
 The diff is a pure function; the CLI and the TUI only render it.
 
 A diff stays bounded however much differs: it lists differences up to a budget
@@ -31,7 +34,7 @@ from typing import Any
 import msgspec
 
 from foundry.graphir.fingerprint import operand_target, scalar_bytes
-from foundry.graphir.graph import GraphIR
+from foundry.graphir.graph import EdgeData, GraphIR
 from foundry.graphir.nodes import KernelNode, Node, ranges_minus
 from foundry.graphir.operands import Operand
 
@@ -98,6 +101,7 @@ class GraphDiff:
     fingerprint_a: str | None = None
     fingerprint_b: str | None = None
     nodes: list[NodeDiff] = field(default_factory=list)
+    edges_changed: list[EdgeChange] = field(default_factory=list)  # in both, of another kind
     edges_only_a: list[tuple[int, int]] = field(default_factory=list)
     edges_only_b: list[tuple[int, int]] = field(default_factory=list)
     undefined_only: bool = False  # SAME though the fingerprints differ: only in bytes one side marked undefined
@@ -110,12 +114,51 @@ class GraphDiff:
     def listed(self) -> int:
         """What this graph's diff lists, in the units of the budget."""
         nodes = sum(1 + len(n.changes) for n in self.nodes)
-        return nodes + len(self.edges_only_a) + len(self.edges_only_b) + len(self.marks_differ)
+        edges = len(self.edges_changed) + len(self.edges_only_a) + len(self.edges_only_b)
+        return nodes + edges + len(self.marks_differ)
+
+    @property
+    def edge_count(self) -> int:
+        """Differing edges (another kind, or in one graph only), listed or not."""
+        return len(self.edges_changed) + len(self.edges_only_a) + len(self.edges_only_b) + self.edges_not_listed
 
     @property
     def node_count(self) -> int:
         """Differing nodes, listed or not."""
         return len(self.nodes) + self.nodes_not_listed
+
+
+@dataclass(frozen=True)
+class EdgeChange:
+    """An edge both graphs have (between aligned nodes) with another kind: ``a`` and ``b`` are
+    its ``(src, dst)`` in each graph, ``data_a`` and ``data_b`` its ports and type there."""
+
+    a: tuple[int, int]
+    b: tuple[int, int]
+    data_a: EdgeData
+    data_b: EdgeData
+
+    @property
+    def kind_a(self) -> str:
+        return edge_kind(self.data_a)
+
+    @property
+    def kind_b(self) -> str:
+        return edge_kind(self.data_b)
+
+
+_PORTS = {0: "default", 1: "programmatic", 2: "launch-order"}  # CU_GRAPH_KERNEL_NODE_PORT_*
+_TYPES = {0: "full", 1: "programmatic"}  # CU_GRAPH_DEPENDENCY_TYPE_*
+
+
+def edge_kind(data: EdgeData) -> str:
+    """An edge's kind as people read it: ``plain`` (the producer complete, its writes visible),
+    else its dependency type and the producer's port it leaves from."""
+    if data == EdgeData():
+        return "plain"
+    to = f", to port {data.to_port}" if data.to_port else ""
+    kind = _TYPES.get(data.type, f"type {data.type}")
+    return f"{kind} from the {_PORTS.get(data.from_port, str(data.from_port))} port{to}"
 
 
 class _Budget:
@@ -283,18 +326,34 @@ def diff_graphs(a: GraphIR, b: GraphIR, *, rank: int = 0, listed: int = LISTED) 
             budget.node(result, NodeDiff(Status.ONLY_A, na.id, None, node_label(na)))
         for nb in nodes_b[j1 + paired : j2]:
             budget.node(result, NodeDiff(Status.ONLY_B, None, nb.id, node_label(nb)))
-    edges_a = {(mapping.get(e.src), mapping.get(e.dst), e.data) for e in a.edges()}
-    edges_b = {(e.src, e.dst, e.data) for e in b.edges()}
-    only_a = sorted(
-        (e.src, e.dst) for e in a.edges() if (mapping.get(e.src), mapping.get(e.dst), e.data) not in edges_b
-    )
-    only_b = sorted((s, d) for s, d, data in edges_b if (s, d, data) not in edges_a)
+    changed, only_a, only_b = _edge_differences(a, b, mapping)
+    result.edges_changed, not_changed = budget.take(changed)
     result.edges_only_a, not_a = budget.take(only_a)
     result.edges_only_b, not_b = budget.take(only_b)
-    result.edges_not_listed = not_a + not_b
-    if result.node_count or only_a or only_b:
+    result.edges_not_listed = not_changed + not_a + not_b
+    if result.node_count or result.edge_count:
         result.status = Status.CHANGED
     return result
+
+
+def _edge_differences(
+    a: GraphIR, b: GraphIR, mapping: dict[int, int]
+) -> tuple[list[EdgeChange], list[tuple[int, int]], list[tuple[int, int]]]:
+    """Through the node alignment: edges both graphs have with another kind, then those only
+    in A, then those only in B."""
+    data_b = {(e.src, e.dst): e.data for e in b.edges()}
+    matched: set[tuple[int, int]] = set()
+    changed, only_a = [], []
+    for e in a.edges():
+        there = (mapping.get(e.src), mapping.get(e.dst))
+        theirs = data_b.get(there)  # an unaligned end (None) matches nothing
+        if theirs is None:
+            only_a.append((e.src, e.dst))
+            continue
+        matched.add(there)
+        if theirs != e.data:
+            changed.append(EdgeChange((e.src, e.dst), there, e.data, theirs))
+    return changed, sorted(only_a), sorted(k for k in data_b if k not in matched)
 
 
 def mark_differences(a: GraphIR, b: GraphIR, *, listed: int = LISTED) -> tuple[list[MarkDiff], int]:

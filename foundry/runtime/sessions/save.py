@@ -161,18 +161,18 @@ class SaveSession(Session):
 
     def _note_rebuilt_differences(self, ir: GraphIR, rebuilt: Any) -> None:
         """The rebuilt graph read back as a capture is, and compared with ``ir``: the first
-        differences the report lists (none expected: node kinds, launches, attributes, edges),
-        each edge with its ports and type, then the edges of each side counted by those."""
+        differences the report lists (none expected: node kinds, launches, attributes, edges
+        and their kinds), then, where edges differ, each side's edges counted by kind."""
         from foundry.graphir.passes.diff import diff_graphs
 
         back = self._lower(rebuilt, ir.name)
         diff = diff_graphs(ir, back, listed=8)
         found = [f"node {n.label}: {', '.join(c.field for c in n.changes) or n.status.value}" for n in diff.nodes]
-        found += [f"edge {_edge(ir, src, dst)} only in the capture" for src, dst in diff.edges_only_a]
-        found += [f"edge {_edge(back, src, dst)} only in the rebuilt graph" for src, dst in diff.edges_only_b]
-        if diff.edges_only_a or diff.edges_only_b:
-            kinds = f"capture {_edge_kinds(ir)}, rebuilt {_edge_kinds(back)}"
-            found.append(f"edges by (from port, to port, type): {kinds}")
+        found += [f"edge {c.a[0]}->{c.a[1]}: {c.kind_a} in the capture, {c.kind_b} rebuilt" for c in diff.edges_changed]
+        found += [f"edge {src}->{dst} only in the capture" for src, dst in diff.edges_only_a]
+        found += [f"edge {src}->{dst} only in the rebuilt graph" for src, dst in diff.edges_only_b]
+        if diff.edge_count:
+            found.append(f"edges by kind: capture {_edge_kinds(ir)}, rebuilt {_edge_kinds(back)}")
         if found:
             self.rebuilt_differences[ir.name] = found
 
@@ -383,11 +383,7 @@ class SaveSession(Session):
         )
 
 
-def _edge(ir: GraphIR, src: int, dst: int) -> str:
-    data = next(e.data for e in ir.edges() if (e.src, e.dst) == (src, dst))
-    return f"{src}->{dst} (ports {data.from_port}->{data.to_port}, type {data.type})"
-
-
 def _edge_kinds(ir: GraphIR) -> dict[str, int]:
-    kinds = Counter(f"{e.data.from_port},{e.data.to_port},{e.data.type}" for e in ir.edges())
-    return dict(sorted(kinds.items()))
+    from foundry.graphir.passes.diff import edge_kind
+
+    return dict(sorted(Counter(edge_kind(e.data) for e in ir.edges()).items()))
