@@ -47,6 +47,9 @@ def test_inspect_shows_sglangs_decode_graphs_server_arguments_and_kernels():
         assert (graph["runner"], graph["shape_key"]) == ("decode", int(name.removeprefix("decode.bs")))
         assert graph["kinds"] == {"kernel": graph["nodes"]} and graph["collectives"] == {}
         assert graph["unresolved"] == 0 and graph["plan"]
+        # the edge into each kernel launched with programmatic dependent launch (SGLang's own,
+        # FlashInfer's norms, the second Triton attention stage) is programmatic, the others plain
+        assert graph["edges"] == {"plain": 12, "programmatic from the programmatic port": 15}
     model = summary["model"]
     assert model["sglang.version"] == "0.5.17" and model["sglang.attention_backend"] == '"triton"'
     assert model["sglang.cuda_graph_bs_decode"] == "[1, 2, 4, 8]" and model["sglang.warmup_skip"] == "safe"
@@ -55,6 +58,12 @@ def test_inspect_shows_sglangs_decode_graphs_server_arguments_and_kernels():
     assert launches == sum(g["nodes"] for g in graphs.values())  # the histogram counts every node
     names = " ".join(k["name"] for k in summary["kernels"])
     assert all(kernel in names for kernel in SGLANG_KERNELS)
+
+
+def test_inspect_counts_the_programmatic_edges():
+    result = invoke("archive", "inspect", str(SGLANG))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.count("27 (15 programmatic)") == 4
 
 
 def test_lint_counts_no_collective_in_sglangs_graphs():

@@ -37,6 +37,8 @@ _KIND = attrgetter("kind")  # counted over thousands of nodes
 EDGE_DEFAULT = 0
 EDGE_PROGRAMMATIC = 1
 _EDGE_TYPES = frozenset({EDGE_DEFAULT, EDGE_PROGRAMMATIC})
+_TYPE_NAMES = {EDGE_DEFAULT: "full", EDGE_PROGRAMMATIC: "programmatic"}
+_PORT_NAMES = {0: "default", 1: "programmatic", 2: "launch-order"}  # CU_GRAPH_KERNEL_NODE_PORT_*
 
 
 class EdgeData(msgspec.Struct, frozen=True, gc=False, array_like=True, forbid_unknown_fields=True):
@@ -45,6 +47,17 @@ class EdgeData(msgspec.Struct, frozen=True, gc=False, array_like=True, forbid_un
     from_port: U8 = 0
     to_port: U8 = 0
     type: U8 = EDGE_DEFAULT
+
+    @property
+    def kind(self) -> str:
+        """As people read it: ``plain`` (the producer complete, its writes visible), else the
+        dependency type and the producer's port it leaves from (a programmatic edge lets its
+        consumer start before the producer ends)."""
+        if self == EdgeData():
+            return "plain"
+        to = f", to port {self.to_port}" if self.to_port else ""
+        kind = _TYPE_NAMES.get(self.type, f"type {self.type}")
+        return f"{kind} from the {_PORT_NAMES.get(self.from_port, str(self.from_port))} port{to}"
 
 
 class Edge(msgspec.Struct, frozen=True, gc=False, array_like=True, forbid_unknown_fields=True):

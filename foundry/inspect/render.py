@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # the reports' types: each command imports only its own
     from foundry.graphir.passes.diff import GraphDiff
     from foundry.inspect.archive_diff import ArchiveDiff
     from foundry.inspect.lint import LintReport
-    from foundry.inspect.summary import ArchiveSummary
+    from foundry.inspect.summary import ArchiveSummary, GraphSummary
 
 
 def human_bytes(n: int) -> str:
@@ -116,7 +116,8 @@ def render_summary(console: Console, s: ArchiveSummary, *, top: int = 15) -> Non
 
 GRAPH_COLUMNS = (
     Column("rank", right=True), Column("graph"), Column("shape", right=True), Column("nodes", right=True),
-    Column("kinds"), Column("collectives"), Column("unresolved", right=True), Column("fingerprint"),
+    Column("kinds"), Column("edges", right=True), Column("collectives"), Column("unresolved", right=True),
+    Column("fingerprint"),
 )  # fmt: skip
 KERNEL_COLUMNS = (Column("launches", right=True), Column("variants", right=True), Column("kernel"))
 REGION_COLUMNS = (Column("region"), Column("kind"), Column("size", right=True), Column("graphs", right=True),
@@ -144,11 +145,17 @@ def _render_graph_table(console: Console, s: ArchiveSummary) -> None:
         unresolved = str(g.unresolved_count)
         rows.append((
             str(g.rank), p(g.name), "-" if g.shape_key is None else str(g.shape_key), str(g.nodes),
-            ", ".join(f"{k} {n}" for k, n in sorted(g.kinds.items())),
+            ", ".join(f"{k} {n}" for k, n in sorted(g.kinds.items())), _edge_cell(g),
             p(", ".join(f"{k} {n}" for k, n in sorted(g.collectives.items())) or "-"),
             (unresolved, "red") if g.unresolved_count else unresolved, p(g.fingerprint.split(":")[-1][:12]),
         ))  # fmt: skip
     _print_rows(console, "Graphs", GRAPH_COLUMNS, rows)
+
+
+def _edge_cell(g: GraphSummary) -> str:
+    """The graph's edges, and how many of them are programmatic (the kinds are in --json)."""
+    total = sum(g.edges.values())
+    return f"{total} ({g.edges_not_plain} programmatic)" if g.edges_not_plain else str(total)
 
 
 def _render_restore(console: Console, s: ArchiveSummary) -> None:

@@ -52,6 +52,12 @@ class GraphSummary:
     rng: bool = False
     plan: bool = False  # a launch plan: LOAD with --builder native builds it without the IR
     instantiate_flags: int = 0  # the program's own instantiation flags, which LOAD gives the graph
+    edges: Counter[str] = field(default_factory=Counter)  # by kind: plain, programmatic (EdgeData.kind)
+
+    @property
+    def edges_not_plain(self) -> int:
+        """Edges that let a consumer start before its producer ends (programmatic dependent launch)."""
+        return sum(self.edges.values()) - self.edges["plain"]
 
 
 @dataclass
@@ -102,6 +108,7 @@ class ArchiveSummary:
                     "nodes": g.nodes,
                     "fingerprint": g.fingerprint,
                     "kinds": dict(sorted(g.kinds.items())),
+                    "edges": dict(sorted(g.edges.items())),
                     "collectives": dict(sorted(g.collectives.items())),
                     "operands": g.operands,
                     "unresolved": g.unresolved_count,
@@ -165,6 +172,7 @@ def summarize_graph(ir: GraphIR, *, rank: int, entry: GraphEntry, listed: int = 
         rng=entry.rng is not None,
         plan=entry.plan is not None,
         instantiate_flags=entry.flags,
+        edges=Counter(e.data.kind for e in ir.edges()),
     )
 
 

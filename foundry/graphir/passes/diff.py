@@ -140,25 +140,11 @@ class EdgeChange:
 
     @property
     def kind_a(self) -> str:
-        return edge_kind(self.data_a)
+        return self.data_a.kind
 
     @property
     def kind_b(self) -> str:
-        return edge_kind(self.data_b)
-
-
-_PORTS = {0: "default", 1: "programmatic", 2: "launch-order"}  # CU_GRAPH_KERNEL_NODE_PORT_*
-_TYPES = {0: "full", 1: "programmatic"}  # CU_GRAPH_DEPENDENCY_TYPE_*
-
-
-def edge_kind(data: EdgeData) -> str:
-    """An edge's kind as people read it: ``plain`` (the producer complete, its writes visible),
-    else its dependency type and the producer's port it leaves from."""
-    if data == EdgeData():
-        return "plain"
-    to = f", to port {data.to_port}" if data.to_port else ""
-    kind = _TYPES.get(data.type, f"type {data.type}")
-    return f"{kind} from the {_PORTS.get(data.from_port, str(data.from_port))} port{to}"
+        return self.data_b.kind
 
 
 class _Budget:

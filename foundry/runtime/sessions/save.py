@@ -384,6 +384,4 @@ class SaveSession(Session):
 
 
 def _edge_kinds(ir: GraphIR) -> dict[str, int]:
-    from foundry.graphir.passes.diff import edge_kind
-
-    return dict(sorted(Counter(edge_kind(e.data) for e in ir.edges()).items()))
+    return dict(sorted(Counter(e.data.kind for e in ir.edges()).items()))
