@@ -172,7 +172,7 @@ def summarize_graph(ir: GraphIR, *, rank: int, entry: GraphEntry, listed: int = 
         rng=entry.rng is not None,
         plan=entry.plan is not None,
         instantiate_flags=entry.flags,
-        edges=Counter(e.data.kind for e in ir.edges()),
+        edges=ir.edge_kinds(),
     )
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -384,4 +383,4 @@ class SaveSession(Session):
 
 
 def _edge_kinds(ir: GraphIR) -> dict[str, int]:
-    return dict(sorted(Counter(e.data.kind for e in ir.edges()).items()))
+    return dict(sorted(ir.edge_kinds().items()))
