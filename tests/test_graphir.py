@@ -305,3 +305,14 @@ def test_a_graph_with_a_cache_preference_is_format_3_and_an_older_claim_is_refus
     with pytest.raises(IRError, match="holds fields of format version 3") as err:
         decode_graph(msgspec.msgpack.encode(claimed))
     assert err.value.field == "version"
+
+
+def test_an_edge_names_its_kind():
+    assert EdgeData().kind == "plain"
+    assert EdgeData(from_port=1, type=1).kind == "programmatic from the programmatic port"
+    assert EdgeData(from_port=2, type=1).kind == "programmatic from the launch-order port"
+    assert EdgeData(from_port=0, type=1).kind == "programmatic from the default port"
+    ir = GraphIR("kinds")
+    ir.add_nodes([EmptyNode(i) for i in range(4)])
+    ir.add_edges([Edge(0, 1), Edge(1, 2, EdgeData(1, 0, 1)), Edge(2, 3, EdgeData(1, 0, 1))])
+    assert ir.edge_kinds() == {"plain": 1, "programmatic from the programmatic port": 2}
