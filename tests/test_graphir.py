@@ -307,6 +307,24 @@ def test_a_graph_with_a_cache_preference_is_format_3_and_an_older_claim_is_refus
     assert err.value.field == "version"
 
 
+@pytest.mark.parametrize(
+    ("name", "value"), [("preferred_cluster_dim", (8, 1, 1)), ("nvlink_util_centric_scheduling", 1)]
+)
+def test_a_graph_with_a_newer_launch_attribute_is_format_4_and_an_older_claim_is_refused(name, value):
+    from foundry.graphir.codec import graph_version, to_document
+    from foundry.graphir.kernel import LaunchAttribute
+
+    ir = tiny_graph()
+    node = ir.node(0)
+    launch = msgspec.structs.replace(node.launch, attributes=(LaunchAttribute(name, value),))
+    ir.replace_node(msgspec.structs.replace(node, launch=launch))
+    assert graph_version(ir) == 4 and decode_graph(encode_graph(ir)).node(0).launch == launch
+    claimed = msgspec.structs.replace(to_document(ir), version=3)
+    with pytest.raises(IRError, match="holds fields of format version 4") as err:
+        decode_graph(msgspec.msgpack.encode(claimed))
+    assert err.value.field == "version"
+
+
 def test_an_edge_names_its_kind():
     assert EdgeData().kind == "plain"
     assert EdgeData(from_port=1, type=1).kind == "programmatic from the programmatic port"

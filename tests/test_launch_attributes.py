@@ -24,6 +24,11 @@ def test_a_value_once_accepted_does_not_let_another_type_or_value_through():
         _decode("cooperative", 2)
     with pytest.raises(msgspec.ValidationError, match="unknown launch attribute"):
         _decode("no-such-attribute", 1)
+    assert _decode("preferred_cluster_dim", (8, 1, 1)).value == (8, 1, 1)
+    with pytest.raises(msgspec.ValidationError, match="out of its range"):
+        _decode("preferred_cluster_dim", (8, 1))
+    with pytest.raises(msgspec.ValidationError, match="out of its range"):
+        _decode("nvlink_util_centric_scheduling", -1)
     with pytest.raises(msgspec.ValidationError, match="out of its range"):
         _decode("access_policy_window", {"base_ptr": 0, "num_bytes": 0, "hit_ratio": float("nan"),
                                          "hit_prop": 0, "miss_prop": 0})  # fmt: skip

@@ -248,8 +248,11 @@ def test_plans_carry_only_the_launch_attributes_foundry_records(lib):
 
     plan = _plan_record(b"", (PlanKernel("0" * 64, "k"),))
     assert check_plan(lib, _desc(_kernel(4)), plan) == (1, 0)  # cluster dimension
-    with pytest.raises(IRError, match="launch attribute 7 is not one a plan may carry"):
-        check_plan(lib, _desc(_kernel(7)), plan)  # an event: a handle the driver would follow
+    assert check_plan(lib, _desc(_kernel(11)), plan) == (1, 0)  # preferred (substitute) cluster dimension
+    assert check_plan(lib, _desc(_kernel(16)), plan) == (1, 0)  # NVLink-centric scheduling
+    for attribute in (6, 7, 12):  # programmatic launch and events: valid for launches, not graph nodes
+        with pytest.raises(IRError, match=f"launch attribute {attribute} is not one a plan may carry"):
+            check_plan(lib, _desc(_kernel(attribute)), plan)
 
 
 def test_verify_without_cuda_bindings_says_the_plans_were_not_compared(tmp_path):

@@ -153,6 +153,9 @@ def attribute_value(
     elif name == "device_updatable":
         v.deviceUpdatableKernelNode.deviceUpdatable = value
         attr = ids.CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE
+    elif name == "preferred_cluster_dim":
+        v.preferredClusterDim.x, v.preferredClusterDim.y, v.preferredClusterDim.z = value
+        attr = ids.CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION
     else:
         field_name, attr = _SCALAR_ATTRIBUTES[name]
         setattr(v, field_name, value)
@@ -297,6 +300,10 @@ _SCALAR_ATTRIBUTES: Mapping[str, tuple[str, str]] = {
     "priority": ("priority", "CU_LAUNCH_ATTRIBUTE_PRIORITY"),
     "mem_sync_domain": ("memSyncDomain", "CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN"),
     "preferred_shared_memory_carveout": ("sharedMemCarveout", "CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT"),
+    "nvlink_util_centric_scheduling": (
+        "nvlinkUtilCentricScheduling",
+        "CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING",
+    ),
 }
 
 

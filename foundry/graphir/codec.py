@@ -21,6 +21,7 @@ import msgspec
 
 from foundry.errors import IRError
 from foundry.graphir.graph import Edge, GraphIR, MetaValue
+from foundry.graphir.kernel import ATTRIBUTES_SINCE_4
 from foundry.graphir.limits import (
     MAX_EDGES,
     MAX_GRAPH_ATTRIBUTES,
@@ -37,9 +38,10 @@ from foundry.graphir.operands import OperandColumns, OperandManifest
 from foundry.graphir.regions import Region
 
 GRAPH_FORMAT = "foundry-graph"
-# 2 adds ``KernelNode.packed_size``, 3 the function attribute ``cache_config``; a graph is
+# 2 adds ``KernelNode.packed_size``, 3 the function attribute ``cache_config``, 4 the launch
+# attributes ``preferred_cluster_dim`` and ``nvlink_util_centric_scheduling``; a graph is
 # written at the lowest version that holds it, so graphs without them stay readable by older Foundry
-GRAPH_VERSION = 3
+GRAPH_VERSION = 4
 
 
 class GraphDocument(msgspec.Struct, gc=False, forbid_unknown_fields=True):
@@ -135,6 +137,8 @@ def _count(node: Node, index: int, totals: list[int]) -> None:
 def graph_version(ir: GraphIR) -> int:
     """The lowest graph format version that holds ``ir``."""
     kernels = ir.kernels()
+    if any(a.name in ATTRIBUTES_SINCE_4 for node in kernels for a in node.launch.attributes):
+        return 4
     if any(a.name == "cache_config" for node in kernels for a in node.func_attrs):
         return 3
     return 2 if any(node.packed_size for node in kernels) else 1

@@ -252,7 +252,11 @@ ATTRIBUTES = {
     "mem_sync_domain": lambda v: is_uint(v, 32),
     "preferred_shared_memory_carveout": lambda v: is_uint(v, 32),
     "device_updatable": lambda v: v in (0, 1) and type(v) is int,
+    "preferred_cluster_dim": _uints(3, 32),  # a substitute cluster, a multiple of cluster_dim
+    "nvlink_util_centric_scheduling": lambda v: is_uint(v, 32),
 }
+#: Attributes only graph format version 4 holds (an older Foundry refuses them by name).
+ATTRIBUTES_SINCE_4 = frozenset({"preferred_cluster_dim", "nvlink_util_centric_scheduling"})
 
 
 #: The function attributes a LOAD re-applies: two ``CUfunction_attribute`` values and the

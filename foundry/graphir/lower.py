@@ -398,6 +398,14 @@ def _read_attributes(handle: Any) -> dict[str, Any]:
             ids.CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE,
             lambda v: int(v.deviceUpdatableKernelNode.deviceUpdatable),
         ),
+        "preferred_cluster_dim": (
+            ids.CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION,
+            lambda v: (int(v.preferredClusterDim.x), int(v.preferredClusterDim.y), int(v.preferredClusterDim.z)),
+        ),
+        "nvlink_util_centric_scheduling": (
+            ids.CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING,
+            lambda v: int(v.nvlinkUtilCentricScheduling),
+        ),
     }
     values: dict[str, Any] = {}
     for name, (attr_id, read) in readers.items():

@@ -1,9 +1,11 @@
-"""On a GPU: a graph's edges, programmatic and plain, survive lowering and rebuilding.
+"""On a GPU: what a graph rebuilt from its IR keeps: its edges, programmatic and plain, and
+its kernel nodes' launch attributes.
 
 Engines launch some kernels with programmatic dependent launch (FlashInfer's norms,
 sgl-kernel's, cuBLAS's split-K reduce): captured, the edge into such a kernel is
 programmatic (from the producer's programmatic port), the others plain. A rebuilt graph
-must read back with exactly the capture's edges, or its kernels are ordered otherwise.
+must read back with exactly the capture's edges, or its kernels are ordered otherwise,
+and with every launch attribute its nodes had, or they are scheduled otherwise.
 """
 
 from __future__ import annotations
@@ -77,3 +79,57 @@ def test_a_rebuilt_graph_reads_back_with_the_captured_edges(tmp_path):
 
 def _edges_of(ir) -> list[tuple]:
     return [(e.src, e.dst, e.data) for e in ir.edges()]
+
+
+def test_a_rebuilt_node_keeps_its_launch_attributes(tmp_path):
+    """Every launch attribute a kernel node may carry that lowering records is set on the
+    rebuilt node (the cluster dimension always; the NVLink hint and the preferred cluster
+    dimension where this GPU accepts them: the test prints which)."""
+    import torch
+
+    from foundry.graphir.build import LiveFunctions, build
+    from foundry.graphir.cuda import cu, driver, try_cu
+    from foundry.graphir.lower import lower
+
+    drv = driver()
+    counts = torch.zeros(32, dtype=torch.int32, device="cuda")
+    torch.cuda.synchronize()
+    image = ctypes.create_string_buffer(nvcc_cubin(KERNEL, tmp_path, "bump").read_bytes())
+    func = cu("cuModuleGetFunction", cu("cuModuleLoadData", ctypes.addressof(image)), b"bump")
+    side = torch.cuda.Stream()
+    stream = drv.CUstream(side.cuda_stream)
+    cu("cuStreamBeginCapture", stream, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+    cu("cuLaunchKernel", func, 4, 1, 1, 32, 1, 1, 0, stream, ((counts.data_ptr(),), (ctypes.c_void_p,)), 0)
+    graph = cu("cuStreamEndCapture", stream)
+    node = cu("cuGraphGetNodes", graph, 1)[0][0]
+    ids = drv.CUkernelNodeAttrID
+
+    def set_attribute(attr, fill) -> bool:
+        value = drv.CUkernelNodeAttrValue()
+        fill(value)
+        return try_cu("cuGraphKernelNodeSetAttribute", node, attr, value)[0] == drv.CUresult.CUDA_SUCCESS
+
+    def dims(field: str, x: int):
+        return lambda v: [setattr(getattr(v, field), axis, n) for axis, n in zip("xyz", (x, 1, 1), strict=True)]
+
+    assert set_attribute(ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, dims("clusterDim", 2))
+    expected = {"cluster_dim": (2, 1, 1)}
+    if set_attribute(ids.CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING,
+                     lambda v: setattr(v, "nvlinkUtilCentricScheduling", 1)):  # fmt: skip
+        expected["nvlink_util_centric_scheduling"] = 1
+    if set_attribute(ids.CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION, dims("preferredClusterDim", 4)):
+        expected["preferred_cluster_dim"] = (4, 1, 1)
+    print("attributes set:", sorted(expected))
+
+    functions = LiveFunctions()
+    ir = lower(graph, "attributes", functions=functions)
+    recorded = {a.name: a.value for a in ir.node(0).launch.attributes}
+    assert {k: recorded.get(k) for k in expected} == expected, recorded
+    built = build(ir, functions)
+    back = lower(built.graph, "attributes", functions=LiveFunctions())
+    assert back.node(0).launch == ir.node(0).launch
+    built.launch(side.cuda_stream)
+    side.synchronize()
+    assert counts.tolist() == [4] * 32  # four blocks, each adding one
+    built.destroy()
+    cu("cuGraphDestroy", graph)
