@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import io
+import re
 import shutil
 from pathlib import Path
 
@@ -36,7 +37,7 @@ from rich.console import Console, RenderableType
 from foundry.archive import Archive, ArchiveWriter
 from foundry.archive.sample import sample_path
 from foundry.graphir.graph import Edge, EdgeData, GraphIR
-from foundry.graphir.nodes import MemsetNode
+from foundry.graphir.nodes import EmptyNode, MemsetNode
 from foundry.graphir.operands import Operand, OperandSite
 from foundry.graphir.passes.diff import Status
 
@@ -712,3 +713,21 @@ def test_node_pane_marks_undefined_parameter_bytes():
     assert f"{total} undefined bytes ignored by fingerprints" in text and "undefined +" in text
     clean = next(n for n in ir.kernels() if not n.undefined)
     assert "undefined" not in plain(describe_node(ir, clean, rank=0))
+
+
+def test_node_pane_lists_the_nodes_dependencies_with_their_kinds():
+    """SGLang's graphs mix plain edges and programmatic ones (the consumer may start before
+    its producer ends): the pane names each neighbour and a programmatic edge's kind."""
+    from foundry.tui.describe import DEPENDENCIES_LISTED, describe_node
+
+    ir = Archive.open(FIXTURES / "sglang-decode").graph(0, "decode.bs1")
+    (edge,) = [e for e in ir.edges() if e.src == 2]
+    assert edge.data.kind == "programmatic from the programmatic port"
+    text = plain(describe_node(ir, ir.node(2), rank=0))
+    assert re.search(r"after   1 *\n", text) and f"before  {edge.dst} (programmatic from the programmatic port)" in text
+    assert "after   none" in plain(describe_node(ir, ir.node(0), rank=0))  # the graph's first node
+    fan = GraphIR("fan")
+    fan.add_nodes([EmptyNode(i) for i in range(DEPENDENCIES_LISTED + 4)])
+    fan.add_edges(Edge(i, DEPENDENCIES_LISTED + 3) for i in range(DEPENDENCIES_LISTED + 3))
+    listed = plain(describe_node(fan, fan.node(DEPENDENCIES_LISTED + 3), rank=0))
+    assert "after   0, 1, 2, 3, 4, 5, 6, 7, and 3 more" in listed

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from foundry.backends.base import KernelMatch
-from foundry.graphir.graph import GraphIR
+from foundry.graphir.graph import EDGE_KEY, GraphIR
 from foundry.graphir.kernel import LaunchAttribute
 from foundry.graphir.nodes import EmptyNode, KernelNode, MemcpyNode, MemsetNode, Node, UnsupportedNode
 from foundry.graphir.operands import WORD, Operand, OperandSite
@@ -30,6 +30,7 @@ KEY_STYLE = "bold"
 SECTION_STYLE = "bold underline"
 UNRESOLVED_STYLE = "bold red"
 OPERAND_STYLE = "cyan"
+DEPENDENCIES_LISTED = 8  # neighbours listed on each side; a fan-in of hundreds is counted
 
 
 def hex_bytes(data: bytes, group: int = 4) -> str:
@@ -146,6 +147,7 @@ def describe_node(
         parts.append(Text("An empty node: it only orders its neighbours."))
     else:
         parts += [_section("Event"), _grid([("event", str(getattr(node, "event", "-")))])]
+    parts.extend(_dependency_parts(ir, node.id))
     shown_inline = (OperandSite.PARAM, OperandSite.MEMCPY_SRC, OperandSite.MEMCPY_DST, OperandSite.MEMSET_DST)
     other = [o for o in operands if o.site not in shown_inline]
     if other:
@@ -158,6 +160,25 @@ def describe_node(
             style = "red" if f.severity is Severity.ERROR else "yellow"
             parts.append(Text.assemble((f"{f.severity.value:8}", style), printable(f"{f.rule}: {f.message}")))
     return Group(*parts)
+
+
+def _dependency_parts(ir: GraphIR, node_id: int) -> list:
+    """The nodes this one waits for and those waiting for it, each edge with its kind (a
+    programmatic edge lets the consumer start before its producer ends)."""
+    view = ir.nx
+    sides = [
+        ("after", [(src, data[EDGE_KEY]) for src, _, data in view.in_edges(node_id, data=True)]),
+        ("before", [(dst, data[EDGE_KEY]) for _, dst, data in view.out_edges(node_id, data=True)]),
+    ]
+    rows = []
+    for label, edges in sides:
+        listed = ", ".join(
+            f"{other}" if data.kind == "plain" else f"{other} ({data.kind})"
+            for other, data in sorted(edges, key=lambda e: e[0])[:DEPENDENCIES_LISTED]
+        )
+        more = f", and {len(edges) - DEPENDENCIES_LISTED} more" if len(edges) > DEPENDENCIES_LISTED else ""
+        rows.append((label, f"{listed}{more}" if edges else "none"))
+    return [_section("Dependencies"), _grid(rows)]
 
 
 def _kernel_parts(node: KernelNode, operands: tuple[Operand, ...], claim: KernelMatch | None) -> list:
