@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from foundry.backends.base import KernelMatch
-from foundry.graphir.graph import EDGE_KEY, GraphIR
+from foundry.graphir.graph import GraphIR
 from foundry.graphir.kernel import LaunchAttribute
 from foundry.graphir.nodes import EmptyNode, KernelNode, MemcpyNode, MemsetNode, Node, UnsupportedNode
 from foundry.graphir.operands import WORD, Operand, OperandSite
@@ -165,16 +165,13 @@ def describe_node(
 def _dependency_parts(ir: GraphIR, node_id: int) -> list:
     """The nodes this one waits for and those waiting for it, each edge with its kind (a
     programmatic edge lets the consumer start before its producer ends)."""
-    view = ir.nx
-    sides = [
-        ("after", [(src, data[EDGE_KEY]) for src, _, data in view.in_edges(node_id, data=True)]),
-        ("before", [(dst, data[EDGE_KEY]) for _, dst, data in view.out_edges(node_id, data=True)]),
-    ]
+    into, out = ir.dependencies(node_id)
+    sides = [("after", [(e.src, e.data) for e in into]), ("before", [(e.dst, e.data) for e in out])]
     rows = []
     for label, edges in sides:
         listed = ", ".join(
             f"{other}" if data.kind == "plain" else f"{other} ({data.kind})"
-            for other, data in sorted(edges, key=lambda e: e[0])[:DEPENDENCIES_LISTED]
+            for other, data in edges[:DEPENDENCIES_LISTED]
         )
         more = f", and {len(edges) - DEPENDENCIES_LISTED} more" if len(edges) > DEPENDENCIES_LISTED else ""
         rows.append((label, f"{listed}{more}" if edges else "none"))

@@ -161,6 +161,17 @@ class GraphIR:
     def edge_count(self) -> int:
         return len(self._edges)
 
+    def dependencies(self, node_id: int) -> tuple[list[Edge], list[Edge]]:
+        """The edges into ``node_id`` and out of it, each side sorted (one pass over the edges:
+        cheaper for one node than building the networkx view of a large graph)."""
+        into, out = [], []
+        for (src, dst), data in self._edges.items():
+            if dst == node_id:
+                into.append(Edge(src, dst, data))
+            elif src == node_id:
+                out.append(Edge(src, dst, data))
+        return sorted(into, key=attrgetter("src")), sorted(out, key=attrgetter("dst"))
+
     def edge_kinds(self) -> Counter[str]:
         """Edges counted by :attr:`EdgeData.kind` (counted by their data first: graphs hold
         thousands of edges of two or three kinds)."""
