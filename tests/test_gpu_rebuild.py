@@ -18,8 +18,13 @@ from .conftest import nvcc_cubin
 
 pytestmark = pytest.mark.gpu
 
+# waits for its producer's writes where it was launched programmatically (a no-op otherwise);
+# atomic: a cluster's blocks run together
 KERNEL = r"""
-extern "C" __global__ void bump(int* counts) { counts[threadIdx.x] += 1; }
+extern "C" __global__ void bump(int* counts) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    atomicAdd(&counts[threadIdx.x], 1);
+}
 """
 # which launches ask for programmatic dependent launch, in capture order
 PROGRAMMATIC = (False, True, False, True, True, False)

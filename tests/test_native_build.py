@@ -49,13 +49,28 @@ def test_real_graphs_pack_and_parse(lib, archive, graph):
     assert check_packed(lib, desc) == (len(ir), ir.edge_count())
 
 
+def test_a_graph_with_a_newer_launch_attribute_packs_at_version_2(lib):
+    """Version 1 for every graph without them, so an older library still reads those plans."""
+    from foundry.graphir.kernel import LaunchAttribute
+
+    ir = Archive.open(FIXTURES / "tiny-qwen3").graph(0, "decode.bs4")
+    desc = pack(ir, NumberedFunctions(), attribute_bytes=fake_attribute)
+    assert struct.unpack_from("<I", desc, 4) == (1,)
+    node = ir.kernels()[0]
+    launch = msgspec.structs.replace(node.launch, attributes=(LaunchAttribute("preferred_cluster_dim", (2, 1, 1)),))
+    ir.replace_node(msgspec.structs.replace(node, launch=launch))
+    desc = pack(ir, NumberedFunctions(), attribute_bytes=lambda name, value, operands: (11, bytes(64)))
+    assert struct.unpack_from("<I", desc, 4) == (2,)
+    assert check_packed(lib, desc) == (len(ir), ir.edge_count())
+
+
 def test_malformed_descriptions_are_refused_with_a_reason(lib):
     ir = Archive.open(FIXTURES / "saveload-a").graph(0, "sample.bs8")
     desc = pack(ir, NumberedFunctions(), attribute_bytes=fake_attribute)
     cases = {
         "truncated": desc[: len(desc) // 2],
         "magic": b"XXXX" + desc[4:],
-        "version": desc[:4] + struct.pack("<I", 2) + desc[8:],
+        "version": desc[:4] + struct.pack("<I", 3) + desc[8:],
         "trailing": desc + bytes(4),
         "node count": desc[:8] + struct.pack("<I", 1 << 30) + desc[12:],
         "edge": desc[:-12] + struct.pack("<IIBBBB", 0, 999, 0, 0, 0, 0),
@@ -66,7 +81,7 @@ def test_malformed_descriptions_are_refused_with_a_reason(lib):
         with pytest.raises(IRError) as err:
             check_packed(lib, bad)
         reasons[name] = str(err.value)
-    assert "magic" in reasons["magic"] and "version 2" in reasons["version"]
+    assert "magic" in reasons["magic"] and "reads 1 and 2" in reasons["version"]
     assert "truncated" in reasons["truncated"] and "after the last edge" in reasons["trailing"]
     assert "999" in reasons["edge"] and "unknown kind 9" in reasons["kind"]
     assert "larger than the description" in reasons["node count"]

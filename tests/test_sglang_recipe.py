@@ -87,6 +87,18 @@ def test_tpot_gives_each_run_of_a_log_its_own_column(tmp_path):
     assert "5.000 ( 100)  1.000x      4.000 ( 100)  0.800x" in out.stdout.splitlines()[1]
 
 
+def test_tpot_keeps_two_logs_of_one_name_apart_by_their_paths(tmp_path):
+    """Two machines' ``run.log``: two columns, each labelled by its path, neither overwritten."""
+    for name, throughput in (("a", 200.0), ("b", 400.0)):
+        (tmp_path / name).mkdir()
+        lines = ["tpot batch 1", *(decode_line(1, throughput) for _ in range(100)), "tpot batch end"]
+        (tmp_path / name / "run.log").write_text("\n".join(lines) + "\n")
+    out = run("tpot.py", str(tmp_path / "a" / "run.log"), str(tmp_path / "b" / "run.log"))
+    assert out.returncode == 0, out.stderr
+    assert str(tmp_path / "a" / "run.log") in out.stdout and str(tmp_path / "b" / "run.log") in out.stdout
+    assert "5.000 ( 100)  1.000x      2.500 ( 100)  0.500x" in out.stdout.splitlines()[1]
+
+
 def test_tpot_refuses_too_few_steps(tmp_path):
     log = tmp_path / "short.log"
     log.write_text("tpot batch 256\n" + "\n".join(decode_line(256, 9000.0) for _ in range(40)) + "\n")

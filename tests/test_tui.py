@@ -618,7 +618,7 @@ async def test_diff_lists_an_edge_of_another_kind_with_both_kinds(tmp_path):
         nodes = app.screen.query_one(NodeDiffTable)
         assert nodes.row_count == 1 and nodes.border_subtitle == "0 nodes differ · 1 edge differs"
         row = [plain(cell).strip() for cell in nodes.get_row_at(0)]
-        assert row == ["~", "", "", "edge 5 -> 6", "plain -> programmatic from the programmatic port"]
+        assert row == ["~", "5->6", "5->6", "edge", "plain -> programmatic from the programmatic port"]
         assert "of another kind in B" in plain(app.screen.query_one(NodeCompare).shown)
 
 

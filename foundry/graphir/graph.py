@@ -37,7 +37,8 @@ _KIND = attrgetter("kind")  # counted over thousands of nodes
 EDGE_DEFAULT = 0
 EDGE_PROGRAMMATIC = 1
 _EDGE_TYPES = frozenset({EDGE_DEFAULT, EDGE_PROGRAMMATIC})
-_TYPE_NAMES = {EDGE_DEFAULT: "full", EDGE_PROGRAMMATIC: "programmatic"}
+PROGRAMMATIC = "programmatic"  # how EdgeData.kind names a programmatic edge, first
+_TYPE_NAMES = {EDGE_DEFAULT: "default-type", EDGE_PROGRAMMATIC: PROGRAMMATIC}
 _PORT_NAMES = {0: "default", 1: "programmatic", 2: "launch-order"}  # CU_GRAPH_KERNEL_NODE_PORT_*
 
 
@@ -52,7 +53,8 @@ class EdgeData(msgspec.Struct, frozen=True, gc=False, array_like=True, forbid_un
     def kind(self) -> str:
         """As people read it: ``plain`` (the producer complete, its writes visible), else the
         dependency type and the producer's port it leaves from (a programmatic edge lets its
-        consumer start before the producer ends)."""
+        consumer start before the producer ends; the launch-order port fires once all the
+        producer's blocks have begun)."""
         if self == EdgeData():
             return "plain"
         to = f", to port {self.to_port}" if self.to_port else ""

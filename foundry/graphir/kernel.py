@@ -253,7 +253,7 @@ ATTRIBUTES = {
     "preferred_shared_memory_carveout": lambda v: is_uint(v, 32),
     "device_updatable": lambda v: v in (0, 1) and type(v) is int,
     "preferred_cluster_dim": _uints(3, 32),  # a substitute cluster, a multiple of cluster_dim
-    "nvlink_util_centric_scheduling": lambda v: is_uint(v, 32),
+    "nvlink_util_centric_scheduling": lambda v: v in (0, 1) and type(v) is int,
 }
 #: Attributes only graph format version 4 holds (an older Foundry refuses them by name).
 ATTRIBUTES_SINCE_4 = frozenset({"preferred_cluster_dim", "nvlink_util_centric_scheduling"})

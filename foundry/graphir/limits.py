@@ -65,7 +65,7 @@ MAX_META = 256  # annotations of one graph
 MAX_PARAMS = 4_096  # parameters of one kernel (the native builder's limit too)
 MAX_PARAM_BYTES = 32_768  # a kernel's parameter buffer (CUDA allows 32,764 bytes)
 MAX_UNDEFINED_RUNS = 1_024  # undefined runs of one kernel's parameters (seen: 122)
-MAX_ATTRIBUTES = 16  # launch attributes of one node (9 kinds exist; real nodes have 1 or 2)
+MAX_ATTRIBUTES = 16  # launch attributes of one node (11 kinds are recorded; real nodes have 1 or 2)
 # Totals over one graph's kernels, for the elements whose decoded objects are many times their
 # bytes in the file (an int of a layout takes 3 bytes there and 36 in memory): checked as
 # nodes are decoded, one at a time, so a graph over them is refused before it is built.

@@ -155,7 +155,7 @@ def _render_graph_table(console: Console, s: ArchiveSummary) -> None:
 def _edge_cell(g: GraphSummary) -> str:
     """The graph's edges, and how many of them are programmatic (the kinds are in --json)."""
     total = sum(g.edges.values())
-    return f"{total} ({g.edges_not_plain} programmatic)" if g.edges_not_plain else str(total)
+    return f"{total} ({g.edges_programmatic} programmatic)" if g.edges_programmatic else str(total)
 
 
 def _render_restore(console: Console, s: ArchiveSummary) -> None:

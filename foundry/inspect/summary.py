@@ -22,7 +22,7 @@ import msgspec
 from foundry.archive.jit_manifest import read_manifest
 from foundry.archive.reader import Archive
 from foundry.archive.schema import GraphEntry
-from foundry.graphir.graph import GraphIR
+from foundry.graphir.graph import PROGRAMMATIC, GraphIR
 from foundry.graphir.kernel import KernelIdentity
 from foundry.graphir.nodes import KernelNode
 from foundry.inspect.fanout import map_graphs
@@ -55,9 +55,9 @@ class GraphSummary:
     edges: Counter[str] = field(default_factory=Counter)  # by kind: plain, programmatic (EdgeData.kind)
 
     @property
-    def edges_not_plain(self) -> int:
+    def edges_programmatic(self) -> int:
         """Edges that let a consumer start before its producer ends (programmatic dependent launch)."""
-        return sum(self.edges.values()) - self.edges["plain"]
+        return sum(n for kind, n in self.edges.items() if kind.startswith(PROGRAMMATIC))
 
 
 @dataclass

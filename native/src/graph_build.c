@@ -7,7 +7,7 @@
  * driver calls in a loop. Every length is checked against the buffer before it
  * is read; a malformed description is refused with a reason, never read past.
  *
- *   header   "FGB1" u32 version(=1) u32 nodes u32 edges
+ *   header   "FGB1" u32 version(1, or 2 for the launch attributes 11 and 16) u32 nodes u32 edges
  *   node     u32 kind, then by kind:
  *     1 kernel   u64 func, u32 grid[3], u32 block[3], u32 shared, u32 arg_mode (0 params, 1 extra),
  *                u32 nparams, u32 offsets[nparams], u32 sizes[nparams], u32 nbytes, bytes[nbytes] (padded to 4),
@@ -368,7 +368,7 @@ static CUresult run(const void *desc, size_t len, build_t *b, uint32_t *nodes_ou
         return CUDA_ERROR_INVALID_VALUE;
     }
     uint32_t version = u32(&r), nodes = u32(&r), edges = u32(&r);
-    if (version != 1) fail(&r, "packed graph version %u; this library reads 1", version);
+    if (version != 1 && version != 2) fail(&r, "packed graph version %u; this library reads 1 and 2", version);
     if (nodes > (uint32_t)(len / 4) || edges > (uint32_t)(len / 12)) fail(&r, "counts larger than the description");
     if (r.failed) return CUDA_ERROR_INVALID_VALUE;
     if (b->graph) {

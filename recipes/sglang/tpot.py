@@ -53,12 +53,15 @@ def runs(text: str) -> list[dict[int, list[float]]]:
 
 
 def columns(paths: list[str]) -> dict[str, dict[int, list[float]]]:
-    """One column per run: a log's name, or ``NAME#N`` for each of a log's several runs."""
+    """One column per run: a log's name (its path where two logs share a name), or
+    ``NAME#N`` for each of a log's several runs."""
+    names = [Path(path).name for path in paths]
     found: dict[str, dict[int, list[float]]] = {}
-    for path in paths:
+    for path, name in zip(paths, names, strict=True):
+        label = name if names.count(name) == 1 else path
         logged = runs(Path(path).read_text(errors="replace")) or [{}]
         for number, run in enumerate(logged, 1):
-            found[Path(path).name if len(logged) == 1 else f"{Path(path).name}#{number}"] = run
+            found[label if len(logged) == 1 else f"{label}#{number}"] = run
     return found
 
 

@@ -75,9 +75,9 @@ class NodeDiffTable(RowTable):
             )
         for change in graph.edges_changed:
             self.items.append(change)
-            label = f"edge {change.a[0]} -> {change.a[1]}"
             kinds = plain(f"{change.kind_a} -> {change.kind_b}", "yellow")
-            self.add_row(Text("~", style="yellow"), "", "", label, kinds)
+            ends = [Text(f"{src}->{dst}", justify="right") for src, dst in (change.a, change.b)]
+            self.add_row(Text("~", style="yellow"), *ends, "edge", kinds)
         for side, edges, style in (("A", graph.edges_only_a, "red"), ("B", graph.edges_only_b, "green")):
             for src, dst in edges:
                 self.items.append((side, src, dst))

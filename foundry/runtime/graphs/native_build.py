@@ -27,10 +27,11 @@ from foundry.graphir.build import (
     relocated_params,
 )
 from foundry.graphir.graph import GraphIR
+from foundry.graphir.kernel import ATTRIBUTES_SINCE_4
 from foundry.graphir.nodes import EmptyNode, EventRecordNode, EventWaitNode, KernelNode, MemcpyNode, MemsetNode
 from foundry.graphir.operands import OperandSite
 
-MAGIC, VERSION = b"FGB1", 1
+MAGIC = b"FGB1"
 KERNEL, MEMCPY, MEMSET, EMPTY = 1, 2, 3, 4
 ATTR_VALUE_BYTES = 64
 
@@ -44,13 +45,21 @@ def supported(ir: GraphIR) -> bool:
     return not any(isinstance(n, EventRecordNode | EventWaitNode) for n in ir.nodes())
 
 
+def packed_version(ir: GraphIR) -> int:
+    """The lowest packed-graph version that holds ``ir``: 2 adds the launch attributes of graph
+    format 4 (``ATTRIBUTES_SINCE_4``), so an older native library refuses only the plans it
+    would build without them."""
+    newer = any(a.name in ATTRIBUTES_SINCE_4 for node in ir.kernels() for a in node.launch.attributes)
+    return 2 if newer else 1
+
+
 def pack(ir: GraphIR, functions: FunctionResolver, *, relocate: Relocation | None = None,
          attribute_bytes: Any = None) -> bytes:  # fmt: skip
     """The packed description of ``ir`` (format in native/src/graph_build.c).
     ``attribute_bytes(name, value, operands)`` returns ``(id, 64 bytes)`` for a launch
     attribute; by default the driver's own structure is serialised."""
     to_bytes = attribute_bytes or _attribute_bytes(relocate)
-    parts = [MAGIC, struct.pack("<III", VERSION, len(ir), ir.edge_count())]
+    parts = [MAGIC, struct.pack("<III", packed_version(ir), len(ir), ir.edge_count())]
     for node in ir.nodes():
         operands = ir.operands.of(node.id)
         if isinstance(node, KernelNode):
