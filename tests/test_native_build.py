@@ -75,6 +75,12 @@ def test_malformed_descriptions_are_refused_with_a_reason(lib):
         "node count": desc[:8] + struct.pack("<I", 1 << 30) + desc[12:],
         "edge": desc[:-12] + struct.pack("<IIBBBB", 0, 999, 0, 0, 0, 0),
         "kind": desc[:16] + struct.pack("<I", 9) + desc[20:],
+        "edge kinds": (
+            desc[:12]
+            + struct.pack("<I", 33)
+            + desc[16 : len(desc) - 7 * 12]
+            + b"".join(struct.pack("<IIBBBB", 0, 1, port, 0, 0, 0) for port in range(33))
+        ),
     }
     reasons = {}
     for name, bad in cases.items():
@@ -85,6 +91,7 @@ def test_malformed_descriptions_are_refused_with_a_reason(lib):
     assert "truncated" in reasons["truncated"] and "after the last edge" in reasons["trailing"]
     assert "999" in reasons["edge"] and "unknown kind 9" in reasons["kind"]
     assert "larger than the description" in reasons["node count"]
+    assert "edge 32: more than 32 kinds of edge" in reasons["edge kinds"]
 
 
 def test_self_loops_and_cycles_are_refused_naming_a_node(lib):

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from foundry.errors import IRError
 from foundry.graphir.cuda import KernelNodeParamsLayout, cu, driver
-from foundry.graphir.graph import GraphIR
+from foundry.graphir.graph import Edge, EdgeData, GraphIR
 from foundry.graphir.kernel import KernelIdentity
 from foundry.graphir.nodes import (
     EmptyNode,
@@ -273,22 +273,24 @@ class _Builder:
         return p
 
     def edges(self, handles: list[Any]) -> None:
-        edges = self.ir.edges()
-        if not edges:
-            return
-        data = []
-        for edge in edges:
+        """One ``cuGraphAddDependencies`` call per kind of edge, each kind's edges in the IR's
+        order: given one batch, the driver gives every edge the first edge's data (seen on the
+        H200 test machine, driver 580: plain edges after a programmatic first one came back
+        programmatic, letting GEMMs start before their inputs were complete)."""
+        by_kind: dict[EdgeData, list[Edge]] = {}
+        for edge in self.ir.edges():
+            by_kind.setdefault(edge.data, []).append(edge)
+        for data, edges in by_kind.items():
             d = self.drv.CUgraphEdgeData()
-            d.from_port, d.to_port, d.type = edge.data.from_port, edge.data.to_port, edge.data.type
-            data.append(d)
-        cu(
-            "cuGraphAddDependencies",
-            self.graph,
-            [handles[e.src] for e in edges],
-            [handles[e.dst] for e in edges],
-            data,
-            len(edges),
-        )
+            d.from_port, d.to_port, d.type = data.from_port, data.to_port, data.type
+            cu(
+                "cuGraphAddDependencies",
+                self.graph,
+                [handles[e.src] for e in edges],
+                [handles[e.dst] for e in edges],
+                [d] * len(edges),
+                len(edges),
+            )
 
 
 _SCALAR_ATTRIBUTES: Mapping[str, tuple[str, str]] = {
