@@ -11,6 +11,7 @@ and with every launch attribute its nodes had, or they are scheduled otherwise.
 from __future__ import annotations
 
 import ctypes
+from collections import Counter
 
 import pytest
 
@@ -155,4 +156,41 @@ def test_a_rebuilt_node_keeps_its_launch_attributes(tmp_path):
     side.synchronize()
     assert counts.tolist() == [4] * 32  # four blocks, each adding one
     built.destroy()
+    cu("cuGraphDestroy", graph)
+
+
+def test_edges_the_driver_changed_are_named(tmp_path):
+    """The driver's behaviour both builders work around, and the check that would catch it:
+    the capture's edges added in one batch, the plain ones read back programmatic, and
+    ``check_edge_kinds`` refuses naming the plain edges it lost."""
+    import torch
+
+    from foundry.errors import IRError
+    from foundry.graphir.build import check_edge_kinds
+    from foundry.graphir.cuda import cu, driver
+    from foundry.graphir.graph import EdgeData
+
+    drv = driver()
+    counts = torch.zeros(32, dtype=torch.int32, device="cuda")
+    image = ctypes.create_string_buffer(nvcc_cubin(KERNEL, tmp_path, "bump").read_bytes())
+    func = cu("cuModuleGetFunction", cu("cuModuleLoadData", ctypes.addressof(image)), b"bump")
+    graph = cu("cuGraphCreate", 0)
+    params = drv.CUDA_KERNEL_NODE_PARAMS()
+    params.func, params.gridDimX, params.gridDimY, params.gridDimZ = func, 1, 1, 1
+    params.blockDimX, params.blockDimY, params.blockDimZ = 32, 1, 1
+    params.kernelParams = ((counts.data_ptr(),), (ctypes.c_void_p,))
+    nodes = [cu("cuGraphAddKernelNode", graph, None, 0, params) for _ in PROGRAMMATIC]
+    kinds = [EdgeData(1, 0, 1) if p else EdgeData() for p in PROGRAMMATIC[1:]]
+    data = []
+    for kind in kinds:
+        d = drv.CUgraphEdgeData()
+        d.from_port, d.to_port, d.type = kind.from_port, kind.to_port, kind.type
+        data.append(d)
+    cu("cuGraphAddDependencies", graph, nodes[:-1], nodes[1:], data, len(data))  # one batch, the first programmatic
+    _, _, back, _ = cu("cuGraphGetEdges", graph, len(data))
+    if Counter(EdgeData(int(d.from_port), int(d.to_port), int(d.type)) for d in back) == Counter(kinds):
+        cu("cuGraphDestroy", graph)
+        pytest.skip("this driver keeps each edge's data in one batch")
+    with pytest.raises(IRError, match="the driver kept 0 of 2 edges plain"):
+        check_edge_kinds(graph, Counter(kinds), "batched")
     cu("cuGraphDestroy", graph)

@@ -10,6 +10,7 @@ rewritten only where a relocation says so, operand by operand.
 from __future__ import annotations
 
 import ctypes
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -291,6 +292,26 @@ class _Builder:
                 [d] * len(edges),
                 len(edges),
             )
+        check_edge_kinds(self.graph, Counter({data: len(edges) for data, edges in by_kind.items()}), self.ir.name)
+
+
+def check_edge_kinds(graph: Any, expected: Counter[EdgeData], name: str) -> None:
+    """``graph``'s edges read back, counted by kind, are ``expected``, or IRError naming the
+    kind that differs: a driver that changed an edge's kind would order the kernels
+    otherwise, silently."""
+    total = sum(expected.values())
+    if not total:
+        return
+    _, _, data, count = cu("cuGraphGetEdges", graph, total)
+    kept = Counter(EdgeData(int(d.from_port), int(d.to_port), int(d.type)) for d in data[:count])
+    if kept == expected:
+        return
+    # the first kind that lost edges, else the first that differs
+    kind = next((k for k, n in expected.items() if kept[k] < n), None) or next(
+        (k for k, n in expected.items() if kept[k] != n), next(iter(expected))
+    )
+    raise IRError(f"the driver kept {kept[kind]} of {expected[kind]} edges {kind.kind} ({count} edges in all, "
+                  f"{total} in the graph)", path=name)  # fmt: skip
 
 
 _SCALAR_ATTRIBUTES: Mapping[str, tuple[str, str]] = {

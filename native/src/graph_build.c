@@ -352,10 +352,42 @@ static CUresult add_edges_of_kind(reader_t *r, build_t *b, const unsigned char *
     return rc;
 }
 
+/* The graph's edges read back, counted by kind, must be the description's: a driver that
+ * changed an edge's kind would order the kernels otherwise, silently. */
+static CUresult check_edge_kinds(reader_t *r, build_t *b, const uint32_t *kinds, const size_t *counts,
+                                 uint32_t nkinds, uint32_t edges) {
+    size_t n = edges, seen[MAX_EDGE_KINDS] = {0};
+    CUgraphNode *from = calloc(edges, sizeof *from), *to = calloc(edges, sizeof *to);
+    CUgraphEdgeData *data = calloc(edges, sizeof *data);
+    CUresult rc = (from && to && data) ? DRIVER(cuGraphGetEdges_v2)(b->graph, from, to, data, &n)
+                                       : CUDA_ERROR_OUT_OF_MEMORY;
+    if (rc != CUDA_SUCCESS) fail(r, "reading the %u edges back: driver status %d", edges, (int)rc);
+    for (size_t i = 0; rc == CUDA_SUCCESS && i < n && i < edges; i++) {
+        uint32_t kind = data[i].from_port | data[i].to_port << 8 | (uint32_t)data[i].type << 16, k = 0;
+        while (k < nkinds && kinds[k] != kind) k++;
+        if (k < nkinds) seen[k]++;
+    }
+    uint32_t k = 0; /* the first kind that lost edges, else the first that differs */
+    while (k < nkinds && seen[k] >= counts[k]) k++;
+    for (uint32_t other = 0; k == nkinds && other < nkinds; other++)
+        if (seen[other] != counts[other]) k = other;
+    if (rc == CUDA_SUCCESS && (k < nkinds || n != edges)) {
+        k = k < nkinds ? k : 0;
+        fail(r, "the driver kept %zu of %zu edges of ports %u -> %u, type %u (%zu edges in all, %u described)",
+             seen[k], counts[k], kinds[k] & 0xff, kinds[k] >> 8 & 0xff, kinds[k] >> 16, n, edges);
+        rc = CUDA_ERROR_INVALID_VALUE;
+    }
+    free(from);
+    free(to);
+    free(data);
+    return rc;
+}
+
 static CUresult add_edges(reader_t *r, build_t *b, uint32_t nodes, uint32_t edges) {
     const unsigned char *raw = take(r, (size_t)edges * 12);
     if (raw == NULL || edges == 0) return r->failed ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
     uint32_t kinds[MAX_EDGE_KINDS], nkinds = 0;
+    size_t counts[MAX_EDGE_KINDS] = {0};
     for (uint32_t i = 0; i < edges; i++) {
         uint32_t src, dst, kind = edge_kind(raw + 12 * i), k = 0;
         memcpy(&src, raw + 12 * i, 4);
@@ -370,6 +402,7 @@ static CUresult add_edges(reader_t *r, build_t *b, uint32_t nodes, uint32_t edge
             return CUDA_ERROR_INVALID_VALUE;
         }
         if (k == nkinds) kinds[nkinds++] = kind;
+        counts[k]++;
     }
     if (!acyclic(r, raw, nodes, edges)) return CUDA_ERROR_INVALID_VALUE;
     if (b->graph == NULL) return CUDA_SUCCESS;
@@ -382,7 +415,7 @@ static CUresult add_edges(reader_t *r, build_t *b, uint32_t nodes, uint32_t edge
     free(from);
     free(to);
     free(data);
-    return rc;
+    return rc == CUDA_SUCCESS ? check_edge_kinds(r, b, kinds, counts, nkinds, edges) : rc;
 }
 
 /* Parse (and, with a graph in b, build) the description; report the node and edge counts. */
@@ -437,7 +470,7 @@ int foundry_graph_check_indexed(const void *desc, size_t len, size_t nfuncs, uin
 static const char *const needed[] = {"cuCtxGetCurrent", "cuCtxSetCurrent", "cuGraphCreate", "cuGraphDestroy",
                                "cuGraphExecDestroy", "cuGraphAddKernelNode_v2", "cuGraphKernelNodeSetAttribute",
                                "cuGraphAddMemcpyNode", "cuGraphAddMemsetNode", "cuGraphAddEmptyNode",
-                               "cuGraphAddDependencies_v2", "cuGraphInstantiateWithFlags"};
+                               "cuGraphAddDependencies_v2", "cuGraphGetEdges_v2", "cuGraphInstantiateWithFlags"};
 
 static int driver_ready(char *err, size_t errlen) {
     const char *missing = fh_driver_missing(needed, sizeof needed / sizeof needed[0]);
