@@ -31,6 +31,18 @@ extern "C" __global__ void bump(int* counts) {
 PROGRAMMATIC = (False, True, False, True, True, False)
 
 
+def _bump(tmp_path):
+    """The driver module, 32 zeroed counters on the GPU and KERNEL loaded as a CUfunction."""
+    import torch
+
+    from foundry.graphir.cuda import cu, driver
+
+    counts = torch.zeros(32, dtype=torch.int32, device="cuda")
+    torch.cuda.synchronize()
+    image = ctypes.create_string_buffer(nvcc_cubin(KERNEL, tmp_path, "bump").read_bytes())
+    return driver(), counts, cu("cuModuleGetFunction", cu("cuModuleLoadData", ctypes.addressof(image)), b"bump")
+
+
 def _launch(drv, cu, func, stream, counts, programmatic: bool) -> None:
     config = drv.CUlaunchConfig()
     config.gridDimX, config.gridDimY, config.gridDimZ = 1, 1, 1
@@ -61,14 +73,10 @@ def test_a_rebuilt_graph_reads_back_with_the_captured_edges(tmp_path, builder, h
     import torch
 
     from foundry.graphir.build import LiveFunctions
-    from foundry.graphir.cuda import cu, driver
+    from foundry.graphir.cuda import cu
     from foundry.graphir.lower import lower
 
-    drv = driver()
-    counts = torch.zeros(32, dtype=torch.int32, device="cuda")
-    torch.cuda.synchronize()
-    image = ctypes.create_string_buffer(nvcc_cubin(KERNEL, tmp_path, "bump").read_bytes())
-    func = cu("cuModuleGetFunction", cu("cuModuleLoadData", ctypes.addressof(image)), b"bump")
+    drv, counts, func = _bump(tmp_path)
     side = torch.cuda.Stream()
     stream = drv.CUstream(side.cuda_stream)
     cu("cuStreamBeginCapture", stream, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
@@ -107,14 +115,10 @@ def test_a_rebuilt_node_keeps_its_launch_attributes(tmp_path):
     import torch
 
     from foundry.graphir.build import LiveFunctions, build
-    from foundry.graphir.cuda import cu, driver, try_cu
+    from foundry.graphir.cuda import cu, try_cu
     from foundry.graphir.lower import lower
 
-    drv = driver()
-    counts = torch.zeros(32, dtype=torch.int32, device="cuda")
-    torch.cuda.synchronize()
-    image = ctypes.create_string_buffer(nvcc_cubin(KERNEL, tmp_path, "bump").read_bytes())
-    func = cu("cuModuleGetFunction", cu("cuModuleLoadData", ctypes.addressof(image)), b"bump")
+    drv, counts, func = _bump(tmp_path)
     side = torch.cuda.Stream()
     stream = drv.CUstream(side.cuda_stream)
     cu("cuStreamBeginCapture", stream, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
@@ -163,17 +167,13 @@ def test_edges_the_driver_changed_are_named(tmp_path):
     """The driver's behaviour both builders work around, and the check that would catch it:
     the capture's edges added in one batch, the plain ones read back programmatic, and
     ``check_edge_kinds`` refuses naming the plain edges it lost."""
-    import torch
 
     from foundry.errors import IRError
     from foundry.graphir.build import check_edge_kinds
-    from foundry.graphir.cuda import cu, driver
+    from foundry.graphir.cuda import cu
     from foundry.graphir.graph import EdgeData
 
-    drv = driver()
-    counts = torch.zeros(32, dtype=torch.int32, device="cuda")
-    image = ctypes.create_string_buffer(nvcc_cubin(KERNEL, tmp_path, "bump").read_bytes())
-    func = cu("cuModuleGetFunction", cu("cuModuleLoadData", ctypes.addressof(image)), b"bump")
+    drv, counts, func = _bump(tmp_path)
     graph = cu("cuGraphCreate", 0)
     params = drv.CUDA_KERNEL_NODE_PARAMS()
     params.func, params.gridDimX, params.gridDimY, params.gridDimZ = func, 1, 1, 1
