@@ -49,7 +49,7 @@ from foundry.archive.schema import CATALOG_FILE
 from foundry.archive.strip import strip
 from foundry.archive.verify import check_files
 from foundry.cli import main
-from foundry.errors import ArchiveError, CaptureError, DriftError, FoundryError
+from foundry.errors import ArchiveError, CaptureError, DriftError, FoundryError, HookError
 from foundry.runtime.launch import jit, launcher
 
 from .archive_tools import edit_json
@@ -770,6 +770,18 @@ def test_a_save_primes_the_caches_then_saves_with_them_installed(tmp_path, with_
     failing = launcher.RunConfig("save", tmp_path / "c", jit_caches=True)
     assert launcher.run(failing, [sys.executable, "-c", "raise SystemExit(3)"], log=lines.append) == 3
     assert not (tmp_path / "c").exists() and "foundry: the priming run failed (exit 3); nothing was saved" in lines
+
+
+def test_a_save_without_the_hook_is_refused_before_its_priming_run(tmp_path, monkeypatch, _jit_root):
+    # a checkout where `make -C native` never ran: the hook is found nowhere
+    monkeypatch.setattr(launcher, "library_path", lambda: None)
+    config = launcher.RunConfig("save", tmp_path / "a", jit_caches=True)
+    ran = tmp_path / "ran"
+    command = [sys.executable, "-c", f"open({str(ran)!r}, 'w').close()"]
+    with pytest.raises(HookError, match=r"the native hook \(libfoundry_hook.so\) is not built: run `make"):
+        launcher.run(config, command, save_runs=2, log=[].append)
+    assert not ran.exists()  # the program never ran, not even as the priming run
+    assert list(_jit_root.iterdir()) == [] and not (tmp_path / "a").exists()
 
 
 # a JIT cache as the libraries keep one: what is missing is built, and each build differs

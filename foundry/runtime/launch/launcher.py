@@ -105,15 +105,21 @@ def preexec(config: RunConfig) -> Callable[[], None] | None:
     return _no_randomization if config.mode == "save" and config.fixed_layout else None
 
 
+def hook_library() -> Path:
+    """The built hook, or a HookError saying what to run to build it."""
+    lib = library_path()
+    if lib is None:
+        raise HookError(f"the native hook ({LIBRARY}) is not built: {build_hint()}")
+    return lib
+
+
 def environment(config: RunConfig, base_env: dict[str, str] | None = None,
                 archive: Archive | None = None) -> dict[str, str]:  # fmt: skip
     """The child's environment: the hook preloaded and the session described
     (:class:`foundry.env.RunEnvironment`). A LOAD reads its region from ``archive``
     (opened here when not given)."""
     env = dict(os.environ if base_env is None else base_env)
-    lib = library_path()
-    if lib is None:
-        raise HookError(f"the native hook ({LIBRARY}) is not built: {build_hint()}")
+    lib = hook_library()
     base, size, relocate = config.region_base, config.region_size, False
     if config.mode == "load":
         base, size, relocate = _load_region(config, archive or Archive.open(config.archive))
@@ -220,6 +226,8 @@ def run(config: RunConfig, command: list[str], *, save_runs: int = 2, log: Calla
         archive = check_load(config.archive, config.rank, command, config.warmup)
         laps.mark("archive checks")
         return _load(config, archive, command, log, replace_process, laps)
+    if config.mode == "save":  # refused now, not after a priming run of minutes
+        hook_library()
     if config.mode == "save" and config.jit_caches:
         from foundry.runtime.launch import jit
 
