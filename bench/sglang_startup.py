@@ -107,7 +107,7 @@ FAST = ("--warmup", "restore", "--builder", "native", "--instantiate", "backgrou
 CACHE_VARIABLES = ("TRITON_CACHE_DIR", "TRITON_HOME", "TORCHINDUCTOR_CACHE_DIR", "TVM_FFI_CACHE_DIR",
                    "FLASHINFER_WORKSPACE_BASE", "FLASHINFER_JIT_DIR", "CUDA_CACHE_PATH", "SGLANG_CACHE_DIR",
                    "SGLANG_DG_CACHE_DIR", "XDG_CACHE_HOME", "HF_HOME", "TORCH_EXTENSIONS_DIR", "PYTHONPYCACHEPREFIX",
-                   "FOUNDRY_JIT_ROOT")  # fmt: skip
+                   "VLLM_CACHE_ROOT", "FOUNDRY_JIT_ROOT")  # fmt: skip
 LAUNCHER_LINE = re.compile(r"^foundry: launcher: ([0-9.]+) s from its start to the program's exec(?: \((.*)\))?$", re.M)
 HOOK_LINE = re.compile(r"^foundry: hook: ([0-9.]+) ms of its own before CUDA started \((\d+) symbol lookups", re.M)
 COMPILERS = {"nvcc", "ptxas", "cicc", "fatbinary", "nvlink", "gcc", "g++", "cc", "c++", "cc1", "cc1plus", "ld",

@@ -189,6 +189,10 @@ def test_final_artefacts_and_host_code_are_told_apart():
          "TORCH_EXTENSIONS_DIR"),
         (Cache.CUDA, {"HOME": "/h"}, "/h/.nv/ComputeCache", "default"),
         (Cache.CUDA, {"HOME": "/h", "CUDA_CACHE_PATH": "/n"}, "/n", "CUDA_CACHE_PATH"),
+        (Cache.VLLM, {"HOME": "/h"}, "/h/.cache/vllm", "default"),
+        (Cache.VLLM, {"HOME": "/h", "XDG_CACHE_HOME": "~/x"}, "/h/x/vllm", "XDG_CACHE_HOME"),  # expanded
+        (Cache.VLLM, {"HOME": "/h", "XDG_CACHE_HOME": "/x", "VLLM_CACHE_ROOT": "~/v"}, "/h/v", "VLLM_CACHE_ROOT"),
+        (Cache.VLLM, {"HOME": "/h", "XDG_CACHE_HOME": ""}, "None", "XDG_CACHE_HOME"),  # vLLM's then relative
     ],
 )  # fmt: skip
 def test_each_cache_variable_is_resolved_as_its_library_does(cache, environ, expected, by):
@@ -199,7 +203,8 @@ def test_each_cache_variable_is_resolved_as_its_library_does(cache, environ, exp
 
 def test_a_run_names_the_settings_it_replaces(tmp_path):
     environ = {"HOME": "/h", "TRITON_CACHE_DIR": "/mine/triton", "XDG_CACHE_HOME": "/x", "CUDA_CACHE_PATH": ""}
-    assert {spec.cache for spec, _ in user_settings(environ)} == {Cache.TRITON, Cache.TORCH_EXTENSIONS, Cache.CUDA}
+    assert {spec.cache for spec, _ in user_settings(environ)} == {Cache.TRITON, Cache.TORCH_EXTENSIONS, Cache.CUDA,
+                                                                   Cache.VLLM}  # fmt: skip
     line = jit.replaced_settings(environ, tmp_path)
     assert line.startswith("foundry: JIT caches: this run replaces your settings: ") and "\n" not in line
     assert f"TRITON_CACHE_DIR=/mine/triton (Triton: /mine/triton) -> {tmp_path / 'triton'}" in line
@@ -214,13 +219,15 @@ def test_a_run_names_the_settings_it_replaces(tmp_path):
 def test_versions_are_read_from_the_installed_environment(tmp_path):
     site = tmp_path / "site"
     for name in ("torch-2.11.0.dist-info", "triton-3.7.0.dist-info", "flashinfer_python-0.6.15.post1.dist-info",
-                 "apache_tvm_ffi-0.1.11.dist-info", "sglang_kernel-0.4.5.dist-info", "unrelated"):  # fmt: skip
+                 "apache_tvm_ffi-0.1.11.dist-info", "sglang_kernel-0.4.5.dist-info", "vllm-0.25.1.dist-info",
+                 "unrelated"):  # fmt: skip
         (site / name).mkdir(parents=True)
     (tmp_path / "cuda").mkdir()
     (tmp_path / "cuda" / "version.json").write_text('{"cuda": {"name": "CUDA SDK", "version": "13.0.48"}}')
     found = live_versions({"CUDA_HOME": str(tmp_path / "cuda"), "PATH": ""}, paths=[str(site)])
     assert found["torch"] == "2.11.0" and found["triton"] == "3.7.0" and found["flashinfer"] == "0.6.15.post1"
     assert found["tvm_ffi"] == "0.1.11" and found["sglang_kernel"] == "0.4.5" and found["cuda"] == "13.0.48"
+    assert found["vllm"] == "0.25.1"
     assert found["python_abi"] and "msgspec" in distribution_versions()
     assert toolkit_version(tmp_path / "nowhere") is None
 
@@ -349,6 +356,58 @@ def test_a_manifest_that_is_a_link_is_refused(tmp_path):
 
 
 # -- installing ---------------------------------------------------------------------
+
+
+# vLLM's cache as 0.25.1 lays it out (vllm/compilation/backends.py, compiler_interface.py, decorators.py,
+# model_executor/models/registry.py): torch.compile's per-rank directory with Inductor's and Triton's inside
+COMPILED = "torch_compile_cache/5f1e0c9a2b/rank_0_0"
+VLLM_FILES = {
+    f"{COMPILED}/backbone/computation_graph.py": b"class GraphModule: pass\n",
+    f"{COMPILED}/backbone/cache_key_factors.json": b'{"env": {}}',
+    f"{COMPILED}/inductor_cache/fxgraph/ab/entry": PICKLE,
+    f"{COMPILED}/inductor_cache/ab/cabcdef.py": b"def call(args): pass\n",
+    f"{COMPILED}/triton_cache/KEY1/add_kernel.cubin": CUBIN,
+    f"{COMPILED}/triton_cache/KEY1/__triton_launcher.so": HOST_SO,
+    "torch_compile_cache/torch_aot_compile/9f3c/rank_0_0/model": PICKLE,
+    "modelinfos/vllm-model_executor-models-qwen3-Qwen3ForCausalLM.json": b'{"architectures": []}',
+}
+
+
+def test_vllms_cache_is_carried_with_the_triton_cache_inside_it_relocated(tmp_path):
+    filled = tmp_path / "filled" / secrets.token_hex(16)
+    cache = filled / Cache.VLLM.value
+    for relative, data in VLLM_FILES.items():
+        (cache / relative).parent.mkdir(parents=True, exist_ok=True)
+        (cache / relative).write_bytes(data)
+    kernel = cache / COMPILED / "triton_cache" / "KEY1"
+    (kernel / "__grp__add_kernel.json").write_text(
+        json.dumps({"child_paths": {"add_kernel.cubin": str(kernel / "add_kernel.cubin")}})
+    )
+    (kernel / "lock").write_bytes(b"")  # bookkeeping, left out
+    archive = tmp_path / "a"
+    shutil.copytree(SAVE_A, archive)
+    staging = tmp_path / ".a.jit"
+    versions = JitVersions(**{**live_versions(), "vllm": "0.25.1"})
+    attach(archive, staging, make_manifest(stage(filled, staging), cache_id=filled.name, saved_root=filled,
+                                           versions=versions))  # fmt: skip
+    arch, manifest = opened(archive)
+    entries = {e.path: e for e in manifest.entries if e.cache is Cache.VLLM}
+    assert set(entries) == {*VLLM_FILES, f"{COMPILED}/triton_cache/KEY1/__grp__add_kernel.json"}
+    host = {path for path, e in entries.items() if e.host_code}
+    assert host == {f"{COMPILED}/backbone/computation_graph.py", f"{COMPILED}/inductor_cache/fxgraph/ab/entry",
+                    f"{COMPILED}/inductor_cache/ab/cabcdef.py", f"{COMPILED}/triton_cache/KEY1/__triton_launcher.so",
+                    "torch_compile_cache/torch_aot_compile/9f3c/rank_0_0/model"}  # fmt: skip
+    assert manifest.versions.vllm == "0.25.1"
+    data = install_directory(tmp_path / "root", manifest.cache_id, trust_host_code=False)
+    install(archive, manifest, arch.catalog.jit.sha256, data, trust_host_code=False)
+    installed = data / Cache.VLLM.value
+    group = json.loads((installed / COMPILED / "triton_cache/KEY1/__grp__add_kernel.json").read_text())
+    assert group["child_paths"]["add_kernel.cubin"] == str(installed / COMPILED / "triton_cache/KEY1/add_kernel.cubin")
+    assert (installed / "modelinfos").is_dir() and not (installed / COMPILED / "backbone/computation_graph.py").exists()
+    assert SPECS[Cache.VLLM].resolve(cache_environment(data)).path == installed  # where vLLM then looks
+    with pytest.raises(DriftError, match="built for another version") as err:
+        jit.check_versions(manifest.versions, {**live_versions(), "vllm": "0.26.0"})
+    assert err.value.field == "jit.versions.vllm"
 
 
 def test_an_install_is_isolated_per_trust_level_and_reused(tmp_path):

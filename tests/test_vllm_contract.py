@@ -14,12 +14,14 @@ import hashlib
 import os
 import re
 import tarfile
+import types
 import urllib.request
 from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
 
+from foundry.archive.jit_caches import SPECS, Cache
 from foundry.integrations.vllm import engine_config, plugin
 from foundry.integrations.vllm.engine_config import CONFIG_FIELDS
 from foundry.integrations.vllm.hookpoints import CHECKED_VERSIONS, HOOK_POINTS
@@ -256,6 +258,28 @@ def test_torch_compiles_cache_is_where_the_plugin_records_it(vllm):
     adaptor = ast.get_source_segment(vllm.text("vllm.compilation.compiler_interface"), _find(
         vllm.tree("vllm.compilation.compiler_interface"), ["InductorAdaptor", "initialize_cache"]))  # fmt: skip
     assert 'os.environ["TORCHINDUCTOR_CACHE_DIR"]' in adaptor and 'os.environ["TRITON_CACHE_DIR"]' in adaptor
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"HOME": "/h"},
+        {"HOME": "/h", "XDG_CACHE_HOME": "~/x"},
+        {"HOME": "/h", "XDG_CACHE_HOME": "/x", "VLLM_CACHE_ROOT": "~/v"},
+    ],
+)
+def test_vllms_cache_root_is_resolved_as_vllm_resolves_it(vllm, environ):
+    """vLLM's own ``get_default_cache_root`` and ``VLLM_CACHE_ROOT`` entry (vllm/envs.py), run
+    against ``environ`` through a stand-in ``os``, find the directory Foundry's resolution finds."""
+    tree = vllm.tree("vllm.envs")
+    default_root = _find(tree, ["get_default_cache_root"])
+    table = next(n.value for n in tree.body if isinstance(n, ast.AnnAssign) and n.target.id == "environment_variables")
+    entry = next(v for k, v in zip(table.keys, table.values, strict=True) if ast.literal_eval(k) == "VLLM_CACHE_ROOT")
+    path = types.SimpleNamespace(join=os.path.join, expanduser=lambda p: environ["HOME"] + p[1:] if p[:1] == "~" else p)
+    namespace = {"os": types.SimpleNamespace(getenv=environ.get, path=path)}
+    exec(compile(ast.Module([default_root], []), "vllm/envs.py", "exec"), namespace)
+    found = eval(compile(ast.Expression(entry), "vllm/envs.py", "eval"), namespace)()
+    assert Path(found) == SPECS[Cache.VLLM].resolve(environ).path
 
 
 def test_the_children_vllm_starts_follow_the_start_method_the_plugin_sets(vllm):

@@ -37,6 +37,7 @@ class Cache(StrEnum):
     DEEP_GEMM = "deep-gemm"
     TORCH_EXTENSIONS = "torch-extensions"
     CUDA = "cuda"
+    VLLM = "vllm"
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,20 @@ def _flashinfer(environ: Mapping[str, str]) -> Resolved:
     return Resolved(home(environ) / ".cache" / "flashinfer", "default")
 
 
+def _vllm(environ: Mapping[str, str]) -> Resolved:
+    """vllm/envs.py (0.25.1): ``VLLM_CACHE_ROOT``, else ``$XDG_CACHE_HOME/vllm``, that defaulting to
+    ``~/.cache``; ``~`` expanded in either. vLLM keeps torch.compile's cache there, and points
+    Inductor's and Triton's inside it in each worker (``InductorAdaptor.initialize_cache``)."""
+    for name in ("VLLM_CACHE_ROOT", "XDG_CACHE_HOME"):
+        if name in environ:
+            value = environ[name]  # an empty one makes vLLM's directory relative to the working directory
+            if not value:
+                return Resolved(None, name)
+            path = _expand(value, environ)
+            return Resolved(path if name == "VLLM_CACHE_ROOT" else path / "vllm", name)
+    return Resolved(home(environ) / ".cache" / "vllm", "default")
+
+
 @dataclass(frozen=True)
 class CacheSpec:
     """One cache: who fills it, the variable Foundry sets, and how the library resolves its directory."""
@@ -175,6 +190,7 @@ SPECS: dict[Cache, CacheSpec] = {spec.cache: spec for spec in (
     CacheSpec(Cache.CUDA, "the CUDA driver", "CUDA_CACHE_PATH", ("CUDA_CACHE_PATH", "HOME"),
               _from("CUDA_CACHE_PATH", lambda e: home(e) / ".nv" / "ComputeCache", expand=False),
               device_only=True),
+    CacheSpec(Cache.VLLM, "vLLM", "VLLM_CACHE_ROOT", ("VLLM_CACHE_ROOT", "XDG_CACHE_HOME", "HOME"), _vllm),
 )}
 # fmt: on
 

@@ -43,6 +43,7 @@ class JitVersions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     flashinfer: str | None = None
     sglang_kernel: str | None = None
     tvm_ffi: str | None = None
+    vllm: str | None = None  # its torch.compile cache (the cache key hashes vLLM's own sources)
     gpu_arch: str | None = None  # compute capability, as the catalog's environment records it
 
 

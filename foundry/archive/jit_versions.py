@@ -22,6 +22,7 @@ DISTRIBUTIONS = {
     "flashinfer": ("flashinfer-python", "flashinfer"),
     "sglang_kernel": ("sglang-kernel", "sgl-kernel"),
     "tvm_ffi": ("apache-tvm-ffi",),
+    "vllm": ("vllm",),
 }
 _DIST_INFO = re.compile(r"^(?P<name>[A-Za-z0-9_.]+?)-(?P<version>[^-]+?)\.(dist|egg)-info$")
 
