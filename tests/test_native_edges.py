@@ -50,6 +50,10 @@ CUresult cuGraphAddDependencies_v2(H g, const H *from, const H *to, const edge_d
         from_[edges_] = from[i], to_[edges_] = to[i], data_[edges_] = data[0]; /* the first edge's data */
         if (getenv("STAND_IN_LOSES_PLAIN") && data_[edges_].type == 0) data_[edges_].type = 1;
     }
+    if (getenv("STAND_IN_ADDS_AN_EDGE") && stand_in_calls == 1 && edges_ < MAX_EDGES) { /* one of its own */
+        edge_data odd = {7, 7, 7, {0}};
+        from_[edges_] = from[0], to_[edges_] = to[0], data_[edges_++] = odd;
+    }
     return 0;
 }
 CUresult cuGraphGetEdges_v2(H g, H *from, H *to, edge_data *data, size_t *n) {
@@ -111,3 +115,10 @@ def test_edges_read_back_with_another_kind_are_refused_naming_it(stand_in, hook_
     result = build(stand_in, hook_library, mixed_chain(tmp_path), STAND_IN_LOSES_PLAIN="1")
     assert result["status"] != 0
     assert result["err"] == "the driver kept 0 of 3 edges of ports 0 -> 0, type 0 (7 edges in all, 7 described)"
+
+
+def test_an_edge_the_driver_added_is_refused(stand_in, hook_library, tmp_path):
+    # the driver fills at most the count it is given: the builder counts the edges first
+    result = build(stand_in, hook_library, mixed_chain(tmp_path), STAND_IN_ADDS_AN_EDGE="1")
+    assert result["status"] != 0
+    assert result["err"] == "the driver has 1 edges of kinds not described (8 edges in all, 7 described)"

@@ -298,20 +298,26 @@ class _Builder:
 def check_edge_kinds(graph: Any, expected: Counter[EdgeData], name: str) -> None:
     """``graph``'s edges read back, counted by kind, are ``expected``, or IRError naming the
     kind that differs: a driver that changed an edge's kind would order the kernels
-    otherwise, silently."""
+    otherwise, silently. All of them are read (the driver fills at most the count it is
+    given), so that an edge it added is seen too."""
     total = sum(expected.values())
     if not total:
         return
-    _, _, data, count = cu("cuGraphGetEdges", graph, total)
+    count = cu("cuGraphGetEdges", graph, 0)[-1]
+    _, _, data, count = cu("cuGraphGetEdges", graph, count) if count else (None, None, [], 0)
     kept = Counter(EdgeData(int(d.from_port), int(d.to_port), int(d.type)) for d in data[:count])
     if kept == expected:
         return
-    # the first kind that lost edges, else the first that differs
+    # the first kind that lost edges, else the first that differs, else edges of kinds not described
     kind = next((k for k, n in expected.items() if kept[k] < n), None) or next(
-        (k for k, n in expected.items() if kept[k] != n), next(iter(expected))
+        (k for k, n in expected.items() if kept[k] != n), None
     )
+    if kind is None:
+        other = sum(n for k, n in kept.items() if k not in expected)
+        raise IRError(f"the driver has {other} edges of kinds not described ({count} edges in all, "
+                      f"{total} described)", path=name)  # fmt: skip
     raise IRError(f"the driver kept {kept[kind]} of {expected[kind]} edges {kind.kind} ({count} edges in all, "
-                  f"{total} in the graph)", path=name)  # fmt: skip
+                  f"{total} described)", path=name)  # fmt: skip
 
 
 _SCALAR_ATTRIBUTES: Mapping[str, tuple[str, str]] = {

@@ -286,8 +286,8 @@ static int acyclic(reader_t *r, const unsigned char *raw, uint32_t nodes, uint32
     if (!ok) fail(r, "out of host memory checking %u edges", edges);
     for (uint32_t i = 0; ok && i < edges; i++) {
         uint32_t src, dst;
-        memcpy(&src, raw + 12 * i, 4);
-        memcpy(&dst, raw + 12 * i + 4, 4);
+        memcpy(&src, raw + (size_t)12 * i, 4);
+        memcpy(&dst, raw + (size_t)12 * i + 4, 4);
         if (src == dst) {
             fail(r, "edge %u: %u -> %u makes node %u depend on itself", i, src, dst, src);
             ok = 0;
@@ -299,8 +299,8 @@ static int acyclic(reader_t *r, const unsigned char *raw, uint32_t nodes, uint32
     for (uint32_t n = 0; ok && n < nodes; n++) start[n + 1] += start[n];
     for (uint32_t i = 0; ok && i < edges; i++) {
         uint32_t src, dst;
-        memcpy(&src, raw + 12 * i, 4);
-        memcpy(&dst, raw + 12 * i + 4, 4);
+        memcpy(&src, raw + (size_t)12 * i, 4);
+        memcpy(&dst, raw + (size_t)12 * i + 4, 4);
         next[start[src] + fill[src]++] = dst;
     }
     uint32_t top = 0, done = 0;
@@ -339,9 +339,9 @@ static CUresult add_edges_of_kind(reader_t *r, build_t *b, const unsigned char *
     size_t n = 0;
     for (uint32_t i = 0; i < edges; i++) {
         uint32_t src, dst;
-        if (edge_kind(raw + 12 * i) != kind) continue;
-        memcpy(&src, raw + 12 * i, 4);
-        memcpy(&dst, raw + 12 * i + 4, 4);
+        if (edge_kind(raw + (size_t)12 * i) != kind) continue;
+        memcpy(&src, raw + (size_t)12 * i, 4);
+        memcpy(&dst, raw + (size_t)12 * i + 4, 4);
         from[n] = b->nodes[src], to[n] = b->nodes[dst];
         memset(&data[n], 0, sizeof data[n]);
         data[n].from_port = kind & 0xff, data[n].to_port = kind >> 8 & 0xff, data[n].type = kind >> 16 & 0xff;
@@ -353,28 +353,41 @@ static CUresult add_edges_of_kind(reader_t *r, build_t *b, const unsigned char *
 }
 
 /* The graph's edges read back, counted by kind, must be the description's: a driver that
- * changed an edge's kind would order the kernels otherwise, silently. */
+ * changed an edge's kind would order the kernels otherwise, silently. All of them are read (the
+ * driver fills at most the count it is given), so that an edge it added is seen too. */
 static CUresult check_edge_kinds(reader_t *r, build_t *b, const uint32_t *kinds, const size_t *counts,
                                  uint32_t nkinds, uint32_t edges) {
-    size_t n = edges, seen[MAX_EDGE_KINDS] = {0};
-    CUgraphNode *from = calloc(edges, sizeof *from), *to = calloc(edges, sizeof *to);
-    CUgraphEdgeData *data = calloc(edges, sizeof *data);
-    CUresult rc = (from && to && data) ? DRIVER(cuGraphGetEdges_v2)(b->graph, from, to, data, &n)
-                                       : CUDA_ERROR_OUT_OF_MEMORY;
-    if (rc != CUDA_SUCCESS) fail(r, "reading the %u edges back: driver status %d", edges, (int)rc);
-    for (size_t i = 0; rc == CUDA_SUCCESS && i < n && i < edges; i++) {
+    size_t n = 0, seen[MAX_EDGE_KINDS] = {0}, other = 0;
+    CUresult rc = DRIVER(cuGraphGetEdges_v2)(b->graph, NULL, NULL, NULL, &n);
+    if (rc != CUDA_SUCCESS) {
+        fail(r, "counting the %u edges back: driver status %d", edges, (int)rc);
+        return rc;
+    }
+    size_t want = n ? n : 1;
+    CUgraphNode *from = calloc(want, sizeof *from), *to = calloc(want, sizeof *to);
+    CUgraphEdgeData *data = calloc(want, sizeof *data);
+    if (!from || !to || !data) {
+        fail(r, "out of host memory for reading %zu edges back", n);
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else if (n && (rc = DRIVER(cuGraphGetEdges_v2)(b->graph, from, to, data, &n)) != CUDA_SUCCESS) {
+        fail(r, "reading the %zu edges back: driver status %d", n, (int)rc);
+    }
+    for (size_t i = 0; rc == CUDA_SUCCESS && i < n && i < want; i++) {
         uint32_t kind = data[i].from_port | data[i].to_port << 8 | (uint32_t)data[i].type << 16, k = 0;
         while (k < nkinds && kinds[k] != kind) k++;
         if (k < nkinds) seen[k]++;
+        else other++;
     }
     uint32_t k = 0; /* the first kind that lost edges, else the first that differs */
     while (k < nkinds && seen[k] >= counts[k]) k++;
-    for (uint32_t other = 0; k == nkinds && other < nkinds; other++)
-        if (seen[other] != counts[other]) k = other;
-    if (rc == CUDA_SUCCESS && (k < nkinds || n != edges)) {
-        k = k < nkinds ? k : 0;
+    for (uint32_t d = 0; k == nkinds && d < nkinds; d++)
+        if (seen[d] != counts[d]) k = d;
+    if (rc == CUDA_SUCCESS && k < nkinds) {
         fail(r, "the driver kept %zu of %zu edges of ports %u -> %u, type %u (%zu edges in all, %u described)",
              seen[k], counts[k], kinds[k] & 0xff, kinds[k] >> 8 & 0xff, kinds[k] >> 16, n, edges);
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (rc == CUDA_SUCCESS && (other || n != edges)) {
+        fail(r, "the driver has %zu edges of kinds not described (%zu edges in all, %u described)", other, n, edges);
         rc = CUDA_ERROR_INVALID_VALUE;
     }
     free(from);
@@ -389,9 +402,9 @@ static CUresult add_edges(reader_t *r, build_t *b, uint32_t nodes, uint32_t edge
     uint32_t kinds[MAX_EDGE_KINDS], nkinds = 0;
     size_t counts[MAX_EDGE_KINDS] = {0};
     for (uint32_t i = 0; i < edges; i++) {
-        uint32_t src, dst, kind = edge_kind(raw + 12 * i), k = 0;
-        memcpy(&src, raw + 12 * i, 4);
-        memcpy(&dst, raw + 12 * i + 4, 4);
+        uint32_t src, dst, kind = edge_kind(raw + (size_t)12 * i), k = 0;
+        memcpy(&src, raw + (size_t)12 * i, 4);
+        memcpy(&dst, raw + (size_t)12 * i + 4, 4);
         if (src >= nodes || dst >= nodes) {
             fail(r, "edge %u: %u -> %u names a node the graph does not have", i, src, dst);
             return CUDA_ERROR_INVALID_VALUE;
