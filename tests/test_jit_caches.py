@@ -40,7 +40,7 @@ from foundry.archive.jit_caches import (
     made_on_first_use,
     user_settings,
 )
-from foundry.archive.jit_collect import attach, make_manifest, new_artefacts, stage
+from foundry.archive.jit_collect import Staged, attach, make_manifest, new_artefacts, stage
 from foundry.archive.jit_install import INDEX_FILE, changed_since_install, install, install_directory
 from foundry.archive.jit_manifest import JitLimits, check_manifest, encode_manifest, read_manifest
 from foundry.archive.jit_schema import MANIFEST_FILE, JitManifest, JitState, JitVersions
@@ -238,6 +238,9 @@ def test_versions_are_read_from_the_installed_environment(tmp_path):
 def test_a_save_s_caches_are_archived_without_temporaries_and_read_back(tmp_path):
     archive, filled = with_caches(tmp_path)
     arch, manifest = opened(archive)
+    # no vLLM cache: written at version 1, as a Foundry before vLLM's cache reads it
+    assert manifest.format_version == 1 and manifest.versions.vllm is None
+    assert "vllm" not in json.loads((archive / MANIFEST_FILE).read_text())["versions"]
     assert arch.catalog.format_version == 2 and arch.catalog.jit.state is JitState.COMPLETE
     listed = {f"{e.cache}/{e.path}" for e in manifest.entries}
     expected = fill_caches(tmp_path / "again")  # the same layout: what counts is the final artefacts
@@ -292,6 +295,9 @@ def _entry(data: dict, index: int = 0) -> list:
         (lambda d: d["entries"].append(list(_entry(d))), "listed twice", None),
         (lambda d: d.update(cache_id="../x"), "not a cache id", "cache_id"),
         (lambda d: d.update(format_version=7), "not a JIT manifest", "format_version"),
+        (lambda d: _entry(d).__setitem__(0, "vllm"), "vLLM's cache in a JIT manifest of version 1", "format_version"),
+        (lambda d: d["versions"].update(vllm="0.25.1"), "vLLM's cache in a JIT manifest of version 1",
+         "format_version"),
         (lambda d: d.update(extra=1), "unknown field", None),
     ],
 )  # fmt: skip
@@ -397,7 +403,12 @@ def test_vllms_cache_is_carried_with_the_triton_cache_inside_it_relocated(tmp_pa
     assert host == {f"{COMPILED}/backbone/computation_graph.py", f"{COMPILED}/inductor_cache/fxgraph/ab/entry",
                     f"{COMPILED}/inductor_cache/ab/cabcdef.py", f"{COMPILED}/triton_cache/KEY1/__triton_launcher.so",
                     "torch_compile_cache/torch_aot_compile/9f3c/rank_0_0/model"}  # fmt: skip
-    assert manifest.versions.vllm == "0.25.1"
+    assert manifest.versions.vllm == "0.25.1" and manifest.format_version == 2
+    # vLLM's version keys only its cache: an SGLang SAVE made where vLLM is installed does not record it
+    sglang_only = make_manifest(Staged([e for e in manifest.entries if e.cache is not Cache.VLLM]),
+                                cache_id=filled.name, saved_root=filled, versions=versions)  # fmt: skip
+    assert (sglang_only.versions.vllm, sglang_only.format_version) == (None, 1)
+    assert "vllm" not in json.loads(encode_manifest(sglang_only))["versions"]
     data = install_directory(tmp_path / "root", manifest.cache_id, trust_host_code=False)
     install(archive, manifest, arch.catalog.jit.sha256, data, trust_host_code=False)
     installed = data / Cache.VLLM.value

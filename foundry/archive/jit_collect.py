@@ -22,7 +22,7 @@ from pathlib import Path
 import msgspec
 
 from foundry.archive.files import atomic_write, encode_record
-from foundry.archive.jit_caches import SNIFF_BYTES, SPECS, CacheSpec, is_artefact, is_host_code
+from foundry.archive.jit_caches import SNIFF_BYTES, SPECS, Cache, CacheSpec, is_artefact, is_host_code
 from foundry.archive.jit_manifest import (
     DEFAULT_JIT_LIMITS,
     JitLimits,
@@ -35,8 +35,8 @@ from foundry.archive.jit_manifest import (
 from foundry.archive.jit_schema import (
     BLOB_DIR,
     JIT_FORMAT,
-    JIT_VERSION,
     MANIFEST_FILE,
+    VLLM_SINCE,
     Form,
     JitEntry,
     JitIndex,
@@ -147,9 +147,13 @@ def _write_blob(pieces: Iterable[bytes], blobs: Path) -> tuple[str, bytes, int]:
 
 
 def make_manifest(staged: Staged, *, cache_id: str, saved_root: Path, versions: JitVersions) -> JitManifest:
-    """The manifest of what :func:`stage` copied."""
-    return JitManifest(format=JIT_FORMAT, format_version=JIT_VERSION, cache_id=cache_id, saved_root=str(saved_root),
-                       versions=versions, entries=tuple(staged.entries))  # fmt: skip
+    """The manifest of what :func:`stage` copied, at the lowest version that holds it. vLLM's
+    version keys only vLLM's cache: an archive without it is not refused where vLLM differs."""
+    carries_vllm = any(e.cache is Cache.VLLM for e in staged.entries)
+    if not carries_vllm:
+        versions = msgspec.structs.replace(versions, vllm=None)
+    return JitManifest(format=JIT_FORMAT, format_version=VLLM_SINCE if carries_vllm else 1, cache_id=cache_id,
+                       saved_root=str(saved_root), versions=versions, entries=tuple(staged.entries))  # fmt: skip
 
 
 def new_artefacts(directory: Path, manifest: JitManifest) -> list[str]:

@@ -14,12 +14,13 @@ from pathlib import Path, PurePosixPath
 import msgspec
 
 from foundry.archive.files import DEFAULT_LIMITS, GiB, MiB, encode_record, iter_bounded, read_bounded, sha256_hex
-from foundry.archive.jit_caches import SNIFF_BYTES, SPECS, host_code_by_name, is_host_code
+from foundry.archive.jit_caches import SNIFF_BYTES, SPECS, Cache, host_code_by_name, is_host_code
 from foundry.archive.jit_schema import (
     BLOB_DIR,
     JIT_FORMAT,
-    JIT_VERSION,
+    JIT_VERSIONS_READ,
     MANIFEST_FILE,
+    VLLM_SINCE,
     GroupFile,
     JitEntry,
     JitIndex,
@@ -74,10 +75,15 @@ def check_path(relative: str, *, limits: JitLimits, source: Path, field: str) ->
 
 def check_manifest(manifest: JitManifest, *, limits: JitLimits, source: Path, index: JitIndex | None = None) -> None:
     """Everything a manifest must be before a byte of it is installed."""
-    if manifest.format != JIT_FORMAT or manifest.format_version != JIT_VERSION:
+    if manifest.format != JIT_FORMAT or manifest.format_version not in JIT_VERSIONS_READ:
         raise ArchiveError("not a JIT manifest this Foundry reads", path=str(source), field="format_version",
-                           expected=f"{JIT_FORMAT} {JIT_VERSION}",
+                           expected=f"{JIT_FORMAT} {' or '.join(map(str, JIT_VERSIONS_READ))}",
                            found=f"{manifest.format} {manifest.format_version}")  # fmt: skip
+    vllm = manifest.versions.vllm is not None or any(e.cache is Cache.VLLM for e in manifest.entries)
+    if vllm and manifest.format_version < VLLM_SINCE:
+        raise ArchiveError(f"vLLM's cache in a JIT manifest of version {manifest.format_version} (it came with "
+                           f"version {VLLM_SINCE})", path=str(source), field="format_version",
+                           expected=f">= {VLLM_SINCE}", found=manifest.format_version)  # fmt: skip
     if not _CACHE_ID.match(manifest.cache_id):
         raise ArchiveError("not a cache id (32 lowercase hex digits)", path=str(source), field="cache_id",
                            found=manifest.cache_id[:64])  # fmt: skip

@@ -11,7 +11,8 @@ from foundry.archive.jit_caches import Cache
 from foundry.graphir.limits import I64, U32, U64
 
 JIT_FORMAT = "foundry-jit"
-JIT_VERSION = 1
+JIT_VERSIONS_READ = (1, 2)  # a manifest is written at the lowest version that holds it
+VLLM_SINCE = 2  # vLLM's cache (entries and ``versions.vllm``) came with version 2
 MANIFEST_FILE = "jit/manifest.json"
 BLOB_DIR = "jit/blobs"
 
@@ -32,7 +33,7 @@ class JitIndex(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     host_code: bool  # some entry is host code (installed only when the user trusts it)
 
 
-class JitVersions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class JitVersions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """What the cached files were built for; a LOAD refuses another value, naming the
     field. None: not installed at SAVE (not compared)."""
 
@@ -43,7 +44,7 @@ class JitVersions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     flashinfer: str | None = None
     sglang_kernel: str | None = None
     tvm_ffi: str | None = None
-    vllm: str | None = None  # its torch.compile cache (the cache key hashes vLLM's own sources)
+    vllm: str | None = None  # only with vLLM's cache in the manifest (version 2)
     gpu_arch: str | None = None  # compute capability, as the catalog's environment records it
 
 
