@@ -190,6 +190,7 @@ def test_final_artefacts_and_host_code_are_told_apart():
         (Cache.CUDA, {"HOME": "/h"}, "/h/.nv/ComputeCache", "default"),
         (Cache.CUDA, {"HOME": "/h", "CUDA_CACHE_PATH": "/n"}, "/n", "CUDA_CACHE_PATH"),
         (Cache.VLLM, {"HOME": "/h"}, "/h/.cache/vllm", "default"),
+        (Cache.VLLM, {"HOME": ""}, "/.cache/vllm", "default"),  # os.path.expanduser's "~" with HOME empty: /
         (Cache.VLLM, {"HOME": "/h", "XDG_CACHE_HOME": "~/x"}, "/h/x/vllm", "XDG_CACHE_HOME"),  # expanded
         (Cache.VLLM, {"HOME": "/h", "XDG_CACHE_HOME": "/x", "VLLM_CACHE_ROOT": "~/v"}, "/h/v", "VLLM_CACHE_ROOT"),
         (Cache.VLLM, {"HOME": "/h", "XDG_CACHE_HOME": ""}, "None", "XDG_CACHE_HOME"),  # vLLM's then relative

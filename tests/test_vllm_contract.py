@@ -264,6 +264,7 @@ def test_torch_compiles_cache_is_where_the_plugin_records_it(vllm):
     "environ",
     [
         {"HOME": "/h"},
+        {"HOME": ""},
         {"HOME": "/h", "XDG_CACHE_HOME": "~/x"},
         {"HOME": "/h", "XDG_CACHE_HOME": "/x", "VLLM_CACHE_ROOT": "~/v"},
     ],
@@ -275,7 +276,9 @@ def test_vllms_cache_root_is_resolved_as_vllm_resolves_it(vllm, environ):
     default_root = _find(tree, ["get_default_cache_root"])
     table = next(n.value for n in tree.body if isinstance(n, ast.AnnAssign) and n.target.id == "environment_variables")
     entry = next(v for k, v in zip(table.keys, table.values, strict=True) if ast.literal_eval(k) == "VLLM_CACHE_ROOT")
-    path = types.SimpleNamespace(join=os.path.join, expanduser=lambda p: environ["HOME"] + p[1:] if p[:1] == "~" else p)
+    path = types.SimpleNamespace(
+        join=os.path.join, expanduser=lambda p: (environ["HOME"].rstrip("/") + p[1:] or "/") if p[:1] == "~" else p
+    )
     namespace = {"os": types.SimpleNamespace(getenv=environ.get, path=path)}
     exec(compile(ast.Module([default_root], []), "vllm/envs.py", "exec"), namespace)
     found = eval(compile(ast.Expression(entry), "vllm/envs.py", "eval"), namespace)()

@@ -50,10 +50,9 @@ class Resolved:
 
 
 def home(environ: Mapping[str, str]) -> Path:
-    """``~`` as ``os.path.expanduser`` reads it: ``HOME``, else the password database."""
-    value = environ.get("HOME")
-    if value:
-        return Path(value)
+    """``~`` as ``os.path.expanduser`` reads it: ``HOME`` (``/`` when empty), else the password database."""
+    if "HOME" in environ:
+        return Path(environ["HOME"] or "/")
     try:
         return Path(pwd.getpwuid(os.getuid()).pw_dir)
     except KeyError:
