@@ -82,8 +82,11 @@ def test_an_edge_the_driver_added_is_refused(monkeypatch):
         added(build.cu, CHAIN)
 
 
-def test_a_graph_without_edges_reads_nothing_back(monkeypatch):
+def test_a_graph_without_edges_adds_none_and_is_read_back_too(monkeypatch):
     stand_in = StandInDriver()
     monkeypatch.setattr(build, "cu", stand_in)
     added(stand_in, [])
     assert stand_in.batches == [] and stand_in.edges == []
+    stand_in.edges.append(("node0", "node1", SimpleNamespace(from_port=0, to_port=0, type=0)))  # the driver's own
+    with pytest.raises(IRError, match=r"^mixed: the driver has 1 edges of kinds not described \(1 edges in all, 0 "):
+        added(stand_in, [])

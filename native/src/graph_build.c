@@ -398,7 +398,8 @@ static CUresult check_edge_kinds(reader_t *r, build_t *b, const uint32_t *kinds,
 
 static CUresult add_edges(reader_t *r, build_t *b, uint32_t nodes, uint32_t edges) {
     const unsigned char *raw = take(r, (size_t)edges * 12);
-    if (raw == NULL || edges == 0) return r->failed ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    if (raw == NULL) return CUDA_ERROR_INVALID_VALUE; /* take failed, and said why */
+    if (edges == 0) return b->graph ? check_edge_kinds(r, b, NULL, NULL, 0, 0) : CUDA_SUCCESS;
     uint32_t kinds[MAX_EDGE_KINDS], nkinds = 0;
     size_t counts[MAX_EDGE_KINDS] = {0};
     for (uint32_t i = 0; i < edges; i++) {
