@@ -166,12 +166,12 @@ def test_a_rebuilt_node_keeps_its_launch_attributes(tmp_path):
 def test_edges_the_driver_changed_are_named(tmp_path):
     """The driver's behaviour both builders work around, and the check that would catch it:
     the capture's edges added in one batch, the plain ones read back programmatic, and
-    ``check_edge_kinds`` refuses naming the plain edges it lost."""
+    ``check_edges`` refuses naming the first plain edge that came back programmatic."""
 
     from foundry.errors import IRError
-    from foundry.graphir.build import check_edge_kinds
+    from foundry.graphir.build import check_edges
     from foundry.graphir.cuda import cu
-    from foundry.graphir.graph import EdgeData
+    from foundry.graphir.graph import Edge, EdgeData
 
     drv, counts, func = _bump(tmp_path)
     graph = cu("cuGraphCreate", 0)
@@ -191,6 +191,7 @@ def test_edges_the_driver_changed_are_named(tmp_path):
     if Counter(EdgeData(int(d.from_port), int(d.to_port), int(d.type)) for d in back) == Counter(kinds):
         cu("cuGraphDestroy", graph)
         pytest.skip("this driver keeps each edge's data in one batch")
-    with pytest.raises(IRError, match="the driver kept 0 of 2 edges plain"):
-        check_edge_kinds(graph, Counter(kinds), "batched")
+    described = [Edge(i, i + 1, kind) for i, kind in enumerate(kinds)]
+    with pytest.raises(IRError, match="edge 1 -> 2 came back programmatic from the programmatic port, described plain"):
+        check_edges(graph, nodes, described, "batched")
     cu("cuGraphDestroy", graph)

@@ -2,7 +2,7 @@
 machine has no driver): the stand-in treats a batch of edges as the H200 test machine's
 driver 580 did, giving every edge of one cuGraphAddDependencies call the first edge's
 data. The builder adds each kind of edge in a call of its own, and refuses a graph whose
-edges read back with other kinds, naming the kind."""
+edges read back otherwise (another kind, one lost, one added), naming the first that differs."""
 
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ CUresult cuGraphAddDependencies_v2(H g, const H *from, const H *to, const edge_d
         from_[edges_] = from[i], to_[edges_] = to[i], data_[edges_] = data[0]; /* the first edge's data */
         if (getenv("STAND_IN_LOSES_PLAIN") && data_[edges_].type == 0) data_[edges_].type = 1;
     }
+    if (getenv("STAND_IN_DROPS_ONE") && stand_in_calls == 2 && edges_) edges_--; /* the plain call's last */
     if (getenv("STAND_IN_ADDS_AN_EDGE") && stand_in_calls == 1 && edges_ < MAX_EDGES) { /* one of its own */
         edge_data odd = {7, 7, 7, {0}};
         from_[edges_] = from[0], to_[edges_] = to[0], data_[edges_++] = odd;
@@ -114,11 +115,20 @@ def test_each_kind_of_edge_is_added_in_a_call_of_its_own(stand_in, hook_library,
 def test_edges_read_back_with_another_kind_are_refused_naming_it(stand_in, hook_library, tmp_path):
     result = build(stand_in, hook_library, mixed_chain(tmp_path), STAND_IN_LOSES_PLAIN="1")
     assert result["status"] != 0
-    assert result["err"] == "the driver kept 0 of 3 edges of ports 0 -> 0, type 0 (7 edges in all, 7 described)"
+    assert result["err"] == (
+        "edge 1 -> 2 came back with ports 0 -> 0, type 1, described with ports 0 -> 0, type 0 "
+        "(7 edges in all, 7 described)"
+    )
 
 
 def test_an_edge_the_driver_added_is_refused(stand_in, hook_library, tmp_path):
     # the driver fills at most the count it is given: the builder counts the edges first
     result = build(stand_in, hook_library, mixed_chain(tmp_path), STAND_IN_ADDS_AN_EDGE="1")
     assert result["status"] != 0
-    assert result["err"] == "the driver has 1 edges of kinds not described (8 edges in all, 7 described)"
+    assert result["err"] == ("the driver added an edge 0 -> 1 (ports 7 -> 7, type 7) (8 edges in all, 7 described)")
+
+
+def test_an_edge_the_driver_lost_is_refused_naming_it(stand_in, hook_library, tmp_path):
+    result = build(stand_in, hook_library, mixed_chain(tmp_path), STAND_IN_DROPS_ONE="1")
+    assert result["status"] != 0
+    assert result["err"] == "the driver lost edge 5 -> 6 (ports 0 -> 0, type 0) (6 edges in all, 7 described)"

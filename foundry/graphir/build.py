@@ -10,13 +10,12 @@ rewritten only where a relocation says so, operand by operand.
 from __future__ import annotations
 
 import ctypes
-from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from foundry.errors import IRError
-from foundry.graphir.cuda import KernelNodeParamsLayout, cu, driver
+from foundry.graphir.cuda import KernelNodeParamsLayout, cu, driver, handle_value
 from foundry.graphir.graph import Edge, EdgeData, GraphIR
 from foundry.graphir.kernel import KernelIdentity
 from foundry.graphir.nodes import (
@@ -292,30 +291,52 @@ class _Builder:
                 [d] * len(edges),
                 len(edges),
             )
-        check_edge_kinds(self.graph, Counter({data: len(edges) for data, edges in by_kind.items()}), self.ir.name)
+        check_edges(self.graph, handles, self.ir.edges(), self.ir.name)
 
 
-def check_edge_kinds(graph: Any, expected: Counter[EdgeData], name: str) -> None:
-    """``graph``'s edges read back, counted by kind, are ``expected``, or IRError naming the
-    kind that differs: a driver that changed an edge's kind would order the kernels
-    otherwise, silently. All of them are read (the driver fills at most the count it is
-    given), so that an edge it added is seen too."""
-    total = sum(expected.values())
+EdgeEnds = tuple[int, int, EdgeData]  # an edge as the read-back compares it: its ends' indices, its kind
+
+
+def _edge_order(edge: EdgeEnds) -> tuple[int, ...]:
+    src, dst, d = edge
+    return src, dst, d.from_port, d.to_port, d.type
+
+
+def _edge_data(d: Any) -> EdgeData:
+    return EdgeData(int(d.from_port), int(d.to_port), int(d.type))
+
+
+def check_edges(graph: Any, handles: Sequence[Any], described: Iterable[Edge], name: str) -> None:
+    """``graph``'s edges read back are ``described`` (``handles``: its nodes, by index), each
+    with its ends and kind, or IRError naming the first that differs: a driver that changed an
+    edge's kind would order the kernels otherwise, silently. All of them are read (the driver
+    fills at most the count it is given), so that an edge it added is seen too."""
+    want = sorted(((e.src, e.dst, e.data) for e in described), key=_edge_order)
     count = cu("cuGraphGetEdges", graph, 0)[-1]
-    _, _, data, count = cu("cuGraphGetEdges", graph, count) if count else (None, None, [], 0)
-    kept = Counter(EdgeData(int(d.from_port), int(d.to_port), int(d.type)) for d in data[:count])
-    if kept == expected:
-        return
-    # the first kind that lost edges, else the first that differs, else edges of kinds not described
-    kind = next((k for k, n in expected.items() if kept[k] < n), None) or next(
-        (k for k, n in expected.items() if kept[k] != n), None
+    src, dst, data, count = cu("cuGraphGetEdges", graph, count) if count else ([], [], [], 0)
+    index = {handle_value(h): i for i, h in enumerate(handles)}
+    kept = sorted(
+        (
+            (index.get(handle_value(a), -1), index.get(handle_value(b), -1), _edge_data(d))
+            for a, b, d in zip(src[:count], dst[:count], data[:count], strict=True)
+        ),
+        key=_edge_order,
     )
-    if kind is None:
-        other = sum(n for k, n in kept.items() if k not in expected)
-        raise IRError(f"the driver has {other} edges of kinds not described ({count} edges in all, "
-                      f"{total} described)", path=name)  # fmt: skip
-    raise IRError(f"the driver kept {kept[kind]} of {expected[kind]} edges {kind.kind} ({count} edges in all, "
-                  f"{total} described)", path=name)  # fmt: skip
+    if kept != want:
+        raise IRError(f"{_first_difference(want, kept)} ({count} edges in all, {len(want)} described)", path=name)
+
+
+def _first_difference(want: list[EdgeEnds], kept: list[EdgeEnds]) -> str:
+    """The first edge, in order, described but not read back or read back but not described."""
+    i = next((k for k, (w, g) in enumerate(zip(want, kept, strict=False)) if w != g), min(len(want), len(kept)))
+    meant, back = (want[i] if i < len(want) else None), (kept[i] if i < len(kept) else None)
+    if meant and back and meant[:2] == back[:2]:
+        return f"edge {meant[0]} -> {meant[1]} came back {back[2].kind}, described {meant[2].kind}"
+    if meant and (back is None or _edge_order(meant) < _edge_order(back)):
+        return f"the driver lost edge {meant[0]} -> {meant[1]} ({meant[2].kind})"
+    assert back is not None  # the lists differ, so one of them has an edge at i
+    ends = " -> ".join("?" if n < 0 else str(n) for n in back[:2])  # ?: a node the graph was not given
+    return f"the driver added an edge {ends} ({back[2].kind})"
 
 
 _SCALAR_ATTRIBUTES: Mapping[str, tuple[str, str]] = {

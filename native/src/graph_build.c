@@ -352,56 +352,114 @@ static CUresult add_edges_of_kind(reader_t *r, build_t *b, const unsigned char *
     return rc;
 }
 
-/* The graph's edges read back, counted by kind, must be the description's: a driver that
- * changed an edge's kind would order the kernels otherwise, silently. All of them are read (the
- * driver fills at most the count it is given), so that an edge it added is seen too. */
-static CUresult check_edge_kinds(reader_t *r, build_t *b, const uint32_t *kinds, const size_t *counts,
-                                 uint32_t nkinds, uint32_t edges) {
-    size_t n = 0, seen[MAX_EDGE_KINDS] = {0}, other = 0;
+/* An edge as the read-back compares it: its ends' node indices and its kind. */
+typedef struct {
+    uint32_t src, dst, kind;
+} edge_t;
+
+typedef struct {
+    uintptr_t handle;
+    uint32_t index;
+} node_key_t;
+
+static int by_edge(const void *pa, const void *pb) {
+    const edge_t *a = pa, *b = pb;
+    if (a->src != b->src) return a->src < b->src ? -1 : 1;
+    if (a->dst != b->dst) return a->dst < b->dst ? -1 : 1;
+    return a->kind < b->kind ? -1 : a->kind > b->kind;
+}
+
+static int by_handle(const void *pa, const void *pb) {
+    const node_key_t *a = pa, *b = pb;
+    return a->handle < b->handle ? -1 : a->handle > b->handle;
+}
+
+/* The index of the node whose handle is h, UINT32_MAX for one the graph was not given. */
+static uint32_t node_index(const node_key_t *keys, uint32_t nodes, CUgraphNode h) {
+    node_key_t want = {(uintptr_t)h, 0};
+    const node_key_t *k = nodes ? bsearch(&want, keys, nodes, sizeof *keys, by_handle) : NULL;
+    return k ? k->index : UINT32_MAX;
+}
+
+/* The first difference between the edges described and those read back (both sorted). */
+static void name_difference(reader_t *r, const edge_t *want, uint32_t edges, const edge_t *kept, size_t n) {
+    size_t i = 0;
+    while (i < edges && i < n && by_edge(&want[i], &kept[i]) == 0) i++;
+    int lost = i < edges && (i == n || by_edge(&want[i], &kept[i]) < 0);
+    const edge_t *e = lost ? &want[i] : &kept[i], *other = lost ? (i < n ? &kept[i] : NULL) : (i < edges ? &want[i] : NULL);
+    if (other && other->src == e->src && other->dst == e->dst) {
+        const edge_t *w = lost ? e : other, *k = lost ? other : e;
+        fail(r, "edge %u -> %u came back with ports %u -> %u, type %u, described with ports %u -> %u, type %u "
+             "(%zu edges in all, %u described)", e->src, e->dst, k->kind & 0xff, k->kind >> 8 & 0xff, k->kind >> 16,
+             w->kind & 0xff, w->kind >> 8 & 0xff, w->kind >> 16, n, edges);
+    } else if (lost) {
+        fail(r, "the driver lost edge %u -> %u (ports %u -> %u, type %u) (%zu edges in all, %u described)", e->src,
+             e->dst, e->kind & 0xff, e->kind >> 8 & 0xff, e->kind >> 16, n, edges);
+    } else { /* "?": a node the graph was not given */
+        char src[12] = "?", dst[12] = "?";
+        if (e->src != UINT32_MAX) snprintf(src, sizeof src, "%u", e->src);
+        if (e->dst != UINT32_MAX) snprintf(dst, sizeof dst, "%u", e->dst);
+        fail(r, "the driver added an edge %s -> %s (ports %u -> %u, type %u) (%zu edges in all, %u described)", src,
+             dst, e->kind & 0xff, e->kind >> 8 & 0xff, e->kind >> 16, n, edges);
+    }
+}
+
+/* The graph's edges read back must be the description's, each with its ends and kind: a driver
+ * that changed an edge's kind would order the kernels otherwise, silently. All of them are
+ * read (the driver fills at most the count it is given), so that an edge it added is seen too. */
+static CUresult check_edges(reader_t *r, build_t *b, const unsigned char *raw, uint32_t nodes, uint32_t edges) {
+    size_t n = 0;
     CUresult rc = DRIVER(cuGraphGetEdges_v2)(b->graph, NULL, NULL, NULL, &n);
     if (rc != CUDA_SUCCESS) {
         fail(r, "counting the %u edges back: driver status %d", edges, (int)rc);
         return rc;
     }
-    size_t want = n ? n : 1;
-    CUgraphNode *from = calloc(want, sizeof *from), *to = calloc(want, sizeof *to);
-    CUgraphEdgeData *data = calloc(want, sizeof *data);
-    if (!from || !to || !data) {
+    size_t room = n ? n : 1;
+    CUgraphNode *from = calloc(room, sizeof *from), *to = calloc(room, sizeof *to);
+    CUgraphEdgeData *data = calloc(room, sizeof *data);
+    edge_t *kept = calloc(room, sizeof *kept), *want = calloc(edges ? edges : 1, sizeof *want);
+    node_key_t *keys = calloc(nodes ? nodes : 1, sizeof *keys);
+    if (!from || !to || !data || !kept || !want || !keys) {
         fail(r, "out of host memory for reading %zu edges back", n);
         rc = CUDA_ERROR_OUT_OF_MEMORY;
     } else if (n && (rc = DRIVER(cuGraphGetEdges_v2)(b->graph, from, to, data, &n)) != CUDA_SUCCESS) {
-        fail(r, "reading the %zu edges back: driver status %d", n, (int)rc);
+        fail(r, "reading the graph's edges back: driver status %d", (int)rc);
     }
-    for (size_t i = 0; rc == CUDA_SUCCESS && i < n && i < want; i++) {
-        uint32_t kind = data[i].from_port | data[i].to_port << 8 | (uint32_t)data[i].type << 16, k = 0;
-        while (k < nkinds && kinds[k] != kind) k++;
-        if (k < nkinds) seen[k]++;
-        else other++;
-    }
-    uint32_t k = 0; /* the first kind that lost edges, else the first that differs */
-    while (k < nkinds && seen[k] >= counts[k]) k++;
-    for (uint32_t d = 0; k == nkinds && d < nkinds; d++)
-        if (seen[d] != counts[d]) k = d;
-    if (rc == CUDA_SUCCESS && k < nkinds) {
-        fail(r, "the driver kept %zu of %zu edges of ports %u -> %u, type %u (%zu edges in all, %u described)",
-             seen[k], counts[k], kinds[k] & 0xff, kinds[k] >> 8 & 0xff, kinds[k] >> 16, n, edges);
-        rc = CUDA_ERROR_INVALID_VALUE;
-    } else if (rc == CUDA_SUCCESS && (other || n != edges)) {
-        fail(r, "the driver has %zu edges of kinds not described (%zu edges in all, %u described)", other, n, edges);
-        rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS) {
+        n = n < room ? n : room;
+        for (uint32_t i = 0; i < nodes; i++) keys[i] = (node_key_t){(uintptr_t)b->nodes[i], i};
+        qsort(keys, nodes, sizeof *keys, by_handle);
+        for (size_t i = 0; i < n; i++)
+            kept[i] = (edge_t){node_index(keys, nodes, from[i]), node_index(keys, nodes, to[i]),
+                               data[i].from_port | data[i].to_port << 8 | (uint32_t)data[i].type << 16};
+        for (uint32_t i = 0; i < edges; i++) {
+            memcpy(&want[i].src, raw + (size_t)12 * i, 4);
+            memcpy(&want[i].dst, raw + (size_t)12 * i + 4, 4);
+            want[i].kind = edge_kind(raw + (size_t)12 * i);
+        }
+        qsort(kept, n, sizeof *kept, by_edge);
+        qsort(want, edges, sizeof *want, by_edge);
+        int same = n == edges;
+        for (size_t i = 0; same && i < n; i++) same = by_edge(&want[i], &kept[i]) == 0;
+        if (!same) {
+            name_difference(r, want, edges, kept, n);
+            rc = CUDA_ERROR_INVALID_VALUE;
+        }
     }
     free(from);
     free(to);
     free(data);
+    free(kept);
+    free(want);
+    free(keys);
     return rc;
 }
 
 static CUresult add_edges(reader_t *r, build_t *b, uint32_t nodes, uint32_t edges) {
     const unsigned char *raw = take(r, (size_t)edges * 12);
     if (raw == NULL) return CUDA_ERROR_INVALID_VALUE; /* take failed, and said why */
-    if (edges == 0) return b->graph ? check_edge_kinds(r, b, NULL, NULL, 0, 0) : CUDA_SUCCESS;
+    if (edges == 0) return b->graph ? check_edges(r, b, raw, nodes, 0) : CUDA_SUCCESS;
     uint32_t kinds[MAX_EDGE_KINDS], nkinds = 0;
-    size_t counts[MAX_EDGE_KINDS] = {0};
     for (uint32_t i = 0; i < edges; i++) {
         uint32_t src, dst, kind = edge_kind(raw + (size_t)12 * i), k = 0;
         memcpy(&src, raw + (size_t)12 * i, 4);
@@ -416,7 +474,6 @@ static CUresult add_edges(reader_t *r, build_t *b, uint32_t nodes, uint32_t edge
             return CUDA_ERROR_INVALID_VALUE;
         }
         if (k == nkinds) kinds[nkinds++] = kind;
-        counts[k]++;
     }
     if (!acyclic(r, raw, nodes, edges)) return CUDA_ERROR_INVALID_VALUE;
     if (b->graph == NULL) return CUDA_SUCCESS;
@@ -429,7 +486,7 @@ static CUresult add_edges(reader_t *r, build_t *b, uint32_t nodes, uint32_t edge
     free(from);
     free(to);
     free(data);
-    return rc == CUDA_SUCCESS ? check_edge_kinds(r, b, kinds, counts, nkinds, edges) : rc;
+    return rc == CUDA_SUCCESS ? check_edges(r, b, raw, nodes, edges) : rc;
 }
 
 /* Parse (and, with a graph in b, build) the description; report the node and edge counts. */
