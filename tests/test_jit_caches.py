@@ -691,6 +691,16 @@ def test_inspect_says_whether_an_archive_carries_host_code(tmp_path):
     assert "JIT caches: none" in plain.stdout
 
 
+def test_inspect_names_the_versions_the_caches_were_built_for_as_text(tmp_path):
+    archive, _ = with_caches(tmp_path)
+    rewrite_manifest(archive, lambda d: d["versions"].update(torch="2.11.0\x1b[2J", triton="[bold]3.7.0"))
+    text = CliRunner().invoke(main, ["archive", "inspect", str(archive)]).stdout
+    line = next(line for line in text.splitlines() if "built for" in line)
+    assert "torch 2.11.0\\x1b[2J" in line and "triton [bold]3.7.0" in line and "\x1b" not in text  # text, escaped
+    data = json.loads(CliRunner().invoke(main, ["archive", "inspect", str(archive), "--json"]).stdout)
+    assert data["jit"]["versions"]["torch"] == "2.11.0\x1b[2J" and "vllm" not in data["jit"]["versions"]
+
+
 # -- through the launcher -------------------------------------------------------------
 
 # what the program sees, and the marker its session would write (opening one needs a GPU)

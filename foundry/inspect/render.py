@@ -42,6 +42,9 @@ def render_jit(console: Console, jit: dict | None) -> None:
     host = "yes: a LOAD installs it only with --trust-cached-code" if jit["host_code"] else "no"
     console.print(f"  JIT caches: {jit['state']}, {jit['files']} files, {jit['bytes'] / 2**20:.1f} MiB; "
                   f"host code: {host}")  # fmt: skip
+    built_for = ", ".join(f"{name} {p(version)}" for name, version in jit.get("versions", {}).items())
+    if built_for:
+        console.print(f"  built for (a LOAD refuses another): {built_for}")
     table = Table(title="JIT caches", title_justify="left")
     for col in ("cache", "files", "MiB", "host code files"):
         table.add_column(col, justify="left" if col == "cache" else "right")

@@ -256,18 +256,22 @@ def summarize(archive: Archive, registry: BackendRegistry | Callable[[], Backend
 
 def jit_facts(archive: Archive) -> dict[str, Any] | None:
     """The JIT caches the archive carries, per cache (None: none): files, bytes, how many
-    are host code, which a LOAD installs only when the user trusts the archive's code."""
+    are host code, which a LOAD installs only when the user trusts the archive's code; and
+    the versions they were built for, which a LOAD compares (those recorded)."""
     jit = archive.catalog.jit
     if jit is None:
         return None
     caches: dict[str, dict[str, int]] = {}
-    for entry in read_manifest(archive.root, jit).entries:
+    manifest = read_manifest(archive.root, jit)
+    for entry in manifest.entries:
         row = caches.setdefault(entry.cache.value, {"files": 0, "bytes": 0, "host_files": 0})
         row["files"] += 1
         row["bytes"] += entry.size
         row["host_files"] += entry.host_code
+    versions = {k: v for k, v in msgspec.structs.asdict(manifest.versions).items() if v is not None}
+    rows = [{"cache": name, **row} for name, row in sorted(caches.items())]
     return {"state": jit.state.value, "files": jit.files, "bytes": jit.bytes, "host_code": jit.host_code,
-            "caches": [{"cache": name, **row} for name, row in sorted(caches.items())]}  # fmt: skip
+            "versions": versions, "caches": rows}  # fmt: skip
 
 
 def restore_facts(archive: Archive, rank: int) -> dict[str, Any]:
