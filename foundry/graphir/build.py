@@ -277,8 +277,9 @@ class _Builder:
         order: given one batch, the driver gives every edge the first edge's data (seen on the
         H200 test machine, driver 580: plain edges after a programmatic first one came back
         programmatic, letting GEMMs start before their inputs were complete)."""
+        described = self.ir.edges()
         by_kind: dict[EdgeData, list[Edge]] = {}
-        for edge in self.ir.edges():
+        for edge in described:
             by_kind.setdefault(edge.data, []).append(edge)
         for data, edges in by_kind.items():
             d = self.drv.CUgraphEdgeData()
@@ -291,7 +292,7 @@ class _Builder:
                 [d] * len(edges),
                 len(edges),
             )
-        check_edges(self.graph, handles, self.ir.edges(), self.ir.name)
+        check_edges(self.graph, handles, described, self.ir.name)
 
 
 EdgeEnds = tuple[int, int, EdgeData]  # an edge as the read-back compares it: its ends' indices, its kind

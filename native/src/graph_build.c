@@ -275,19 +275,31 @@ static CUresult add_node(reader_t *r, build_t *b, uint32_t index) {
     }
 }
 
-/* Whether the edges (12-byte records, endpoints already checked below `nodes`) form a DAG:
+/* An edge as the builder adds and the read-back compares it: its ends' node indices and its
+ * kind (from_port | to_port << 8 | type << 16). */
+typedef struct {
+    uint32_t src, dst, kind;
+} edge_t;
+
+static edge_t edge_at(const unsigned char *raw, uint32_t i) {
+    const unsigned char *e = raw + (size_t)12 * i;
+    edge_t out = {0, 0, e[8] | e[9] << 8 | (uint32_t)e[10] << 16};
+    memcpy(&out.src, e, 4);
+    memcpy(&out.dst, e + 4, 4);
+    return out;
+}
+
+/* Whether the edges (endpoints already checked below `nodes`) form a DAG:
  * Kahn's algorithm over a compressed adjacency list. A self-loop or a cycle is refused
  * here, with a node on it named, rather than by the driver at instantiation (or never). */
-static int acyclic(reader_t *r, const unsigned char *raw, uint32_t nodes, uint32_t edges) {
+static int acyclic(reader_t *r, const edge_t *edge, uint32_t nodes, uint32_t edges) {
     uint32_t *incoming = calloc(nodes ? nodes : 1, sizeof *incoming);
     uint32_t *start = calloc((size_t)nodes + 1, sizeof *start), *next = calloc(edges, sizeof *next);
     uint32_t *ready = calloc(nodes ? nodes : 1, sizeof *ready), *fill = calloc(nodes ? nodes : 1, sizeof *fill);
     int ok = incoming && start && next && ready && fill;
     if (!ok) fail(r, "out of host memory checking %u edges", edges);
     for (uint32_t i = 0; ok && i < edges; i++) {
-        uint32_t src, dst;
-        memcpy(&src, raw + (size_t)12 * i, 4);
-        memcpy(&dst, raw + (size_t)12 * i + 4, 4);
+        uint32_t src = edge[i].src, dst = edge[i].dst;
         if (src == dst) {
             fail(r, "edge %u: %u -> %u makes node %u depend on itself", i, src, dst, src);
             ok = 0;
@@ -298,10 +310,7 @@ static int acyclic(reader_t *r, const unsigned char *raw, uint32_t nodes, uint32
     }
     for (uint32_t n = 0; ok && n < nodes; n++) start[n + 1] += start[n];
     for (uint32_t i = 0; ok && i < edges; i++) {
-        uint32_t src, dst;
-        memcpy(&src, raw + (size_t)12 * i, 4);
-        memcpy(&dst, raw + (size_t)12 * i + 4, 4);
-        next[start[src] + fill[src]++] = dst;
+        next[start[edge[i].src] + fill[edge[i].src]++] = edge[i].dst;
     }
     uint32_t top = 0, done = 0;
     for (uint32_t n = 0; ok && n < nodes; n++)
@@ -330,19 +339,12 @@ static int acyclic(reader_t *r, const unsigned char *raw, uint32_t nodes, uint32
  * machine, driver 580): edges are added with one call per kind, each kind's in their order. */
 #define MAX_EDGE_KINDS 32
 
-static uint32_t edge_kind(const unsigned char *edge) {
-    return edge[8] | edge[9] << 8 | (uint32_t)edge[10] << 16;
-}
-
-static CUresult add_edges_of_kind(reader_t *r, build_t *b, const unsigned char *raw, uint32_t edges, uint32_t kind,
+static CUresult add_edges_of_kind(reader_t *r, build_t *b, const edge_t *edge, uint32_t edges, uint32_t kind,
                                   CUgraphNode *from, CUgraphNode *to, CUgraphEdgeData *data) {
     size_t n = 0;
     for (uint32_t i = 0; i < edges; i++) {
-        uint32_t src, dst;
-        if (edge_kind(raw + (size_t)12 * i) != kind) continue;
-        memcpy(&src, raw + (size_t)12 * i, 4);
-        memcpy(&dst, raw + (size_t)12 * i + 4, 4);
-        from[n] = b->nodes[src], to[n] = b->nodes[dst];
+        if (edge[i].kind != kind) continue;
+        from[n] = b->nodes[edge[i].src], to[n] = b->nodes[edge[i].dst];
         memset(&data[n], 0, sizeof data[n]);
         data[n].from_port = kind & 0xff, data[n].to_port = kind >> 8 & 0xff, data[n].type = kind >> 16 & 0xff;
         n++;
@@ -351,11 +353,6 @@ static CUresult add_edges_of_kind(reader_t *r, build_t *b, const unsigned char *
     if (rc != CUDA_SUCCESS) fail(r, "adding %zu edges: driver status %d", n, (int)rc);
     return rc;
 }
-
-/* An edge as the read-back compares it: its ends' node indices and its kind. */
-typedef struct {
-    uint32_t src, dst, kind;
-} edge_t;
 
 typedef struct {
     uintptr_t handle;
@@ -404,10 +401,10 @@ static void name_difference(reader_t *r, const edge_t *want, uint32_t edges, con
     }
 }
 
-/* The graph's edges read back must be the description's, each with its ends and kind: a driver
- * that changed an edge's kind would order the kernels otherwise, silently. All of them are
- * read (the driver fills at most the count it is given), so that an edge it added is seen too. */
-static CUresult check_edges(reader_t *r, build_t *b, const unsigned char *raw, uint32_t nodes, uint32_t edges) {
+/* The graph's edges read back must be ``want`` (sorted here), each with its ends and kind: a
+ * driver that changed an edge's kind would order the kernels otherwise, silently. All of them
+ * are read (the driver fills at most the count it is given), so that an edge it added is seen too. */
+static CUresult check_edges(reader_t *r, build_t *b, edge_t *want, uint32_t nodes, uint32_t edges) {
     size_t n = 0;
     CUresult rc = DRIVER(cuGraphGetEdges_v2)(b->graph, NULL, NULL, NULL, &n);
     if (rc != CUDA_SUCCESS) {
@@ -417,9 +414,9 @@ static CUresult check_edges(reader_t *r, build_t *b, const unsigned char *raw, u
     size_t room = n ? n : 1;
     CUgraphNode *from = calloc(room, sizeof *from), *to = calloc(room, sizeof *to);
     CUgraphEdgeData *data = calloc(room, sizeof *data);
-    edge_t *kept = calloc(room, sizeof *kept), *want = calloc(edges ? edges : 1, sizeof *want);
+    edge_t *kept = calloc(room, sizeof *kept);
     node_key_t *keys = calloc(nodes ? nodes : 1, sizeof *keys);
-    if (!from || !to || !data || !kept || !want || !keys) {
+    if (!from || !to || !data || !kept || !keys) {
         fail(r, "out of host memory for reading %zu edges back", n);
         rc = CUDA_ERROR_OUT_OF_MEMORY;
     } else if (n && (rc = DRIVER(cuGraphGetEdges_v2)(b->graph, from, to, data, &n)) != CUDA_SUCCESS) {
@@ -432,13 +429,8 @@ static CUresult check_edges(reader_t *r, build_t *b, const unsigned char *raw, u
         for (size_t i = 0; i < n; i++)
             kept[i] = (edge_t){node_index(keys, nodes, from[i]), node_index(keys, nodes, to[i]),
                                data[i].from_port | data[i].to_port << 8 | (uint32_t)data[i].type << 16};
-        for (uint32_t i = 0; i < edges; i++) {
-            memcpy(&want[i].src, raw + (size_t)12 * i, 4);
-            memcpy(&want[i].dst, raw + (size_t)12 * i + 4, 4);
-            want[i].kind = edge_kind(raw + (size_t)12 * i);
-        }
         qsort(kept, n, sizeof *kept, by_edge);
-        qsort(want, edges, sizeof *want, by_edge);
+        if (edges) qsort(want, edges, sizeof *want, by_edge);
         int same = n == edges;
         for (size_t i = 0; same && i < n; i++) same = by_edge(&want[i], &kept[i]) == 0;
         if (!same) {
@@ -450,7 +442,6 @@ static CUresult check_edges(reader_t *r, build_t *b, const unsigned char *raw, u
     free(to);
     free(data);
     free(kept);
-    free(want);
     free(keys);
     return rc;
 }
@@ -458,35 +449,46 @@ static CUresult check_edges(reader_t *r, build_t *b, const unsigned char *raw, u
 static CUresult add_edges(reader_t *r, build_t *b, uint32_t nodes, uint32_t edges) {
     const unsigned char *raw = take(r, (size_t)edges * 12);
     if (raw == NULL) return CUDA_ERROR_INVALID_VALUE; /* take failed, and said why */
-    if (edges == 0) return b->graph ? check_edges(r, b, raw, nodes, 0) : CUDA_SUCCESS;
+    if (edges == 0) return b->graph ? check_edges(r, b, NULL, nodes, 0) : CUDA_SUCCESS;
+    edge_t *edge = calloc(edges, sizeof *edge);
+    if (edge == NULL) {
+        fail(r, "out of host memory for %u edges", edges);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     uint32_t kinds[MAX_EDGE_KINDS], nkinds = 0;
-    for (uint32_t i = 0; i < edges; i++) {
-        uint32_t src, dst, kind = edge_kind(raw + (size_t)12 * i), k = 0;
-        memcpy(&src, raw + (size_t)12 * i, 4);
-        memcpy(&dst, raw + (size_t)12 * i + 4, 4);
-        if (src >= nodes || dst >= nodes) {
-            fail(r, "edge %u: %u -> %u names a node the graph does not have", i, src, dst);
-            return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_SUCCESS;
+    for (uint32_t i = 0; rc == CUDA_SUCCESS && i < edges; i++) {
+        uint32_t k = 0;
+        edge[i] = edge_at(raw, i);
+        if (edge[i].src >= nodes || edge[i].dst >= nodes) {
+            fail(r, "edge %u: %u -> %u names a node the graph does not have", i, edge[i].src, edge[i].dst);
+            rc = CUDA_ERROR_INVALID_VALUE;
         }
-        while (k < nkinds && kinds[k] != kind) k++;
+        while (k < nkinds && kinds[k] != edge[i].kind) k++;
         if (k == MAX_EDGE_KINDS) {
             fail(r, "edge %u: more than %d kinds of edge (ports and type)", i, MAX_EDGE_KINDS);
-            return CUDA_ERROR_INVALID_VALUE;
+            rc = CUDA_ERROR_INVALID_VALUE;
+        } else if (k == nkinds) {
+            kinds[nkinds++] = edge[i].kind;
         }
-        if (k == nkinds) kinds[nkinds++] = kind;
     }
-    if (!acyclic(r, raw, nodes, edges)) return CUDA_ERROR_INVALID_VALUE;
-    if (b->graph == NULL) return CUDA_SUCCESS;
-    CUgraphNode *from = calloc(edges, sizeof *from), *to = calloc(edges, sizeof *to);
-    CUgraphEdgeData *data = calloc(edges, sizeof *data);
-    CUresult rc = (from && to && data) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-    if (rc != CUDA_SUCCESS) fail(r, "out of host memory for %u edges", edges);
-    for (uint32_t k = 0; rc == CUDA_SUCCESS && k < nkinds; k++)
-        rc = add_edges_of_kind(r, b, raw, edges, kinds[k], from, to, data);
-    free(from);
-    free(to);
-    free(data);
-    return rc == CUDA_SUCCESS ? check_edges(r, b, raw, nodes, edges) : rc;
+    if (rc == CUDA_SUCCESS && !acyclic(r, edge, nodes, edges)) rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS && b->graph) {
+        CUgraphNode *from = calloc(edges, sizeof *from), *to = calloc(edges, sizeof *to);
+        CUgraphEdgeData *data = calloc(edges, sizeof *data);
+        if (!from || !to || !data) {
+            fail(r, "out of host memory for %u edges", edges);
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        for (uint32_t k = 0; rc == CUDA_SUCCESS && k < nkinds; k++)
+            rc = add_edges_of_kind(r, b, edge, edges, kinds[k], from, to, data);
+        free(from);
+        free(to);
+        free(data);
+        if (rc == CUDA_SUCCESS) rc = check_edges(r, b, edge, nodes, edges);
+    }
+    free(edge);
+    return rc;
 }
 
 /* Parse (and, with a graph in b, build) the description; report the node and edge counts. */
