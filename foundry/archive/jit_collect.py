@@ -36,13 +36,13 @@ from foundry.archive.jit_schema import (
     BLOB_DIR,
     JIT_FORMAT,
     MANIFEST_FILE,
-    VLLM_SINCE,
     Form,
     JitEntry,
     JitIndex,
     JitManifest,
     JitState,
     JitVersions,
+    lowest_version,
 )
 from foundry.archive.reader import Archive
 from foundry.archive.schema import CATALOG_FILE, catalog_version
@@ -149,10 +149,9 @@ def _write_blob(pieces: Iterable[bytes], blobs: Path) -> tuple[str, bytes, int]:
 def make_manifest(staged: Staged, *, cache_id: str, saved_root: Path, versions: JitVersions) -> JitManifest:
     """The manifest of what :func:`stage` copied, at the lowest version that holds it. vLLM's
     version keys only vLLM's cache: an archive without it is not refused where vLLM differs."""
-    carries_vllm = any(e.cache is Cache.VLLM for e in staged.entries)
-    if not carries_vllm:
+    if not any(e.cache is Cache.VLLM for e in staged.entries):
         versions = msgspec.structs.replace(versions, vllm=None)
-    return JitManifest(format=JIT_FORMAT, format_version=VLLM_SINCE if carries_vllm else 1, cache_id=cache_id,
+    return JitManifest(format=JIT_FORMAT, format_version=lowest_version(versions, staged.entries), cache_id=cache_id,
                        saved_root=str(saved_root), versions=versions, entries=tuple(staged.entries))  # fmt: skip
 
 

@@ -14,17 +14,17 @@ from pathlib import Path, PurePosixPath
 import msgspec
 
 from foundry.archive.files import DEFAULT_LIMITS, GiB, MiB, encode_record, iter_bounded, read_bounded, sha256_hex
-from foundry.archive.jit_caches import SNIFF_BYTES, SPECS, Cache, host_code_by_name, is_host_code
+from foundry.archive.jit_caches import SNIFF_BYTES, SPECS, host_code_by_name, is_host_code
 from foundry.archive.jit_schema import (
     BLOB_DIR,
     JIT_FORMAT,
     JIT_VERSIONS_READ,
     MANIFEST_FILE,
-    VLLM_SINCE,
     GroupFile,
     JitEntry,
     JitIndex,
     JitManifest,
+    lowest_version,
 )
 from foundry.archive.reader import decode_typed
 from foundry.errors import ArchiveError
@@ -79,11 +79,11 @@ def check_manifest(manifest: JitManifest, *, limits: JitLimits, source: Path, in
         raise ArchiveError("not a JIT manifest this Foundry reads", path=str(source), field="format_version",
                            expected=f"{JIT_FORMAT} {' or '.join(map(str, JIT_VERSIONS_READ))}",
                            found=f"{manifest.format} {manifest.format_version}")  # fmt: skip
-    vllm = manifest.versions.vllm is not None or any(e.cache is Cache.VLLM for e in manifest.entries)
-    if vllm and manifest.format_version < VLLM_SINCE:
+    needed = lowest_version(manifest.versions, manifest.entries)
+    if manifest.format_version < needed:  # only vLLM's cache needs more than version 1
         raise ArchiveError(f"vLLM's cache in a JIT manifest of version {manifest.format_version} (it came with "
-                           f"version {VLLM_SINCE})", path=str(source), field="format_version",
-                           expected=f">= {VLLM_SINCE}", found=manifest.format_version)  # fmt: skip
+                           f"version {needed})", path=str(source), field="format_version",
+                           expected=f">= {needed}", found=manifest.format_version)  # fmt: skip
     if not _CACHE_ID.match(manifest.cache_id):
         raise ArchiveError("not a cache id (32 lowercase hex digits)", path=str(source), field="cache_id",
                            found=manifest.cache_id[:64])  # fmt: skip

@@ -3,6 +3,7 @@ catalog's ``jit`` entry that seals it); ``docs/archive-format.md`` describes the
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 
 import msgspec
@@ -82,3 +83,9 @@ class GroupFile(msgspec.Struct, frozen=True):
     """Triton's ``__grp__<name>.json``: the files of one compiled kernel by absolute path."""
 
     child_paths: dict[str, str]
+
+
+def lowest_version(versions: JitVersions, entries: Iterable[JitEntry]) -> int:
+    """The lowest manifest version that holds ``versions`` and ``entries``."""
+    vllm = versions.vllm is not None or any(e.cache is Cache.VLLM for e in entries)
+    return VLLM_SINCE if vllm else 1
