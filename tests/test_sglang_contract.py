@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -197,3 +198,32 @@ def test_the_comparison_says_in_one_line_when_a_report_is_missing(tmp_path):
     plugin_report.write_text('{"mode": "load", "graphs": 4}')
     proc = subprocess.run([*script, str(plugin_report), str(plugin_report)], capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no outputs" in proc.stderr
+
+
+def test_custom_allreduce_v2_is_what_the_backend_reads(wheel):
+    """SGLang's CUDA default is the JIT all-reduce; its kernel parameter is the struct the
+    ``custom-allreduce`` backend decodes, its workspace slab the layout it checks, and
+    graph inputs land in rows of ``graph_params`` after capture."""
+    from foundry.backends.custom_allreduce_abi import fields
+
+    environ = wheel.read("sglang/srt/environ.py").decode()
+    assert "SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2 = EnvBool(True)" in environ
+    source = wheel.read("sglang/kernels/jit/csrc/distributed/custom_all_reduce.cuh").decode()
+    body = re.search(r"struct AllReduceParams \{(.*?)\};", source, re.S).group(1)
+    members = []
+    for line in body.splitlines():
+        declared = re.match(r"\s*(.+?)\s*(\w+)(\[kWorldSize\])?;", line.split("//")[0])
+        if declared:
+            pointer = "*" in declared.group(1)
+            size = 8 if pointer else {"uint32_t": 4, "int64_t": 8}[declared.group(1)]
+            members.append((declared.group(2), bool(declared.group(3)), pointer, size))
+    ours = [(f.name.split("[")[0], "[" in f.name, f.pointer, f.size) for f in fields(1)]
+    assert members == ours
+    assert "void all_reduce_kernel(const __grid_constant__ AllReduceParams<kWorldSize> params)" in source
+    v2 = _module(wheel, "sglang.srt.distributed.device_communicators.custom_all_reduce_v2")
+    text = ast.unparse(_find(v2, ["CustomAllReduceV2", "_init_workspace"]))
+    assert "push_num_bufs = 2 * self.world_size" in text and "pull_ws_offset = push_ws_bytes" in text
+    assert "pull_sem_offset = push_ws_bytes + pull_ws_bytes" in text
+    assert "_SEMAPHORE_BYTES * cfg.num_pull_blocks" in text
+    rows = ast.unparse(_find(v2, ["CustomAllReduceV2", "register_peer_mapped_inputs"]))
+    assert "self.graph_params[self._graph_counter:self._graph_counter + count].copy_(rows)" in rows

@@ -112,6 +112,12 @@ class Backend(ABC):
     #: unless SAVE recorded this backend's state. True unless a backend says otherwise,
     #: so a third party's collective kernels are never restored unvalidated.
     needs_state: ClassVar[bool] = True
+    #: Facts the program can give only once its graphs exist (a pointer table it fills after
+    #: capture). It attaches the rest before its first graph and everything again, these
+    #: included, with ``session.complete(name, **objects)``: SAVE records them then, LOAD
+    #: validates them then and refuses to finish without them. ``validate`` skips what
+    #: is absent (the attach before the graphs).
+    after_graphs: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def recognise(self, kernel: KernelIdentity) -> KernelMatch | None:
@@ -169,6 +175,20 @@ def backend_facts(backend: Backend, objects: dict[str, Any]) -> dict[str, Any]:
             field=backend.name,
             found=sorted(objects),
         ) from None
+
+
+def completed_facts(backend: Backend, before: dict[str, Any], objects: dict[str, Any]) -> dict[str, Any]:
+    """``backend``'s facts given again once the graphs exist (``session.complete``): only its
+    ``after_graphs`` may differ from those attached before, against which the graphs were
+    lowered and relocated."""
+    if not backend.after_graphs:
+        raise BackendError(f"backend {backend.name!r} takes no facts after the graphs", field=backend.name)
+    facts = backend_facts(backend, objects)
+    for key in sorted(before):
+        if key not in backend.after_graphs and facts.get(key) != before[key]:
+            raise BackendError(f"{backend.name}'s facts changed after its graphs were captured",
+                               field=f"{backend.name}.{key}", expected=before[key], found=facts.get(key))  # fmt: skip
+    return facts
 
 
 def require_state_version(backend: Backend, state: BackendState) -> None:

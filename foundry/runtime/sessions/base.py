@@ -184,6 +184,10 @@ class Session:
         """Tell the session about a communicator a backend owns (SAVE records it, LOAD
         validates and relocates against it); a plain capture needs nothing."""
 
+    def complete(self, backend: str, **objects: Any) -> None:
+        """Attach ``backend`` again once the graphs exist, with the facts only they give
+        (its ``after_graphs``: a pointer table filled after capture)."""
+
     def finish(self) -> dict[str, Any]:
         return {"mode": self.mode}
 

@@ -85,6 +85,7 @@ class LoadSession(Session):
         self._discovering: Future[list[Any]] | None = None  # the backends' entry points, read on a thread
         self.backends = self._require_backends()
         self.attached: dict[str, dict[str, Any]] = {}  # backend name -> live facts
+        self.completed: set[str] = set()  # backends given their facts after the graphs (Backend.after_graphs)
         self.relocation = Relocation([backend for backend, _ in self.backends], self.attached, rank,
                                      self.archive.catalog.world_size)  # fmt: skip
         self.live_base: int | None = None  # the region's base in this process, once start() reserved it
@@ -226,6 +227,19 @@ class LoadSession(Session):
         owner.validate(state, [], live)
         self.attached[backend] = facts
 
+    def complete(self, backend: str, **objects: Any) -> None:
+        from foundry.backends.base import completed_facts
+
+        owner, state = next(((b, s) for b, s in self.backends if b.name == backend), (None, None))
+        if owner is None or backend not in self.attached:
+            raise FoundryError("complete() of a backend that was not attached before the graphs", field=backend)
+        facts = completed_facts(owner, self.attached[backend], objects)
+        live = self._live_facts()
+        live.facts[backend] = facts
+        owner.validate(state, [], live)  # the graphs were validated at restore; these facts are new
+        self.attached[backend] = facts
+        self.completed.add(backend)
+
     def warmup(self, fn: Callable[[], Any]) -> None:
         if self.region_restore is not None and self.region_restore.anchor is None:  # where SAVE registered it
             self.region_restore.anchor = anchor_generator()
@@ -259,6 +273,11 @@ class LoadSession(Session):
         if not hasattr(self, "hook"):
             raise FoundryError("finish() before start(): call session.start() before the first CUDA allocation")
         laps = Laps(self.report.setdefault("finish_s", {}))
+        unfinished = [b for b, _ in self.backends if b.after_graphs and b.name not in self.completed]
+        if unfinished and self.graphs is not None:
+            raise DriftError(f"backend {unfinished[0].name!r} needs facts the program gives after its graphs "
+                             "(session.complete), which it did not give", field=f"backends.{unfinished[0].name}",
+                             expected=list(unfinished[0].after_graphs))  # fmt: skip
         self._wait_for_module_check()  # a session that restored nothing still refuses a damaged archive
         self.checked_images.clear()  # kept for a restore that did not come
         if self.instantiation is not None:  # every instantiation counted, or its error raised

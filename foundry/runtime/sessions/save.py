@@ -11,7 +11,7 @@ from typing import Any
 
 from foundry.archive.schema import AllocationRecord, ImageRecord, RegionRecord, RngRecord, WarmupBytes
 from foundry.archive.writer import ArchiveWriter
-from foundry.backends.base import ProcessFacts, backend_facts
+from foundry.backends.base import ProcessFacts, backend_facts, completed_facts
 from foundry.env import SAVE_ID, SAVE_REPLAY
 from foundry.errors import CaptureError, FoundryError, HookError
 from foundry.graphir.build import LiveFunctions, build
@@ -109,6 +109,12 @@ class SaveSession(Session):
             raise FoundryError("attach backends before the first graph()", field=backend)
         owner = BackendRegistry.discover().require(backend)
         self.attached[backend] = (owner, backend_facts(owner, objects))
+
+    def complete(self, backend: str, **objects: Any) -> None:
+        if backend not in self.attached:
+            raise FoundryError("complete() of a backend that was not attached before the graphs", field=backend)
+        owner, before = self.attached[backend]
+        self.attached[backend] = (owner, completed_facts(owner, before, objects))
 
     def warmup(self, fn: Callable[[], Any]) -> None:
         if self.anchor is None:
