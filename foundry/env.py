@@ -156,7 +156,7 @@ RELOCATE = Variable("FOUNDRY_RELOCATE", Kind.FLAG, False, frozenset({_S}),
                     Written.ALWAYS)
 OVERWRITE = Variable("FOUNDRY_OVERWRITE", Kind.FLAG, False, frozenset({_S, _G, _V}),
                      "SAVE: replace an archive already at the path", Written.ALWAYS)
-SAVE_ID = Variable("FOUNDRY_SAVE_ID", Kind.TEXT, None, frozenset({_S, _L}),
+SAVE_ID = Variable("FOUNDRY_SAVE_ID", Kind.TEXT, None, frozenset({_S, _G, _L}),
                    "SAVE of several ranks: the id every rank's process shares (1-64 of A-Z a-z 0-9 . _ -)")
 SAVE_FIRST_RUN = Variable("FOUNDRY_SAVE_FIRST_RUN", Kind.PATH, None, frozenset({_G, _V}),
                           "SAVE runs after the first: the first run's archive (sizes not to profile again)",

@@ -359,6 +359,7 @@ THROUGH_THE_CONTRACT = {
     (Reader.SGLANG, "FOUNDRY_SGLANG_REPORT"): ("foundry/integrations/sglang/plugin.py", "SGLANG_REPORT"),
     (Reader.SGLANG, "FOUNDRY_SGLANG_GC"): ("foundry/integrations/sglang/plugin.py", "SGLANG_GC"),
     (Reader.SGLANG, "FOUNDRY_SGLANG_CONFIG"): ("foundry/integrations/sglang/config.py", "SGLANG_CONFIG"),
+    (Reader.SGLANG, "FOUNDRY_SAVE_ID"): ("foundry/integrations/sglang/plugin.py", "SAVE_ID"),
     (Reader.VLLM, "FOUNDRY_OVERWRITE"): ("foundry/integrations/common/session.py", "OVERWRITE"),
     (Reader.VLLM, "FOUNDRY_SAVE_FIRST_RUN"): ("foundry/integrations/common/session.py", "SAVE_FIRST_RUN"),
     (Reader.VLLM, "FOUNDRY_VLLM_REPORT"): ("foundry/integrations/vllm/plugin.py", "VLLM_REPORT"),

@@ -8,6 +8,7 @@ taken from ``FOUNDRY_SGLANG_WHEEL``); without it these tests fail rather than sk
 from __future__ import annotations
 
 import ast
+import hashlib
 import os
 import re
 import subprocess
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from foundry.archive.outputs import RECORD_TYPES
-from foundry.integrations.sglang.hookpoints import CHECKED_VERSIONS, HOOK_POINTS
+from foundry.integrations.sglang.hookpoints import CHECKED_VERSIONS, HOOK_POINTS, TP_HOOK_POINTS
 from foundry.integrations.sglang.server_args import SERVER_ARGS
 
 from .conftest import load_script
@@ -69,7 +70,7 @@ def test_the_wheel_is_the_checked_version(wheel):
 
 
 @pytest.mark.parametrize(
-    "point", HOOK_POINTS, ids=lambda p: p.target.rsplit(".", 2)[-2] + "." + p.target.rsplit(".", 1)[-1]
+    "point", HOOK_POINTS + TP_HOOK_POINTS, ids=lambda p: p.target.rsplit(".", 2)[-2] + "." + p.target.rsplit(".", 1)[-1]
 )
 def test_every_hook_point_exists_with_its_parameters(wheel, point):
     tree = _module(wheel, point.module)
@@ -97,7 +98,7 @@ def test_plugins_load_from_the_group_foundry_registers_in(wheel):
     assert "func" in calls  # each plugin's entry point is called (it patches; SGLang's registry stays unused)
     from foundry.integrations.sglang import plugin  # the table the plugin patches with is the one checked here
 
-    assert all(callable(getattr(plugin, p.handler, None)) for p in HOOK_POINTS)
+    assert all(callable(getattr(plugin, p.handler, None)) for p in HOOK_POINTS + TP_HOOK_POINTS)
 
 
 def _imported_names(tree: ast.Module, package: str) -> set[tuple[str, str]]:
@@ -227,3 +228,42 @@ def test_custom_allreduce_v2_is_what_the_backend_reads(wheel):
     assert "_SEMAPHORE_BYTES * cfg.num_pull_blocks" in text
     rows = ast.unparse(_find(v2, ["CustomAllReduceV2", "register_peer_mapped_inputs"]))
     assert "self.graph_params[self._graph_counter:self._graph_counter + count].copy_(rows)" in rows
+
+
+@pytest.mark.parametrize("point", [p for p in HOOK_POINTS + TP_HOOK_POINTS if p.body_sha256], ids=lambda p: p.attribute)
+def test_the_bodies_the_plugin_stands_in_for_are_the_checked_ones(wheel, point):
+    """The handler re-does what SGLang's body does (there: registering through the cudaIpc
+    path alone): a changed body must be read again before its digest is."""
+    source = wheel.read(point.module.replace(".", "/") + ".py").decode()
+    found = _find(ast.parse(source), point.target.removeprefix(point.module + ".").split("."))
+    assert hashlib.sha256(ast.get_source_segment(source, found).encode()).hexdigest() == point.body_sha256
+
+
+def test_the_custom_all_reduce_holds_what_the_tensor_parallel_plugin_reads(wheel):
+    """The attributes ``tensor_parallel`` reads of a ``CustomAllReduceV2`` and its
+    configuration, the workspace made through the function it patches, the registration's
+    cudaIpc path it calls, and the one custom all-reduce of a TP server (the TP group's)."""
+    v2 = _module(wheel, "sglang.srt.distributed.device_communicators.custom_all_reduce_v2")
+    cls = _find(v2, ["CustomAllReduceV2"])
+    assigned = {n.attr for n in ast.walk(cls) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+                and isinstance(n.value, ast.Name) and n.value.id == "self"}  # fmt: skip
+    assert {"rank", "world_size", "disabled", "_symm_tensor", "max_push_size", "max_pull_size", "config",
+            "graph_params", "_graph_inputs", "_graph_counter"} <= assigned  # fmt: skip
+    init = ast.unparse(_find(v2, ["CustomAllReduceV2", "_init_workspace"]))
+    assert "self._symm_tensor, symm_mem = _allocate_symmetric_memory(total_bytes" in init
+    allocate = ast.unparse(_find(v2, ["_allocate_symmetric_memory"]))
+    assert "return (tensor, symm_mem)" in allocate
+    assert _find(v2, ["CustomAllReduceV2", "_register_graph_inputs_ipc"]) is not None
+    configs = _module(wheel, "sglang.srt.distributed.device_communicators.configs.custom_all_reduce_v2")
+    fields = {n.target.id for n in ast.walk(_find(configs, ["AllReduceConfig"])) if isinstance(n, ast.AnnAssign)}
+    assert {"num_push_blocks", "num_pull_blocks", "num_mc_blocks"} <= fields
+    with_custom = set()  # groups made with SGLang's custom all-reduce (the others pass False)
+    for node in ast.walk(_module(wheel, "sglang.srt.distributed.parallel_state")):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                ast.unparse(node.value.func) == "init_model_parallel_group":  # fmt: skip
+            given = {k.arg: ast.unparse(k.value) for k in node.value.keywords}
+            if given.get("use_custom_allreduce") != "False":
+                with_custom.add(ast.unparse(node.targets[0]))
+    # the TP group; the others span more than one GPU only with context parallelism, MoE data
+    # parallelism or prefill multiplexing (a second custom all-reduce in a scheduler is refused)
+    assert with_custom == {"_TP", "_DCP", "_ATTN_CP", "_MOE_DP", "_PDMUX_PREFILL_TP_GROUP"}

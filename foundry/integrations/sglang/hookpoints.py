@@ -12,7 +12,7 @@ from __future__ import annotations
 from foundry.integrations.common import hookpoints
 from foundry.integrations.common.hookpoints import HookPoint
 
-__all__ = ["CHECKED_VERSIONS", "HOOK_POINTS", "HookPoint", "check_version"]
+__all__ = ["CHECKED_VERSIONS", "HOOK_POINTS", "TP_HOOK_POINTS", "HookPoint", "check_version"]
 
 CHECKED_VERSIONS = ("0.5.17",)
 
@@ -63,6 +63,23 @@ HOOK_POINTS = (
               ("self",),
               "after every model runner's graphs (the target's, then a draft model's): SAVE writes the archive, "
               "LOAD checks every archived graph was restored", "AFTER", "_on_graphs_done"),
+)  # fmt: skip
+
+
+_CAR = "sglang.srt.distributed.device_communicators.custom_all_reduce_v2"
+
+# Patched only in a scheduler of a server with tp_size above 1 (importing the custom
+# all-reduce's module pulls in its JIT kernels' bindings, which a single GPU never uses).
+TP_HOOK_POINTS = (
+    HookPoint(f"{_CAR}._allocate_symmetric_memory", _CAR, ("nbytes", "device", "group"),
+              "note the rendezvous handle of the custom all-reduce's workspace: every rank's slab, as this "
+              "process maps it", "AROUND", "_ca_workspace"),
+    HookPoint(f"{_CAR}.CustomAllReduceV2.__init__", _CAR, ("self", "group", "device", "max_size"),
+              "note the TP group's custom all-reduce (a second one is refused)", "AFTER", "_ca_made"),
+    HookPoint(f"{_CAR}.CustomAllReduceV2._register_graph_inputs", _CAR, ("self",),
+              "SAVE notes the graph inputs SGLang registers after its capture loop; LOAD hands it SAVE's to "
+              "register again; both through SGLang's cudaIpc path", "AROUND", "_ca_register",
+              body_sha256="26191a835566e31338545637710faada0e53f929f7b2e9242bcb7066b7e39e9f"),
 )  # fmt: skip
 
 

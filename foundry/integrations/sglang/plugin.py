@@ -33,6 +33,11 @@ to start. In a scheduler:
    (the target's graphs, then the draft model's); SAVE judges whether a LOAD may
    skip the warm-ups and writes the one archive; LOAD checks that every archived
    graph of every graph runner was restored and nothing was captured.
+
+At ``--tp-size`` above 1 each scheduler is one rank and also patches
+``TP_HOOK_POINTS`` (:mod:`foundry.integrations.sglang.tensor_parallel`): NCCL and
+SGLang's custom all-reduce are attached as they are at the graph phase's start, and
+the custom all-reduce completed once SGLang has registered its graphs' inputs.
 """
 
 from __future__ import annotations
@@ -46,13 +51,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from foundry.env import SGLANG_GC, SGLANG_REPORT
+from foundry.env import SAVE_FIRST_RUN, SAVE_ID, SGLANG_GC, SGLANG_REPORT
 from foundry.errors import DriftError, FoundryError
 from foundry.integrations.common import patching, startup
 from foundry.integrations.common import session as shared
 from foundry.integrations.common.session import say as _say
+from foundry.integrations.sglang import tensor_parallel
 from foundry.integrations.sglang.config import PluginConfig, load_config
-from foundry.integrations.sglang.hookpoints import HOOK_POINTS, check_version
+from foundry.integrations.sglang.hookpoints import HOOK_POINTS, TP_HOOK_POINTS, check_version
 from foundry.integrations.sglang.runners import graph_name, phase_of, role_of
 from foundry.integrations.sglang.server_args import check_server_args, model_config_digest, server_fingerprint
 from foundry.integrations.sglang.speculative import check_speculative, model_runners
@@ -88,6 +94,8 @@ class SchedulerState:
     config: PluginConfig
     session: Any
     rank: int
+    world_size: int = 1  # tp_size: one scheduler process a rank
+    allreduce: tensor_parallel.CustomAllReduceNotes | None = None  # tp_size above 1: its custom all-reduce
     graphs: list[str] = field(default_factory=list)  # every graph, in capture order
     expected_runners: tuple[str, ...] = ("target",)  # the model runners this server's scheduler holds
     runners: dict[str, RunnerGraphs] = field(default_factory=dict)  # by model runner role, as they capture
@@ -187,6 +195,9 @@ def _on_scheduler_start(*args: Any, **kwargs: Any) -> None:
     device = _argument(args, kwargs, 3, "gpu_id") or 0
     rank = _argument(args, kwargs, 4, "tp_rank") or 0
     _check_supported(server_args)
+    world_size = int(getattr(server_args, "tp_size", 1) or 1)
+    if world_size > 1:
+        _prepare_tensor_parallel(config)
     live = server_fingerprint(server_args, installed_version())
 
     def check_archive(archive: Any, options: dict[str, Any]) -> None:
@@ -194,9 +205,15 @@ def _on_scheduler_start(*args: Any, **kwargs: Any) -> None:
             check_warmup_skip(archive.catalog.model)
 
     # SAVE keeps the region's bytes to the end of the graph phase: what a LOAD skipping the warm-ups restores
+    saving = {"world_size": world_size} if config.mode == "save" else {}
     opened = shared.open_session(config, device=device, rank=rank, live=live, check_archive=check_archive,
-                                 warmup_bytes_until="finish")  # fmt: skip
-    _state = SchedulerState(config, opened, rank, expected_runners=model_runners(server_args))
+                                 warmup_bytes_until="finish", **saving)  # fmt: skip
+    _state = SchedulerState(config, opened, rank, world_size, expected_runners=model_runners(server_args))
+    if world_size > 1:
+        _state.allreduce = tensor_parallel.CustomAllReduceNotes()
+        if config.mode == "load":
+            _state.allreduce.recorded = next((state.record for backend, state in opened.backends
+                                              if backend.name == tensor_parallel.CUSTOM_ALLREDUCE), None)  # fmt: skip
     if config.mode == "load" and config.warmup == "restore":
         _state.placed = decode_placed(opened.archive.catalog.model)
         region = opened.archive.session(rank).region
@@ -288,12 +305,26 @@ def check_warmup_skip(model: dict[str, str]) -> None:
                          "--warmup replay)", field=VERDICT, expected=SAFE, found=found)  # fmt: skip
 
 
+def _prepare_tensor_parallel(config: PluginConfig) -> None:
+    """A scheduler of a server with several TP ranks, before SGLang makes its communicators."""
+    if config.mode == "save" and not SAVE_ID.read():
+        raise FoundryError(f"a SAVE of several TP ranks needs {SAVE_ID.name}, the same in every scheduler (set it "
+                           "in the server's environment)", field=SAVE_ID.name)  # fmt: skip
+    if config.mode == "save" and SAVE_FIRST_RUN.read():  # one launcher drives every rank: no merged later run yet
+        raise FoundryError("a SAVE of several TP ranks runs once (foundry run --save-runs 1)",
+                           field=SAVE_FIRST_RUN.name)  # fmt: skip
+    tensor_parallel.pin_nccl()
+    patching.install(TP_HOOK_POINTS, sys.modules[__name__], "sglang")
+
+
 def _check_supported(server_args: Any) -> None:
     """Refuse what the plugin cannot persist, by field, before anything is allocated."""
-    sizes = {name: getattr(server_args, name, 1) or 1 for name in ("tp_size", "pp_size", "dp_size")}
+    sizes = {name: getattr(server_args, name, 1) or 1 for name in ("pp_size", "dp_size")}
     if any(size != 1 for size in sizes.values()):
-        raise FoundryError("the SGLang plugin persists single-GPU servers only (tp, pp and dp size 1)",
-                           field="sglang.tp_size", found=sizes)  # fmt: skip
+        raise FoundryError("the SGLang plugin persists tensor-parallel servers only (pp and dp size 1)",
+                           field="sglang.pp_size", found=sizes)  # fmt: skip
+    if getattr(server_args, "enable_dp_attention", False):
+        raise FoundryError("data-parallel attention is not persisted", field="sglang.enable_dp_attention")
     if getattr(server_args, "enable_memory_saver", False):
         raise FoundryError("the memory saver moves graph memory; it cannot be used with Foundry",
                            field="sglang.enable_memory_saver")  # fmt: skip
@@ -447,6 +478,11 @@ def _begin_graph_phase() -> None:
     _state.graph_phase = True
     if _state.config.mode == "save":
         _state.recording_error = warmup_skip.start_recording()
+    if _state.world_size > 1:  # the communicators exist by now; attached before the first graph
+        tensor_parallel.attach_nccl(_state.session, _state.rank, _state.world_size)
+        if _state.allreduce is not None and _state.allreduce.communicator is not None:
+            facts = tensor_parallel.communicator_facts(_state.allreduce, complete=False)
+            _state.session.attach(tensor_parallel.CUSTOM_ALLREDUCE, **facts)
 
 
 @_says_refusals
@@ -478,6 +514,10 @@ def _on_graphs_done(result: Any, *args: Any, **kwargs: Any) -> None:
         _state.session.keep_warmup_bytes = judged[VERDICT] == SAFE  # what only a LOAD skipping the warm-ups restores
     elif _state.placed:  # before the first replay: the blocks the graphs read where SAVE had them
         _check_placed()
+    notes = _state.allreduce
+    if _state.graph_phase and notes is not None and notes.communicator is not None:  # its table, filled by now
+        facts = tensor_parallel.communicator_facts(notes, complete=True)
+        _state.session.complete(tensor_parallel.CUSTOM_ALLREDUCE, **facts)
     report = _state.session.finish()
     _state.seconds["session_finish_s"] = time.perf_counter() - begun
     if _state.config.mode == "load":
@@ -499,6 +539,28 @@ def _on_graphs_done(result: Any, *args: Any, **kwargs: Any) -> None:
          f"{counters.get('passthrough_captures', 0)} passed through")  # fmt: skip
     shared.write_report(SGLANG_REPORT.read(), report)
     return result
+
+
+@_says_refusals
+def _ca_workspace(original: Any, *args: Any, **kwargs: Any) -> Any:
+    tensor, handle = original(*args, **kwargs)
+    if _state is not None and _state.allreduce is not None:
+        _state.allreduce.handles[id(tensor)] = handle
+    return tensor, handle
+
+
+@_says_refusals
+def _ca_made(result: Any, ca: Any, *args: Any, **kwargs: Any) -> None:
+    if _state is not None and _state.allreduce is not None:
+        tensor_parallel.note_communicator(_state.allreduce, ca)
+
+
+@_says_refusals
+def _ca_register(original: Any, ca: Any) -> None:
+    if _state is None or _state.allreduce is None:
+        return original(ca)
+    tensor_parallel.register_inputs(_state.allreduce, ca, _state.config.mode)
+    return None
 
 
 def _startup_report() -> dict[str, Any]:
