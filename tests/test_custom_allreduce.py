@@ -66,10 +66,11 @@ def process(**changes) -> ProcessFacts:
     return ProcessFacts(found["rank"], found["world_size"], {"custom-allreduce": found})
 
 
-def params_of(world: int = 2, rank: int = 0, row: int = 0, workspaces=WORKSPACES) -> tuple[bytes, dict[str, int]]:
+def params_of(world: int = 2, rank: int = 0, row: int = 0, workspaces=WORKSPACES, multicast: int = 0
+              ) -> tuple[bytes, dict[str, int]]:  # fmt: skip
     """AllReduceParams as AllReduceKernel::run fills it, and the pointer words by field."""
     values = {"input": INPUT, "output": OUTPUT, "num_elements": 4096, "rank": rank,
-              "graph_params": TABLE + row * 8 * world, "push_counter": COUNTER, "pull_mc_workspace": 0,
+              "graph_params": TABLE + row * 8 * world, "push_counter": COUNTER, "pull_mc_workspace": multicast,
               "push_buffer_stride": PUSH}  # fmt: skip
     for name, (peer, offset) in workspace_offsets(world, PUSH, PULL).items():
         values[name] = workspaces[peer] + offset
@@ -230,6 +231,17 @@ def test_multicast_kernels_need_multicast():
     assert err.value.field == "custom-allreduce.multicast"
 
 
+@pytest.mark.parametrize("mode", ["graph", "multicast"])
+def test_a_multicast_workspace_is_refused_even_where_multicast_exists(mode):
+    """SGLang passes its multicast address to every kernel once multicast exists, whatever
+    the pull mode; that memory is bound to its multicast object and is not relocated."""
+    params, pointers = params_of(multicast=0x7D0000000000 + 4 * PUSH)
+    with pytest.raises(BackendError, match="multicast workspace") as err:
+        CustomAllReduceBackend().validate(saved(multicast=True), [graph_of(name_of(mode=mode), params, pointers)],
+                                          process(multicast=True))  # fmt: skip
+    assert err.value.field == "custom-allreduce.pull_mc_workspace"
+
+
 def test_a_graph_of_the_legacy_kernels_is_refused_at_load():
     name, layout = next(r for r in kernel_names("sglang_kernel") if "cross_device_reduce_1stage" in r[0])
     slots = [ParamSlot(*map(int, p.split(":"))) for p in layout.split(",")]
@@ -259,6 +271,9 @@ def test_facts_refuse_a_table_row_of_another_width():
     with pytest.raises(BackendError, match="one address per rank") as err:
         facts(rows=[[1, 2, 3]])
     assert err.value.field == "custom-allreduce.world_size"
+    with pytest.raises(BackendError, match="one address per rank") as err:  # before the graphs: no rows yet
+        facts(workspaces=WORKSPACES[:1], rows=None, inputs=None, registrations=None)
+    assert err.value.found == [1]
 
 
 # -- through a LOAD session, on a real archive
@@ -287,6 +302,9 @@ def test_a_load_session_validates_the_table_when_completed_and_refuses_to_finish
     with pytest.raises(FoundryError, match="not attached before"):
         session.complete("custom-allreduce", **given)
     session.attach("custom-allreduce", **before)
+    with pytest.raises(BackendError, match="completed without") as err:
+        session.complete("custom-allreduce", **before)
+    assert err.value.field == "custom-allreduce.rows"
     with pytest.raises(BackendError, match="changed after its graphs") as err:
         session.complete("custom-allreduce", **{**given, "workspaces": WORKSPACES[::-1]})
     assert err.value.field == "custom-allreduce.workspaces"

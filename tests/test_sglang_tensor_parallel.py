@@ -59,12 +59,14 @@ class StandInCustomAllReduce:
         self._symm_tensor, self.graph_params = Slab(), Table()
         self.max_push_size = self.max_pull_size = 16 << 20
         self.config = types.SimpleNamespace(num_pull_blocks=64, num_push_blocks=132, num_mc_blocks=None)
+        self.mc_base_ptr = 0  # no NVLink multicast
         self._graph_inputs: list[tuple[int, int]] = []
         self._graph_counter = 0
-        self.ipc_calls: list[list[tuple[int, int]]] = []
+        self.loop = 0  # which of SGLang's capture loops is ending
+        self.ipc_calls: list[tuple[int, list[tuple[int, int]]]] = []
 
     def _register_graph_inputs_ipc(self) -> None:
-        self.ipc_calls.append(list(self._graph_inputs))
+        self.ipc_calls.append((self.loop, list(self._graph_inputs)))
         self.graph_params.rows += [[ptr, 0x620000000000 + (ptr - 0x600000000000)] for ptr, _ in self._graph_inputs]
         self._graph_counter += len(self._graph_inputs)
         self._graph_inputs.clear()
@@ -79,7 +81,7 @@ def built(notes: CustomAllReduceNotes, disabled: bool = False) -> StandInCustomA
 
 def run(notes: CustomAllReduceNotes, ca: StandInCustomAllReduce, mode: str, captured: list[list]) -> None:
     """SGLang's capture loops, each ending its graph_capture context with a registration."""
-    for inputs in captured:
+    for ca.loop, inputs in enumerate(captured):
         ca._graph_inputs.extend(inputs)  # a capture's all-reduces, each taking a row
         tensor_parallel.register_inputs(notes, ca, mode)
 
@@ -93,13 +95,13 @@ def test_save_notes_each_registration_and_describes_the_table():
     before = tensor_parallel.communicator_facts(notes, complete=False)
     assert before["workspaces"] == PEERS and before["workspace_bytes"] == SLAB and "rows" not in before
     run(notes, ca, "save", CAPTURED)
-    assert ca.ipc_calls == [CAPTURED[0], CAPTURED[2]]  # SGLang's cudaIpc path, never its VMM one
+    assert ca.ipc_calls == [(0, CAPTURED[0]), (2, CAPTURED[2])]  # SGLang's cudaIpc path, never its VMM one
     facts = tensor_parallel.communicator_facts(notes, complete=True)
-    assert facts["registrations"] == [2, 1] and facts["inputs"] == [*CAPTURED[0], *CAPTURED[2]]
+    assert facts["registrations"] == [2, 0, 1] and facts["inputs"] == [*CAPTURED[0], *CAPTURED[2]]
     assert facts["rows"][2] == [0x600010004000, 0x620000000000 + 0x10004000]
     state = CustomAllReduceBackend().record(ProcessFacts(0, 2, {"custom-allreduce": CustomAllReduceBackend().facts(
         **facts)}))  # fmt: skip
-    assert state.record["registrations"] == [2, 1]
+    assert state.record["registrations"] == [2, 0, 1]
 
 
 def test_load_hands_sglang_saves_inputs_and_the_backend_finds_the_same_table():
@@ -112,7 +114,7 @@ def test_load_hands_sglang_saves_inputs_and_the_backend_finds_the_same_table():
     loading = CustomAllReduceNotes(recorded=state.record)
     ca = built(loading)
     run(loading, ca, "load", [[], [], []])  # nothing captured: three registrations of nothing
-    assert ca.ipc_calls == [CAPTURED[0], CAPTURED[2]]
+    assert ca.ipc_calls == [(0, CAPTURED[0]), (2, CAPTURED[2])]  # each in the loop that registered it at SAVE
     live = backend.facts(**tensor_parallel.communicator_facts(loading, complete=True))
     backend.validate(state, [], ProcessFacts(0, 2, {"custom-allreduce": live}))
 
@@ -132,6 +134,11 @@ def test_one_custom_all_reduce_a_scheduler_and_disabled_ones_are_ignored():
     ca = built(notes)
     with pytest.raises(FoundryError, match="second custom all-reduce"):
         built(notes)
+    # SGLang catches it (and goes on without that group's custom all-reduce): said again at the graph phase
+    with pytest.raises(FoundryError, match="second custom all-reduce") as err:
+        tensor_parallel.raise_refusal(notes)
+    assert err.value.field == "sglang.custom_all_reduce"
+    tensor_parallel.raise_refusal(CustomAllReduceNotes())  # nothing refused: nothing raised
     other = StandInCustomAllReduce()
     with pytest.raises(FoundryError, match="did not note"):
         tensor_parallel.register_inputs(notes, other, "save")

@@ -184,6 +184,10 @@ def completed_facts(backend: Backend, before: dict[str, Any], objects: dict[str,
     if not backend.after_graphs:
         raise BackendError(f"backend {backend.name!r} takes no facts after the graphs", field=backend.name)
     facts = backend_facts(backend, objects)
+    missing = [key for key in backend.after_graphs if facts.get(key) is None]
+    if missing:
+        raise BackendError(f"{backend.name} was completed without what it needs after the graphs",
+                           field=f"{backend.name}.{missing[0]}", expected=list(backend.after_graphs))  # fmt: skip
     for key in sorted(before):
         if key not in backend.after_graphs and facts.get(key) != before[key]:
             raise BackendError(f"{backend.name}'s facts changed after its graphs were captured",

@@ -20,7 +20,8 @@ State (version 1): world size, rank, the workspace layout (slab, push and pull b
 block counts), whether multicast is there, the table's address and its registered rows.
 LOAD refuses any difference by field, a graph kernel of another world size or rank,
 a workspace word outside its rank's slab or at another place in it, a table row
-beyond those registered, and a multicast kernel without multicast.
+beyond those registered, a multicast kernel without multicast, and any kernel given a
+multicast workspace (``pull_mc_workspace``: multicast memory is not relocated).
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ class CustomAllReduceBackend(Backend):
         if len(workspaces) != int(world_size) or any(len(row) != int(world_size) for row in rows or ()):
             raise BackendError("the workspaces and every table row must name one address per rank",
                                field="custom-allreduce.world_size", expected=world_size,
-                               found=[len(workspaces), *{len(row) for row in rows}])  # fmt: skip
+                               found=[len(workspaces), *{len(row) for row in rows or ()}])  # fmt: skip
         return {
             "rank": int(rank),
             "world_size": int(world_size),
@@ -222,6 +223,11 @@ def _check_node(ir: GraphIR, node: KernelNode, record: dict[str, Any]) -> None:
         raise BackendError("a graph's custom all-reduce runs as another rank (this rank was given another's part)",
                            field="custom-allreduce.rank", node=node.id, expected=rank,
                            found=word(node.params, layout["rank"]))  # fmt: skip
+    multicast = word(node.params, layout["pull_mc_workspace"])
+    if multicast:  # multicast memory is bound to its multicast object, which no relocation can recreate
+        raise BackendError("a custom all-reduce kernel was given a multicast workspace, which Foundry does not "
+                           "relocate: SAVE without NVLink multicast", field="custom-allreduce.pull_mc_workspace",
+                           node=node.id, expected=0, found=hex(multicast))  # fmt: skip
     _check_workspaces(ir, node, record)
     if found.mode == "graph":
         _check_row(node, word(node.params, layout["graph_params"]), record)

@@ -320,9 +320,10 @@ def _prepare_tensor_parallel(config: PluginConfig) -> None:
 def _check_supported(server_args: Any) -> None:
     """Refuse what the plugin cannot persist, by field, before anything is allocated."""
     sizes = {name: getattr(server_args, name, 1) or 1 for name in ("pp_size", "dp_size")}
-    if any(size != 1 for size in sizes.values()):
-        raise FoundryError("the SGLang plugin persists tensor-parallel servers only (pp and dp size 1)",
-                           field="sglang.pp_size", found=sizes)  # fmt: skip
+    for name, size in sizes.items():
+        if size != 1:
+            raise FoundryError("the SGLang plugin persists tensor-parallel servers only (pp and dp size 1)",
+                               field=f"sglang.{name}", expected=1, found=size)  # fmt: skip
     if getattr(server_args, "enable_dp_attention", False):
         raise FoundryError("data-parallel attention is not persisted", field="sglang.enable_dp_attention")
     if getattr(server_args, "enable_memory_saver", False):
@@ -480,6 +481,8 @@ def _begin_graph_phase() -> None:
         _state.recording_error = warmup_skip.start_recording()
     if _state.world_size > 1:  # the communicators exist by now; attached before the first graph
         tensor_parallel.attach_nccl(_state.session, _state.rank, _state.world_size)
+        if _state.allreduce is not None:
+            tensor_parallel.raise_refusal(_state.allreduce)
         if _state.allreduce is not None and _state.allreduce.communicator is not None:
             facts = tensor_parallel.communicator_facts(_state.allreduce, complete=False)
             _state.session.attach(tensor_parallel.CUSTOM_ALLREDUCE, **facts)

@@ -37,6 +37,9 @@ class CustomAllReduceNotes:
     inputs: list[tuple[int, int]] = field(default_factory=list)  # (address, bytes), in registration order
     registrations: list[int] = field(default_factory=list)  # inputs per registration call
     recorded: dict[str, Any] | None = None  # LOAD: SAVE's custom-allreduce record
+    # a refusal raised while SGLang builds its communicators, which SGLang catches (it then
+    # goes on without custom all-reduce): raised again when the graph phase begins
+    refusal: FoundryError | None = None
 
 
 def pin_nccl() -> None:
@@ -67,7 +70,7 @@ def communicator_facts(notes: CustomAllReduceNotes, *, complete: bool) -> dict[s
         "workspaces": [int(handle.buffer_ptrs[r]) for r in range(ca.world_size)],
         "workspace_bytes": int(ca._symm_tensor.numel()), "push_bytes": int(ca.max_push_size),
         "pull_bytes": int(ca.max_pull_size), "num_pull_blocks": int(ca.config.num_pull_blocks),
-        "num_push_blocks": int(ca.config.num_push_blocks), "multicast": ca.config.num_mc_blocks is not None,
+        "num_push_blocks": int(ca.config.num_push_blocks), "multicast": int(ca.mc_base_ptr) != 0,
         "graph_params": int(ca.graph_params.data_ptr()),
     }  # fmt: skip
     if complete:
@@ -80,9 +83,16 @@ def note_communicator(notes: CustomAllReduceNotes, ca: Any) -> None:
     if getattr(ca, "disabled", True):
         return
     if notes.communicator is not None:
-        raise FoundryError("a second custom all-reduce in one scheduler; the plugin persists the TP group's only",
-                           field="sglang.custom_all_reduce")  # fmt: skip
+        notes.refusal = FoundryError("a second custom all-reduce in one scheduler; the plugin persists the TP "
+                                     "group's only", field="sglang.custom_all_reduce")  # fmt: skip
+        raise notes.refusal
     notes.communicator = ca
+
+
+def raise_refusal(notes: CustomAllReduceNotes) -> None:
+    """The refusal SGLang caught while building its communicators, if any."""
+    if notes.refusal is not None:
+        raise notes.refusal
 
 
 def register_inputs(notes: CustomAllReduceNotes, ca: Any, mode: str) -> None:
@@ -96,11 +106,11 @@ def register_inputs(notes: CustomAllReduceNotes, ca: Any, mode: str) -> None:
                            field="sglang.custom_all_reduce")  # fmt: skip
     if mode == "load":
         ca._graph_inputs[:] = _saved_inputs(notes, ca)
-    if not ca._graph_inputs:
-        return
     inputs = [(int(ptr), int(size)) for ptr, size in ca._graph_inputs]
-    ca._register_graph_inputs_ipc()
+    if inputs:
+        ca._register_graph_inputs_ipc()
     notes.inputs.extend(inputs)
+    # empty calls counted too: a LOAD registers each call's inputs at the same point of its start-up
     notes.registrations.append(len(inputs))
 
 
