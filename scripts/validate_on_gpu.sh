@@ -8,11 +8,12 @@
 # scale-load scale-more scale-tpot scale-neg (PRESET=qwen3-8b|qwen3-30b-a3b), vllm vllm-http
 # vllm-more vllm-cold vllm-scale-save vllm-scale-load vllm-scale-more (VPRESET=qwen3-8b|qwen3-30b-a3b;
 # named only), sglang-spec sglang-spec-more sglang-ngram sglang-hybrid sglang-hybrid-more sglang-mtp
-# (named only), and on two GPUs tp2 tp2-nccl ep2. relocation and negative need recipe's archive in
-# RESULTS_DIR; sglang needs SGLang 0.5.17 importable (and this package installed, so SGLang
-# finds the plugin's entry point), vllm* vLLM 0.25.1 (the same, for vLLM's entry point: on the
-# H200 test machine PYTHONPATH=/tmp/vllm-site after its bundles are installed); ep2 needs DeepEP
-# built for the installed torch (recipes/deepep/build_deep_ep.sh) and nvidia-ml-py.
+# (named only), and on two GPUs tp2 tp2-nccl sglang-tp2 sglang-tp2-more (TP2_CA=on|off) ep2.
+# relocation and negative need recipe's archive in RESULTS_DIR; sglang needs SGLang 0.5.17
+# importable (and this package installed, so SGLang finds the plugin's entry point), vllm*
+# vLLM 0.25.1 (the same, for vLLM's entry point: on the H200 test machine
+# PYTHONPATH=/tmp/vllm-site after its bundles are installed); ep2 needs DeepEP built for the
+# installed torch (recipes/deepep/build_deep_ep.sh) and nvidia-ml-py.
 #
 # Needs torch with CUDA, cuda-bindings, zstandard, nvcc and this package
 # (installed, so its backends' entry points exist) with the native hook built.
@@ -20,7 +21,7 @@
 # step says which command produced it, for docs/validation.md. A section longer than one
 # call's limit (sglang-spec) goes on where it stopped when run again with RESUME=1.
 set -uo pipefail
-RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|recipe-runs3|relocation|negative|bench|sglang|sglang-more|sglang-prefill|sglang-cold|scale-save|scale-load|scale-more|scale-tpot|scale-neg|vllm|vllm-http|vllm-more|vllm-cold|vllm-scale-save|vllm-scale-load|vllm-scale-more|sglang-spec|sglang-spec-more|sglang-ngram|sglang-hybrid|sglang-hybrid-more|sglang-mtp|tp2|tp2-nccl|ep2 ...]}
+RESULTS=${1:?usage: scripts/validate_on_gpu.sh RESULTS_DIR [tests|session-tests|recipe|recipe-runs3|relocation|negative|bench|sglang|sglang-more|sglang-prefill|sglang-cold|scale-save|scale-load|scale-more|scale-tpot|scale-neg|vllm|vllm-http|vllm-more|vllm-cold|vllm-scale-save|vllm-scale-load|vllm-scale-more|sglang-spec|sglang-spec-more|sglang-ngram|sglang-hybrid|sglang-hybrid-more|sglang-mtp|tp2|tp2-nccl|sglang-tp2|sglang-tp2-more|ep2 ...]}
 shift
 SECTIONS=${*:-tests session-tests recipe recipe-runs3 relocation negative bench sglang sglang-more sglang-prefill sglang-cold}
 wants() { [[ " $SECTIONS " == *" $1 "* ]]; }
@@ -564,6 +565,55 @@ for r in 0 1; do
     step tp2-nccl-lint.r$r python3 -m foundry graph lint "$RESULTS/tp2-nccl/save" --rank $r --graph 'decode.*' --expect nccl-allreduce=4 --expect symm-allreduce=0
 done
 fi
+fi
+
+# 7b. two GPUs: SGLang at --tp-size 2, the qwen3-8b preset at SGLang's default decode set, with
+# SGLang's custom all-reduce (TP2_CA=on, its default: the custom-allreduce backend) or without it
+# (TP2_CA=off: NCCL's all-reduce through nccl-ipc). sglang-tp2: plain, SAVE2, SAVE, both LOADs,
+# the comparison; sglang-tp2-more (needs sglang-tp2's archives): SAVE vs SAVE2, lint per rank, the
+# GPUs swapped, and the refusals (each rank given the other's part; the world size changed).
+# Lint's count per decode graph, from the model: two all-reduces a layer (after attention and
+# after the MLP) and one for the vocabulary-split embedding, 2 x 36 + 1. Not yet run.
+if wants sglang-tp2 || wants sglang-tp2-more; then
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
+CA=${TP2_CA:-on}
+T=$RESULTS/sgtp2-$CA
+SGT="$SG --preset qwen3-8b --set tp_size=2"
+[ "$CA" = off ] && SGT="$SGT --set disable_custom_all_reduce=true"
+FR="--region-threads any"  # NCCL's proxy threads allocate too
+SAVE1="python3 -m foundry run $FR --mode save --save-runs 1"  # several ranks: one run (docs/sglang.md)
+LOADF="python3 -m foundry run $FR --mode load --warmup restore --builder native --instantiate background"
+if [ "$CA" = off ]; then EXPECT=(--expect nccl-allreduce=73 --expect custom-allreduce=0)
+else EXPECT=(--expect custom-allreduce=73 --expect nccl-allreduce=0); fi
+fi
+if wants sglang-tp2; then
+rm -rf "$T" && mkdir -p "$T"
+step sgtp2-$CA-baseline $SGT --out "$T/baseline.json"
+FOUNDRY_SAVE_ID=sgtp2-$CA-2 step sgtp2-$CA-save2 $SAVE1 --archive "$T/save" -- $SGT --out "$T/save.json"
+mv "$T/save" "$T/save2" && mv "$T/save.json" "$T/save2.json"
+FOUNDRY_SAVE_ID=sgtp2-$CA-1 step sgtp2-$CA-save $SAVE1 --archive "$T/save" -- $SGT --out "$T/save.json"
+step sgtp2-$CA-load python3 -m foundry run $FR --mode load --archive "$T/save" -- $SGT --out "$T/load.json"
+step sgtp2-$CA-load-fast $LOADF --archive "$T/save" -- $SGT --out "$T/load-fast.json"
+step sgtp2-$CA-compare python3 recipes/sglang/compare.py "$T"/baseline.json "$T"/save.json "$T"/save2.json \
+    "$T"/load.json "$T"/load-fast.json
+fi
+if wants sglang-tp2-more; then
+step sgtp2-$CA-diff python3 -m foundry archive diff "$T/save" "$T/save2"
+for r in 0 1; do
+    step sgtp2-$CA-lint.r$r python3 -m foundry graph lint "$T/save" --rank $r --graph 'decode.*' "${EXPECT[@]}"
+done
+# the GPUs swapped: rank 0 on the second GPU; accepted, the same outputs
+CUDA_VISIBLE_DEVICES=1,0 step sgtp2-$CA-load-swapped $LOADF --archive "$T/save" -- $SGT --out "$T/load-swapped.json"
+step sgtp2-$CA-compare-swapped python3 recipes/sglang/compare.py "$T"/baseline.json "$T"/load-swapped.json
+# each rank given the other's part (the catalog's sessions swapped, re-sealed): refused by field rank
+rm -rf "$T/other" && cp -r "$T/save" "$T/other" && python3 recipes/sglang/swap_ranks.py "$T/other"
+step sgtp2-$CA-other-rank timeout 300 python3 -m foundry run $FR --mode load --archive "$T/other" -- $SGT \
+    --out "$T/other-rank.json"
+refused sgtp2-$CA-other-rank "session belongs to another rank" $?
+# the world size changed: the archive of two ranks LOADed by one
+step sgtp2-$CA-ws1 timeout 300 python3 -m foundry run $FR --mode load --archive "$T/save" -- $SG --preset qwen3-8b \
+    --out "$T/ws1.json"
+refused sgtp2-$CA-ws1 "tp_size" $?
 fi
 
 # 8. two GPUs: DeepEP low-latency dispatch and combine (EP=2, NVL buffer over CUDA IPC, no fabric),

@@ -136,6 +136,22 @@ def test_server_arguments_the_plugin_compares_are_server_args_fields(wheel):
     assert set(SERVER_ARGS) <= fields, sorted(set(SERVER_ARGS) - fields)
 
 
+def test_flashinfer_allreduce_fusion_is_a_server_arg_sglang_turns_on_for_the_moe_preset_only(wheel):
+    """The plugin refuses FlashInfer's fused all-reduce at tp above 1 by this field; SGLang's
+    own pass enables it for Qwen3-MoE (the MoE preset) and not for dense Qwen3 (qwen3-8b), and
+    the flag the refusal names turns it off."""
+    server_args = _find(_module(wheel, "sglang.srt.server_args"), ["ServerArgs"])
+    fields = {n.target.id for n in ast.iter_child_nodes(server_args) if isinstance(n, ast.AnnAssign)}
+    assert {"flashinfer_allreduce_fusion_backend", "enforce_disable_flashinfer_allreduce_fusion"} <= fields
+    overrides = _module(wheel, "sglang.srt.arg_groups.overrides")
+    archs = next(n.value for n in ast.iter_child_nodes(overrides) if isinstance(n, ast.Assign)
+                 and getattr(n.targets[0], "id", "") == "_FLASHINFER_ALLREDUCE_FUSION_ARCHS")  # fmt: skip
+    named = {c.value for c in ast.walk(archs) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+    assert "Qwen3MoeForCausalLM" in named and "Qwen3ForCausalLM" not in named
+    enable = _find(overrides, ["_flashinfer_allreduce_fusion_auto_enable"])
+    assert "tp_size" in ast.unparse(enable)
+
+
 def test_allowlisted_output_records_are_dataclasses_there(wheel):
     for name, path in RECORD_TYPES.items():
         if not name.startswith("sglang."):

@@ -190,10 +190,12 @@ def test_servers_the_plugin_cannot_persist_are_refused_by_field():
         )
     _check_supported(args(cuda_graph_config=None, disable_prefill_cuda_graph=True))  # flags: only without a config
     _check_supported(args(tp_size=2))  # one scheduler a rank: tests/test_sglang_tensor_parallel.py
+    _check_supported(args(flashinfer_allreduce_fusion_backend="auto"))  # one rank all-reduces nothing
     refused = {
         "sglang.pp_size": args(pp_size=2),
         "sglang.dp_size": args(tp_size=2, dp_size=2),
         "sglang.enable_dp_attention": args(tp_size=2, enable_dp_attention=True),
+        "sglang.flashinfer_allreduce_fusion_backend": args(tp_size=2, flashinfer_allreduce_fusion_backend="auto"),
         "sglang.enable_memory_saver": args(enable_memory_saver=True),
         "sglang.speculative_algorithm": args(speculative_algorithm="DFLASH"),  # EAGLE: tests/test_sglang_speculative.py
         "sglang.cuda_graph_backend_prefill": args(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import types
+from pathlib import Path
 
 import pytest
 
@@ -176,3 +177,28 @@ def test_a_tensor_parallel_save_needs_a_save_id_and_pins_nccl(monkeypatch):
         plugin._prepare_tensor_parallel(config)
     assert err.value.field == "FOUNDRY_SAVE_FIRST_RUN"
     plugin._prepare_tensor_parallel(PluginConfig(mode="load", archive="/tmp/unused"))  # a LOAD needs neither
+
+
+def test_the_swapped_ranks_control_is_refused_as_another_ranks_part_not_as_damage(tmp_path):
+    """recipes/sglang/swap_ranks.py on a real two-rank archive (each rank a graph captured on
+    the H200): every hash matches after the swap, and reading a rank names field ``rank``."""
+    from foundry.archive import Archive, ArchiveWriter
+    from foundry.errors import ArchiveError
+
+    from .conftest import FIXTURES, load_script
+
+    source = Archive.open(FIXTURES / "compiled-triton")
+    writer = ArchiveWriter(tmp_path / "tp2", environment=source.catalog.environment, world_size=2)
+    for rank in (0, 1):
+        writer.rank(rank).add_graph(source.graph(0, "compiled.fused"))
+        writer.rank(rank).seal()
+    writer.commit()
+    script = load_script(Path(__file__).resolve().parent.parent / "recipes" / "sglang" / "swap_ranks.py", "swap_ranks")
+    script.swap(tmp_path / "tp2")
+    swapped = Archive.open(tmp_path / "tp2")
+    for rank in (0, 1):
+        with pytest.raises(ArchiveError, match="another rank") as err:
+            swapped.session(rank)
+        assert (err.value.field, err.value.expected, err.value.found) == ("rank", rank, 1 - rank)
+    script.swap(tmp_path / "tp2")  # swapped back, each rank reads its own part again
+    assert [Archive.open(tmp_path / "tp2").session(r).rank for r in (0, 1)] == [0, 1]

@@ -326,6 +326,12 @@ def _check_supported(server_args: Any) -> None:
                                field=f"sglang.{name}", expected=1, found=size)  # fmt: skip
     if getattr(server_args, "enable_dp_attention", False):
         raise FoundryError("data-parallel attention is not persisted", field="sglang.enable_dp_attention")
+    fusion = getattr(server_args, "flashinfer_allreduce_fusion_backend", None)
+    if (getattr(server_args, "tp_size", 1) or 1) > 1 and fusion is not None:
+        # SGLang turns it on by itself for some MoE models at tp above 1; its IPC workspace has no backend
+        raise FoundryError("FlashInfer's fused all-reduce keeps peer buffers that no Foundry backend relocates; "
+                           "start SGLang with --enforce-disable-flashinfer-allreduce-fusion",
+                           field="sglang.flashinfer_allreduce_fusion_backend", expected=None, found=fusion)  # fmt: skip
     if getattr(server_args, "enable_memory_saver", False):
         raise FoundryError("the memory saver moves graph memory; it cannot be used with Foundry",
                            field="sglang.enable_memory_saver")  # fmt: skip
