@@ -765,6 +765,7 @@ def test_jit_caches_installs_an_archive_s_builds_where_asked_for_a_plain_engine(
     data = into / f"{manifest.cache_id}-data"  # one directory per archive and trust level, as under the JIT root
     assert f"export TRITON_CACHE_DIR={shlex.quote(str(data / 'triton'))}" in proc.stdout.splitlines()
     assert "host code left out (--trust-cached-code installs them)" in proc.stderr
+    assert "at its first request where the LOAD skips its warm-ups" in proc.stderr
     assert (data / "triton" / "KEY1" / "add_kernel.cubin").read_bytes() == CUBIN and not list(into.rglob("*.so"))
     assert not list(_jit_root.iterdir())  # nothing in the LOADs' own directories
     shell = subprocess.run(["bash", "-c", 'eval "$(cat)" && printf %s "$TRITON_CACHE_DIR"'], input=proc.stdout,

@@ -90,7 +90,9 @@ def load_caches(source: Path | Archive, *, trust_host_code: bool, log: Log,
     done = "already installed" if report.reused else f"{report.installed} installed, {report.present} in place"
     left = f"; {report.placed} empty locks and logs laid down where the libraries expect them" if report.placed else ""
     if report.left_out:
-        left += f"; {report.left_out} files of host code left out (--trust-cached-code installs them)"
+        # the engine builds them itself: at its warm-ups, or at its first request where a LOAD skips them
+        left += (f"; {report.left_out} files of host code left out (--trust-cached-code installs them), which "
+                 "the engine builds itself, at its first request where the LOAD skips its warm-ups")  # fmt: skip
     log(f"foundry: JIT caches of the archive in {directory}: {jit.files} files ({done}){left}")
     if report.kept:
         log(f"foundry: JIT caches: {len(report.kept)} files already in {directory} differ from the archive's "
