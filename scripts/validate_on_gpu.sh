@@ -577,6 +577,7 @@ fi
 if wants sglang-tp2 || wants sglang-tp2-more; then
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
 CA=${TP2_CA:-on}
+case $CA in on|off) ;; *) echo "TP2_CA must be on or off, not $CA" | tee -a "$SUMMARY"; exit 2 ;; esac
 T=$RESULTS/sgtp2-$CA
 SGT="$SG --preset qwen3-8b --set tp_size=2"
 [ "$CA" = off ] && SGT="$SGT --set disable_custom_all_reduce=true"
@@ -606,14 +607,16 @@ done
 CUDA_VISIBLE_DEVICES=1,0 step sgtp2-$CA-load-swapped $LOADF --archive "$T/save" -- $SGT --out "$T/load-swapped.json"
 step sgtp2-$CA-compare-swapped python3 recipes/sglang/compare.py "$T"/baseline.json "$T"/load-swapped.json
 # each rank given the other's part (the catalog's sessions swapped, re-sealed): refused by field rank
-rm -rf "$T/other" && cp -r "$T/save" "$T/other" && python3 recipes/sglang/swap_ranks.py "$T/other"
-step sgtp2-$CA-other-rank timeout 300 python3 -m foundry run $FR --mode load --archive "$T/other" -- $SGT \
-    --out "$T/other-rank.json"
-refused sgtp2-$CA-other-rank "session belongs to another rank" $?
+rm -rf "$T/other" && cp -r "$T/save" "$T/other"
+if step sgtp2-$CA-swap-ranks python3 recipes/sglang/swap_ranks.py "$T/other"; then
+    step sgtp2-$CA-other-rank timeout 300 python3 -m foundry run $FR --mode load --archive "$T/other" -- $SGT \
+        --out "$T/other-rank.json"
+    refused sgtp2-$CA-other-rank "rank: session belongs to another rank" $?
+fi
 # the world size changed: the archive of two ranks LOADed by one
 step sgtp2-$CA-ws1 timeout 300 python3 -m foundry run $FR --mode load --archive "$T/save" -- $SG --preset qwen3-8b \
     --out "$T/ws1.json"
-refused sgtp2-$CA-ws1 "tp_size" $?
+refused sgtp2-$CA-ws1 "sglang.tp_size" $?
 fi
 
 # 8. two GPUs: DeepEP low-latency dispatch and combine (EP=2, NVL buffer over CUDA IPC, no fabric),

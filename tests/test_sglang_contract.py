@@ -142,7 +142,8 @@ def test_flashinfer_allreduce_fusion_is_a_server_arg_sglang_turns_on_for_the_moe
     the flag the refusal names turns it off."""
     server_args = _find(_module(wheel, "sglang.srt.server_args"), ["ServerArgs"])
     fields = {n.target.id for n in ast.iter_child_nodes(server_args) if isinstance(n, ast.AnnAssign)}
-    assert {"flashinfer_allreduce_fusion_backend", "enforce_disable_flashinfer_allreduce_fusion"} <= fields
+    assert {"flashinfer_allreduce_fusion_backend", "enforce_disable_flashinfer_allreduce_fusion", "enable_symm_mem",
+            "enable_torch_symm_mem", "enable_mscclpp"} <= fields  # fmt: skip
     overrides = _module(wheel, "sglang.srt.arg_groups.overrides")
     archs = next(n.value for n in ast.iter_child_nodes(overrides) if isinstance(n, ast.Assign)
                  and getattr(n.targets[0], "id", "") == "_FLASHINFER_ALLREDUCE_FUSION_ARCHS")  # fmt: skip
@@ -264,7 +265,7 @@ def test_the_custom_all_reduce_holds_what_the_tensor_parallel_plugin_reads(wheel
     assigned = {n.attr for n in ast.walk(cls) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
                 and isinstance(n.value, ast.Name) and n.value.id == "self"}  # fmt: skip
     assert {"rank", "world_size", "disabled", "_symm_tensor", "max_push_size", "max_pull_size", "config",
-            "graph_params", "_graph_inputs", "_graph_counter"} <= assigned  # fmt: skip
+            "graph_params", "_graph_inputs", "_graph_counter", "mc_base_ptr"} <= assigned  # fmt: skip
     init = ast.unparse(_find(v2, ["CustomAllReduceV2", "_init_workspace"]))
     assert "self._symm_tensor, symm_mem = _allocate_symmetric_memory(total_bytes" in init
     allocate = ast.unparse(_find(v2, ["_allocate_symmetric_memory"]))

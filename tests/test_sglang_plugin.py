@@ -196,6 +196,9 @@ def test_servers_the_plugin_cannot_persist_are_refused_by_field():
         "sglang.dp_size": args(tp_size=2, dp_size=2),
         "sglang.enable_dp_attention": args(tp_size=2, enable_dp_attention=True),
         "sglang.flashinfer_allreduce_fusion_backend": args(tp_size=2, flashinfer_allreduce_fusion_backend="auto"),
+        "sglang.enable_symm_mem": args(tp_size=2, enable_symm_mem=True),
+        "sglang.enable_torch_symm_mem": args(tp_size=2, enable_torch_symm_mem=True),
+        "sglang.enable_mscclpp": args(tp_size=2, enable_mscclpp=True),
         "sglang.enable_memory_saver": args(enable_memory_saver=True),
         "sglang.speculative_algorithm": args(speculative_algorithm="DFLASH"),  # EAGLE: tests/test_sglang_speculative.py
         "sglang.cuda_graph_backend_prefill": args(

@@ -146,6 +146,18 @@ def test_one_custom_all_reduce_a_scheduler_and_disabled_ones_are_ignored():
     assert notes.communicator is ca
 
 
+def test_multicast_memory_is_refused_when_sglang_makes_it_and_said_again_later():
+    notes = CustomAllReduceNotes()
+    ca = built(notes)
+    tensor_parallel.check_multicast(notes, ca)  # no multicast: nothing
+    ca.mc_base_ptr = 0x7D0000000000
+    with pytest.raises(FoundryError, match="TORCH_SYMM_MEM_DISABLE_MULTICAST=1") as err:
+        tensor_parallel.check_multicast(notes, ca)
+    assert err.value.field == "sglang.custom_all_reduce.multicast"
+    with pytest.raises(FoundryError, match="multicast memory"):
+        tensor_parallel.raise_refusal(notes)
+
+
 def test_facts_need_the_workspace_the_plugin_noted():
     notes = CustomAllReduceNotes()
     built(notes)

@@ -226,8 +226,9 @@ def _check_node(ir: GraphIR, node: KernelNode, record: dict[str, Any]) -> None:
     multicast = word(node.params, layout["pull_mc_workspace"])
     if multicast:  # multicast memory is bound to its multicast object, which no relocation can recreate
         raise BackendError("a custom all-reduce kernel was given a multicast workspace, which Foundry does not "
-                           "relocate: SAVE without NVLink multicast", field="custom-allreduce.pull_mc_workspace",
-                           node=node.id, expected=0, found=hex(multicast))  # fmt: skip
+                           "relocate: SAVE with TORCH_SYMM_MEM_DISABLE_MULTICAST=1",
+                           field="custom-allreduce.pull_mc_workspace", node=node.id, expected=0,
+                           found=hex(multicast))  # fmt: skip
     _check_workspaces(ir, node, record)
     if found.mode == "graph":
         _check_row(node, word(node.params, layout["graph_params"]), record)

@@ -326,12 +326,8 @@ def _check_supported(server_args: Any) -> None:
                                field=f"sglang.{name}", expected=1, found=size)  # fmt: skip
     if getattr(server_args, "enable_dp_attention", False):
         raise FoundryError("data-parallel attention is not persisted", field="sglang.enable_dp_attention")
-    fusion = getattr(server_args, "flashinfer_allreduce_fusion_backend", None)
-    if (getattr(server_args, "tp_size", 1) or 1) > 1 and fusion is not None:
-        # SGLang turns it on by itself for some MoE models at tp above 1; its IPC workspace has no backend
-        raise FoundryError("FlashInfer's fused all-reduce keeps peer buffers that no Foundry backend relocates; "
-                           "start SGLang with --enforce-disable-flashinfer-allreduce-fusion",
-                           field="sglang.flashinfer_allreduce_fusion_backend", expected=None, found=fusion)  # fmt: skip
+    if (getattr(server_args, "tp_size", 1) or 1) > 1:
+        _check_collectives(server_args)
     if getattr(server_args, "enable_memory_saver", False):
         raise FoundryError("the memory saver moves graph memory; it cannot be used with Foundry",
                            field="sglang.enable_memory_saver")  # fmt: skip
@@ -346,6 +342,20 @@ def _check_supported(server_args: Any) -> None:
                            "cuda_graph_backend_prefill to disabled, full or breakable",
                            field="sglang.cuda_graph_backend_prefill", expected=list(PREFILL_BACKENDS),
                            found=prefill)  # fmt: skip
+
+
+def _check_collectives(server_args: Any) -> None:
+    """At tp above 1: only NCCL and SGLang's custom all-reduce have backends; the other
+    collectives SGLang can use keep peer buffers nothing relocates."""
+    fusion = getattr(server_args, "flashinfer_allreduce_fusion_backend", None)
+    if fusion is not None:  # SGLang turns it on by itself for some MoE models on sm90 and sm100
+        raise FoundryError("FlashInfer's fused all-reduce keeps peer buffers that no Foundry backend relocates; "
+                           "start SGLang with --enforce-disable-flashinfer-allreduce-fusion",
+                           field="sglang.flashinfer_allreduce_fusion_backend", expected=None, found=fusion)  # fmt: skip
+    for name in ("enable_symm_mem", "enable_torch_symm_mem", "enable_mscclpp"):
+        if getattr(server_args, name, False):
+            raise FoundryError("this all-reduce keeps peer buffers that the SGLang plugin does not relocate",
+                               field=f"sglang.{name}", expected=False, found=True)  # fmt: skip
 
 
 def _phase_backend(server_args: Any, phase: str) -> str:
@@ -524,6 +534,8 @@ def _on_graphs_done(result: Any, *args: Any, **kwargs: Any) -> None:
     elif _state.placed:  # before the first replay: the blocks the graphs read where SAVE had them
         _check_placed()
     notes = _state.allreduce
+    if notes is not None:  # also where no graph phase began (graphs off)
+        tensor_parallel.raise_refusal(notes)
     if _state.graph_phase and notes is not None and notes.communicator is not None:  # its table, filled by now
         facts = tensor_parallel.communicator_facts(notes, complete=True)
         _state.session.complete(tensor_parallel.CUSTOM_ALLREDUCE, **facts)
@@ -552,7 +564,12 @@ def _on_graphs_done(result: Any, *args: Any, **kwargs: Any) -> None:
 
 @_says_refusals
 def _ca_workspace(original: Any, *args: Any, **kwargs: Any) -> Any:
-    tensor, handle = original(*args, **kwargs)
+    try:
+        tensor, handle = original(*args, **kwargs)
+    except FoundryError as err:  # the hook's, inside SGLang's try around the constructor: said again later
+        if _state is not None and _state.allreduce is not None:
+            _state.allreduce.refusal = err
+        raise
     if _state is not None and _state.allreduce is not None:
         _state.allreduce.handles[id(tensor)] = handle
     return tensor, handle
@@ -562,6 +579,7 @@ def _ca_workspace(original: Any, *args: Any, **kwargs: Any) -> Any:
 def _ca_made(result: Any, ca: Any, *args: Any, **kwargs: Any) -> None:
     if _state is not None and _state.allreduce is not None:
         tensor_parallel.note_communicator(_state.allreduce, ca)
+        tensor_parallel.check_multicast(_state.allreduce, ca)
 
 
 @_says_refusals

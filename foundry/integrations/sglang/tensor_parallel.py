@@ -89,6 +89,17 @@ def note_communicator(notes: CustomAllReduceNotes, ca: Any) -> None:
     notes.communicator = ca
 
 
+def check_multicast(notes: CustomAllReduceNotes, ca: Any) -> None:
+    """SGLang hands its multicast address to every kernel once torch's symmetric memory has
+    one, and multicast memory is not relocated: refused at SAVE too, not only at LOAD."""
+    multicast = int(getattr(ca, "mc_base_ptr", 0) or 0)
+    if ca is notes.communicator and multicast:
+        notes.refusal = FoundryError("the custom all-reduce has NVLink multicast memory, which Foundry does not "
+                                     "relocate: start the server with TORCH_SYMM_MEM_DISABLE_MULTICAST=1",
+                                     field="sglang.custom_all_reduce.multicast", found=hex(multicast))  # fmt: skip
+        raise notes.refusal
+
+
 def raise_refusal(notes: CustomAllReduceNotes) -> None:
     """The refusal SGLang caught while building its communicators, if any."""
     if notes.refusal is not None:
