@@ -73,10 +73,13 @@ class StandInCustomAllReduce:
         self._graph_inputs.clear()
 
 
-def built(notes: CustomAllReduceNotes, disabled: bool = False) -> StandInCustomAllReduce:
+def built(notes: CustomAllReduceNotes, disabled: bool = False, multicast: int = 0) -> StandInCustomAllReduce:
+    """A custom all-reduce built and noted as the plugin's hook notes it (SGLang catches its refusals)."""
     ca = StandInCustomAllReduce(disabled)
+    ca.mc_base_ptr = multicast
     notes.handles[id(ca._symm_tensor)] = types.SimpleNamespace(buffer_ptrs=PEERS)
-    tensor_parallel.note_communicator(notes, ca)
+    with tensor_parallel.keeping_refusal(notes):
+        tensor_parallel.note_communicator(notes, ca)
     return ca
 
 
@@ -147,12 +150,10 @@ def test_one_custom_all_reduce_a_scheduler_and_disabled_ones_are_ignored():
 
 
 def test_multicast_memory_is_refused_when_sglang_makes_it_and_said_again_later():
+    built(CustomAllReduceNotes())  # no multicast: nothing
     notes = CustomAllReduceNotes()
-    ca = built(notes)
-    tensor_parallel.check_multicast(notes, ca)  # no multicast: nothing
-    ca.mc_base_ptr = 0x7D0000000000
     with pytest.raises(FoundryError, match="TORCH_SYMM_MEM_DISABLE_MULTICAST=1") as err:
-        tensor_parallel.check_multicast(notes, ca)
+        built(notes, multicast=0x7D0000000000)
     assert err.value.field == "sglang.custom_all_reduce.multicast"
     with pytest.raises(FoundryError, match="multicast memory"):
         tensor_parallel.raise_refusal(notes)

@@ -564,22 +564,19 @@ def _on_graphs_done(result: Any, *args: Any, **kwargs: Any) -> None:
 
 @_says_refusals
 def _ca_workspace(original: Any, *args: Any, **kwargs: Any) -> Any:
-    try:
+    if _state is None or _state.allreduce is None:
+        return original(*args, **kwargs)
+    with tensor_parallel.keeping_refusal(_state.allreduce):
         tensor, handle = original(*args, **kwargs)
-    except FoundryError as err:  # the hook's, inside SGLang's try around the constructor: said again later
-        if _state is not None and _state.allreduce is not None:
-            _state.allreduce.refusal = err
-        raise
-    if _state is not None and _state.allreduce is not None:
-        _state.allreduce.handles[id(tensor)] = handle
+    _state.allreduce.handles[id(tensor)] = handle
     return tensor, handle
 
 
 @_says_refusals
 def _ca_made(result: Any, ca: Any, *args: Any, **kwargs: Any) -> None:
     if _state is not None and _state.allreduce is not None:
-        tensor_parallel.note_communicator(_state.allreduce, ca)
-        tensor_parallel.check_multicast(_state.allreduce, ca)
+        with tensor_parallel.keeping_refusal(_state.allreduce):
+            tensor_parallel.note_communicator(_state.allreduce, ca)
 
 
 @_says_refusals

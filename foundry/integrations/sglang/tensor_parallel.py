@@ -18,7 +18,9 @@ Its workspace is torch symmetric memory, outside the region: the backend relocat
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +40,7 @@ class CustomAllReduceNotes:
     registrations: list[int] = field(default_factory=list)  # inputs per registration call
     recorded: dict[str, Any] | None = None  # LOAD: SAVE's custom-allreduce record
     # a refusal raised while SGLang builds its communicators, which SGLang catches (it then
-    # goes on without custom all-reduce): raised again when the graph phase begins
+    # goes on without custom all-reduce): raised again when the graph phase begins (keeping_refusal)
     refusal: FoundryError | None = None
 
 
@@ -79,25 +81,31 @@ def communicator_facts(notes: CustomAllReduceNotes, *, complete: bool) -> dict[s
     return facts
 
 
+@contextlib.contextmanager
+def keeping_refusal(notes: CustomAllReduceNotes) -> Iterator[None]:
+    """Around the plugin's hooks inside ``CustomAllReduceV2``'s constructor, which SGLang
+    calls in a ``try`` that logs and goes on: the first refusal is kept for :func:`raise_refusal`."""
+    try:
+        yield
+    except FoundryError as err:
+        notes.refusal = notes.refusal or err
+        raise
+
+
 def note_communicator(notes: CustomAllReduceNotes, ca: Any) -> None:
     if getattr(ca, "disabled", True):
         return
     if notes.communicator is not None:
-        notes.refusal = FoundryError("a second custom all-reduce in one scheduler; the plugin persists the TP "
-                                     "group's only", field="sglang.custom_all_reduce")  # fmt: skip
-        raise notes.refusal
+        raise FoundryError("a second custom all-reduce in one scheduler; the plugin persists the TP group's only",
+                           field="sglang.custom_all_reduce")  # fmt: skip
     notes.communicator = ca
-
-
-def check_multicast(notes: CustomAllReduceNotes, ca: Any) -> None:
-    """SGLang hands its multicast address to every kernel once torch's symmetric memory has
-    one, and multicast memory is not relocated: refused at SAVE too, not only at LOAD."""
+    # SGLang hands its multicast address to every kernel once torch's symmetric memory has
+    # one, and multicast memory is not relocated: refused at SAVE too, not only at LOAD
     multicast = int(getattr(ca, "mc_base_ptr", 0) or 0)
-    if ca is notes.communicator and multicast:
-        notes.refusal = FoundryError("the custom all-reduce has NVLink multicast memory, which Foundry does not "
-                                     "relocate: start the server with TORCH_SYMM_MEM_DISABLE_MULTICAST=1",
-                                     field="sglang.custom_all_reduce.multicast", found=hex(multicast))  # fmt: skip
-        raise notes.refusal
+    if multicast:
+        raise FoundryError("the custom all-reduce has NVLink multicast memory, which Foundry does not relocate: "
+                           "start the server with TORCH_SYMM_MEM_DISABLE_MULTICAST=1",
+                           field="sglang.custom_all_reduce.multicast", found=hex(multicast))  # fmt: skip
 
 
 def raise_refusal(notes: CustomAllReduceNotes) -> None:
